@@ -1,0 +1,257 @@
+"""Hugging Face checkpoint directories <-> parameter pytrees.
+
+Reads ``model.safetensors`` or a sharded ``model.safetensors.index.json`` and writes the same
+layout back (PyTorch ``[out, in]`` Linear weights, per-layer tensor names), so a checkpoint
+loaded and saved again is bit-identical. Every problem with the tensor set (missing,
+unexpected, wrong shape) is reported at once in one ``CheckpointError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from dflash_jax.config import TargetConfig
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's tensors do not match what the config requires."""
+
+
+class TensorSpec(NamedTuple):
+    """How one Hugging Face tensor maps into the parameter tree.
+
+    ``path``: keys into the tree; ``layer``: index along the stacked layer axis, or None;
+    ``transpose``: True for Linear weights ([out, in] on disk, [in, out] in the tree);
+    ``shape``: the shape on disk.
+    """
+
+    path: tuple[str, ...]
+    layer: int | None
+    transpose: bool
+    shape: tuple[int, ...]
+
+
+def layer_tensor_specs(prefix: str, num_layers: int, D: int, H: int, Hkv: int, Dh: int, F: int,
+                       qk_norm: bool, attention_bias: bool) -> dict[str, TensorSpec]:
+    """Specs of the decoder-layer tensors shared by the target and the drafter."""
+    specs: dict[str, TensorSpec] = {}
+    per_layer: list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]] = [
+        ("input_layernorm.weight", ("input_layernorm", "weight"), False, (D,)),
+        ("post_attention_layernorm.weight", ("post_attention_layernorm", "weight"), False, (D,)),
+        ("self_attn.q_proj.weight", ("self_attn", "q_proj", "kernel"), True, (H * Dh, D)),
+        ("self_attn.k_proj.weight", ("self_attn", "k_proj", "kernel"), True, (Hkv * Dh, D)),
+        ("self_attn.v_proj.weight", ("self_attn", "v_proj", "kernel"), True, (Hkv * Dh, D)),
+        ("self_attn.o_proj.weight", ("self_attn", "o_proj", "kernel"), True, (D, H * Dh)),
+        ("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), True, (F, D)),
+        ("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), True, (F, D)),
+        ("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), True, (D, F)),
+    ]
+    if qk_norm:
+        per_layer += [
+            ("self_attn.q_norm.weight", ("self_attn", "q_norm", "weight"), False, (Dh,)),
+            ("self_attn.k_norm.weight", ("self_attn", "k_norm", "weight"), False, (Dh,)),
+        ]
+    if attention_bias:
+        for name, width in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh),
+                            ("o_proj", D)):
+            per_layer.append((f"self_attn.{name}.bias", ("self_attn", name, "bias"), False, (width,)))
+    for i in range(num_layers):
+        for name, path, transpose, shape in per_layer:
+            specs[f"{prefix}layers.{i}.{name}"] = TensorSpec(("layers",) + path, i, transpose, shape)
+    return specs
+
+
+def target_tensor_specs(cfg: TargetConfig) -> dict[str, TensorSpec]:
+    """All tensors of a ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` checkpoint."""
+    D, V = cfg.hidden_size, cfg.vocab_size
+    specs = {"model.embed_tokens.weight": TensorSpec(("embed_tokens", "embedding"), None, False, (V, D))}
+    specs.update(layer_tensor_specs("model.", cfg.num_layers, D, cfg.num_heads, cfg.num_kv_heads,
+                                    cfg.head_dim, cfg.intermediate_size, cfg.qk_norm,
+                                    cfg.attention_bias))
+    specs["model.norm.weight"] = TensorSpec(("norm", "weight"), None, False, (D,))
+    if not cfg.tie_word_embeddings:
+        specs["lm_head.weight"] = TensorSpec(("lm_head", "kernel"), None, True, (V, D))
+    return specs
+
+
+# ---------------------------------------------------------------------------- reading
+def checkpoint_files(path: str | os.PathLike) -> dict[str, str]:
+    """Maps every tensor name in a checkpoint directory to the file that holds it."""
+    path = os.fspath(path)
+    index = os.path.join(path, INDEX_FILE)
+    single = os.path.join(path, SINGLE_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    if os.path.exists(single):
+        with safe_open(single, framework="numpy") as f:
+            return {name: single for name in f.keys()}
+    raise FileNotFoundError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {path!r}: pass a Hugging Face checkpoint directory")
+
+
+def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Reads tensors (all, or the given names) as numpy arrays in their stored dtype."""
+    files = checkpoint_files(path)
+    wanted = set(files) if names is None else set(names) & set(files)
+    by_file: dict[str, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    out = {}
+    for file, file_names in by_file.items():
+        with safe_open(file, framework="numpy") as f:
+            for name in file_names:
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpec],
+                      dtype=None, ignore: Iterable[str] = (), what: str = "checkpoint") -> dict:
+    """Builds the nested parameter tree from named tensors, validating the set and shapes.
+
+    Raises:
+      CheckpointError listing every missing, unexpected and mis-shaped tensor.
+    """
+    ignore = set(ignore)
+    missing = sorted(n for n in specs if n not in tensors)
+    unexpected = sorted(n for n in tensors if n not in specs and n not in ignore)
+    misshaped = sorted(
+        f"{n}: expected {list(s.shape)}, found {list(tensors[n].shape)}"
+        for n, s in specs.items() if n in tensors and tuple(tensors[n].shape) != s.shape)
+    if missing or unexpected or misshaped:
+        lines = [f"{what} does not match its config:"]
+        for title, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                             ("tensors with the wrong shape", misshaped)):
+            if items:
+                lines.append(f"  {title} ({len(items)}):")
+                lines += [f"    {x}" for x in items[:50]]
+                if len(items) > 50:
+                    lines.append(f"    ... and {len(items) - 50} more")
+        raise CheckpointError("\n".join(lines))
+
+    groups: dict[tuple[str, ...], dict[int | None, np.ndarray]] = {}
+    for name, spec in specs.items():
+        arr = tensors[name]
+        if spec.transpose:
+            arr = arr.T
+        groups.setdefault(spec.path, {})[spec.layer] = arr
+    params: dict[str, Any] = {}
+    for path, by_layer in groups.items():
+        if None in by_layer:
+            arr = by_layer[None]
+        else:
+            arr = np.stack([by_layer[i] for i in range(len(by_layer))])
+        arr = jnp.asarray(arr, dtype=dtype) if dtype is not None else jnp.asarray(arr)
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = arr
+    return params
+
+
+def params_to_tensors(params: dict, specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`tensors_to_params`: contiguous numpy tensors named as on disk."""
+    out = {}
+    for name, spec in specs.items():
+        node = params
+        for key in spec.path:
+            node = node[key]
+        arr = np.asarray(jax.device_get(node))
+        if spec.layer is not None:
+            arr = arr[spec.layer]
+        if spec.transpose:
+            arr = arr.T
+        out[name] = np.ascontiguousarray(arr)
+    return out
+
+
+# ---------------------------------------------------------------------------- writing
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
+                      max_shard_bytes: int | None = None) -> None:
+    """Writes ``model.safetensors`` (or shards + index when larger than ``max_shard_bytes``).
+
+    Files are written under temporary names and renamed, so an interrupted save never leaves
+    a half-written checkpoint under the final name.
+    """
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    total = sum(t.nbytes for t in tensors.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        _atomic_save(tensors, os.path.join(path, SINGLE_FILE))
+        stale = os.path.join(path, INDEX_FILE)
+        if os.path.exists(stale):
+            os.remove(stale)
+        return
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        if size and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        _atomic_save(shard, os.path.join(path, file))
+        weight_map.update({name: file for name in shard})
+    _atomic_write_json(os.path.join(path, INDEX_FILE),
+                       {"metadata": {"total_size": int(total)}, "weight_map": weight_map})
+    stale = os.path.join(path, SINGLE_FILE)
+    if os.path.exists(stale):
+        os.remove(stale)
+
+
+def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
+    tmp = file + ".tmp"
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, file)
+
+
+def _atomic_write_json(file: str, obj: Any) -> None:
+    tmp = file + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, file)
+
+
+# ---------------------------------------------------------------------------- target API
+def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None, dtype=None):
+    """Loads a target checkpoint directory into (config, params).
+
+    ``dtype`` (e.g. ``jnp.bfloat16``) casts every tensor; None keeps the stored dtype.
+    A tied checkpoint that still stores ``lm_head.weight`` is accepted (the copy is ignored).
+    """
+    cfg = cfg or TargetConfig.from_pretrained(path)
+    specs = target_tensor_specs(cfg)
+    tensors = read_tensors(path)
+    ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    params = tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore,
+                               what=f"target checkpoint {os.fspath(path)!r}")
+    return cfg, params
+
+
+def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
+                       max_shard_bytes: int | None = None, extra_config: dict | None = None) -> None:
+    """Saves config.json + safetensors in the Hugging Face layout that transformers loads."""
+    tensors = params_to_tensors(params, target_tensor_specs(cfg))
+    write_safetensors(path, tensors, max_shard_bytes)
+    config = cfg.to_hf_dict()
+    dtypes = {t.dtype for t in tensors.values()}
+    config["dtype"] = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
+                       np.dtype(np.float16): "float16"}.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
+    config.update(extra_config or {})
+    _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)

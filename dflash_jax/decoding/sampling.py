@@ -1,0 +1,63 @@
+"""Sampling utilities: temperature, top-k and top-p applied to logits, greedy or sampled choice.
+
+``SamplingParams`` is static (hashable) so one compiled loop serves one setting; the same
+processing is what the speculative acceptance rules apply to both draft and target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k / top_p restrict the sampled support."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Log-probabilities float32[..., V] after temperature, top-k and top-p (excluded = -inf).
+
+    For greedy params this returns the log-softmax of the raw logits.
+    """
+    x = logits.astype(jnp.float32)
+    if not params.greedy:
+        x = x / params.temperature
+    if params.top_k is not None and params.top_k < x.shape[-1]:
+        kth = jax.lax.top_k(x, params.top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, -jnp.inf)
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # keep the smallest prefix whose mass reaches top_p: a token is kept while the mass
+        # strictly before it is below top_p (the top token is always kept)
+        keep = mass_before < params.top_p
+        cutoff = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x >= cutoff, x, -jnp.inf)
+    return jax.nn.log_softmax(x, axis=-1)
+
+
+def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """int32[...] tokens from logits[..., V]: argmax when greedy, else a categorical sample."""
+    if params.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, process_logits(logits, params), axis=-1).astype(jnp.int32)

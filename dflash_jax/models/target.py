@@ -1,0 +1,204 @@
+"""The target LLM: a Qwen3 / Llama-3.x decoder in Flax Linen, used functionally.
+
+``TargetModel(cfg, tap_layer_ids).apply({"params": p}, tokens, positions, cache)`` returns
+``(logits, taps, cache)``. Decoder layers are stacked with ``nn.scan`` (parameters carry a
+leading layer axis), which keeps compile time flat in depth and lets the KV cache, stacked
+the same way, be updated in place.
+
+Parameter tree (shapes; kernels are [in, out], the transpose of PyTorch's Linear weights):
+
+  embed_tokens/embedding                      [V, D]
+  layers/input_layernorm/weight               [N, D]
+  layers/self_attn/{q,k,v}_proj/kernel        [N, D, H*Dh] / [N, D, Hkv*Dh]  (+ bias if attention_bias)
+  layers/self_attn/o_proj/kernel              [N, H*Dh, D]
+  layers/self_attn/{q,k}_norm/weight          [N, Dh]                        (Qwen3 only)
+  layers/post_attention_layernorm/weight      [N, D]
+  layers/mlp/{gate,up}_proj/kernel            [N, D, F];  layers/mlp/down_proj/kernel [N, F, D]
+  norm/weight                                 [D]
+  lm_head/kernel                              [D, V]                         (absent when tied)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dflash_jax.config import TargetConfig
+from dflash_jax.models.cache import KVCache
+from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
+
+
+class SelfAttention(nn.Module):
+    """GQA self-attention over the layer's cache slots (or over the input alone, no cache)."""
+
+    cfg: TargetConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, cos, sin, positions, mask, cache: KVCache | None, layer):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        dense = lambda n, name: nn.Dense(n, use_bias=cfg.attention_bias,
+                                         param_dtype=self.param_dtype, name=name)
+        q = dense(H * Dh, "q_proj")(x).reshape(B, T, H, Dh)
+        k = dense(Hkv * Dh, "k_proj")(x).reshape(B, T, Hkv, Dh)
+        v = dense(Hkv * Dh, "v_proj")(x).reshape(B, T, Hkv, Dh)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="k_norm")(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if cache is not None:
+            cache = cache.write(layer, k, v, positions)
+            k, v = cache.k[layer], cache.v[layer]
+        out = dot_product_attention(q, k, v, mask)
+        return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; scanned over layers. carry = (h, cache, taps, layer index)."""
+
+    cfg: TargetConfig
+    tap_layer_ids: tuple[int, ...] = ()
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, carry, shared):
+        h, cache, taps, layer = carry
+        cos, sin, positions, mask = shared
+        cfg = self.cfg
+        attn_out, cache = SelfAttention(cfg, self.param_dtype, name="self_attn")(
+            RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h),
+            cos, sin, positions, mask, cache, layer)
+        h = h + attn_out
+        h = h + MLP(cfg.intermediate_size, self.param_dtype, name="mlp")(
+            RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(h))
+        if self.tap_layer_ids:
+            hit = (jnp.asarray(self.tap_layer_ids) == layer)[:, None, None, None]
+            taps = jnp.where(hit, h[None].astype(taps.dtype), taps)
+        return (h, cache, taps, layer + 1), None
+
+
+class TargetModel(nn.Module):
+    """Decoder-only LM returning logits, tapped hidden states and the updated cache.
+
+    ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is that layer's
+    output, i.e. transformers' ``hidden_states[i + 1]`` (SPEC.md section 2).
+    """
+
+    cfg: TargetConfig
+    tap_layer_ids: tuple[int, ...] = ()
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        cfg = self.cfg
+        for i in self.tap_layer_ids:
+            if not 0 <= i < cfg.num_layers:
+                raise ValueError(
+                    f"tap layer id {i} is outside the target's decoder layers 0..{cfg.num_layers - 1}")
+        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size,
+                                     param_dtype=self.param_dtype, name="embed_tokens")
+        self.layers = nn.scan(
+            DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+            in_axes=nn.broadcast, length=cfg.num_layers,
+        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, name="layers")
+        self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False,
+                                    param_dtype=self.param_dtype, name="lm_head")
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None,
+                 logit_index: jax.Array | None = None, compute_logits: bool = True):
+        """One forward pass.
+
+        Args:
+          tokens: int32[B, T].
+          positions: int32[B, T] absolute positions (= cache slots); rows may differ.
+          cache: optional KVCache; the block's K/V are written at ``positions`` and queries
+            see cache slots ``<= position`` (causal by position). Without a cache, queries see
+            the input rows at positions ``<=`` their own.
+          logit_index: optional int32[B]: compute logits only at ``tokens[b, logit_index[b]]``
+            (e.g. the last real prompt token at prefill); logits are then [B, 1, V].
+          compute_logits: False skips the LM head (logits returned as None).
+
+        Returns:
+          logits float32[B, T, V] (or [B, 1, V]), taps [B, T, k*D] in tap order (None when no
+          taps are requested), and the cache with ``lengths = positions[:, -1] + 1``.
+        """
+        check_token_array(tokens, "tokens")
+        check_token_array(positions, "positions")
+        if positions.shape != tokens.shape:
+            raise ValueError(f"positions shape {positions.shape} must equal tokens shape {tokens.shape}")
+        cfg = self.cfg
+        B, T = tokens.shape
+        h = self.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
+        if cache is not None:
+            if cache.batch != B:
+                raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
+            slots = jnp.arange(cache.max_len)
+            mask = slots[None, None, :] <= positions[:, :, None]
+        else:
+            mask = positions[:, None, :] <= positions[:, :, None]
+        K = len(self.tap_layer_ids)
+        taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
+        (h, cache, taps, _), _ = self.layers((h, cache, taps, jnp.int32(0)),
+                                             (cos, sin, positions, mask))
+        if cache is not None:
+            cache = cache.crop(positions[:, -1] + 1)
+        if taps is not None:
+            taps = jnp.moveaxis(taps, 0, 2).reshape(B, T, K * cfg.hidden_size)
+        if not compute_logits:
+            return None, taps, cache
+        if logit_index is not None:
+            h = jnp.take_along_axis(h, logit_index.astype(jnp.int32)[:, None, None], axis=1)
+        h = self.norm(h)
+        if cfg.tie_word_embeddings:
+            logits = self.embed_tokens.attend(h)
+        else:
+            logits = self.lm_head(h)
+        return logits.astype(jnp.float32), taps, cache
+
+
+def check_token_array(x, name: str) -> None:
+    """Token and position arrays must be integer, rank 2 ([batch, time])."""
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have rank 2 [batch, time], got shape {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
+
+
+def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
+                       init_scale: float = 0.02):
+    """Random parameters (normal(init_scale) matrices, unit norms) in ``dtype``, built under jit
+    so that large configs never materialise an fp32 copy."""
+    model = TargetModel(cfg, param_dtype=dtype)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+
+    def init(k):
+        params = model.init(k, tokens, tokens)["params"]
+        leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+        keys = jax.random.split(k, len(leaves))
+        out = []
+        for (path, leaf), lk in zip(leaves, keys):
+            name = jax.tree_util.keystr(path)
+            if "weight" in name:  # RMSNorm weights
+                out.append(jnp.ones_like(leaf))
+            elif "bias" in name:
+                out.append(jnp.zeros_like(leaf))
+            else:
+                out.append((init_scale * jax.random.normal(lk, leaf.shape, jnp.float32)).astype(dtype))
+        return jax.tree_util.tree_unflatten(tree, out)
+
+    return jax.jit(init)(key)
+
+
+def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
+                   tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True):
+    """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``."""
+    return TargetModel(cfg, tuple(tap_layer_ids)).apply(
+        {"params": params}, tokens, positions, cache, logit_index, compute_logits)

@@ -1,0 +1,74 @@
+"""RMSNorm, rotary position embeddings (default and llama3 scaling) and the SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.config import RopeConfig
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in fp32, over the last axis."""
+
+    eps: float = 1e-6
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return weight * xf.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
+    """Inverse frequencies float32[head_dim // 2], with llama3 scaling when configured."""
+    inv_freq = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, rope: RopeConfig):
+    """cos, sin: float32[..., head_dim] for integer ``positions[...]`` (halves repeated)."""
+    inv_freq = jnp.asarray(rope_inv_freq(head_dim, rope))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates ``x[B, T, heads, Dh]`` by ``cos/sin[B, T, Dh]`` (rotate-half convention)."""
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    out = xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no biases."""
+
+    intermediate_size: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = lambda n, name: nn.Dense(n, use_bias=False, param_dtype=self.param_dtype, name=name)
+        h = nn.silu(dense(self.intermediate_size, "gate_proj")(x)) * dense(
+            self.intermediate_size, "up_proj")(x)
+        return dense(x.shape[-1], "down_proj")(h)
