@@ -14,7 +14,6 @@ from typing import Any, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -250,8 +249,7 @@ def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
     tensors = params_to_tensors(params, target_tensor_specs(cfg))
     write_safetensors(path, tensors, max_shard_bytes)
     config = cfg.to_hf_dict()
-    dtypes = {t.dtype for t in tensors.values()}
-    config["dtype"] = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-                       np.dtype(np.float16): "float16"}.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
+    dtypes = {str(t.dtype) for t in tensors.values()}  # "float32", "bfloat16", "float16"
+    config["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
     config.update(extra_config or {})
     _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)

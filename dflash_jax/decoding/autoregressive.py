@@ -44,13 +44,13 @@ def is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
     return jnp.any((tokens[:, None] == stop_ids) & (stop_ids >= 0), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "out_len"), donate_argnums=(1,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "out_len"))
 def decode_loop(params, cache: KVCache, first, max_new, stop_ids, key, *, cfg: TargetConfig,
                 sampling: SamplingParams, out_len: int):
     """Generates until every row hit a stop token or its budget, all inside one while_loop.
 
     Args:
-      cache: the prefilled cache (donated); first: int32[B] the first generated tokens;
+      cache: the prefilled cache; first: int32[B] the first generated tokens;
       max_new: int32[B] per-row budgets (>= 1); stop_ids: int32[B, S];
       out_len: static width of the output buffer (>= max(max_new)).
     Returns:

@@ -1,0 +1,67 @@
+"""Command line: ``python -m dflash_jax <command>``.
+
+  generate       generate from a Hugging Face target directory (text or token ids)
+  decode-speed   autoregressive decode benchmark on a random-weight target
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _generate(argv):
+    p = argparse.ArgumentParser(prog="python -m dflash_jax generate")
+    p.add_argument("--target", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text (needs a tokenizer in the directory) or comma-separated ids; repeatable")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    args = p.parse_args(argv)
+    import jax.numpy as jnp
+
+    from dflash_jax import generate, load_target
+
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None)
+    tok = target.tokenizer
+    prompts = []
+    for text in args.prompt:
+        if all(part.strip().isdigit() for part in text.split(",")):
+            prompts.append([int(x) for x in text.split(",")])
+        elif tok is None:
+            p.error(f"{args.target} has no tokenizer: pass prompts as comma-separated token ids")
+        else:
+            prompts.append(tok.encode(text))
+    stops = list(target.config.eos_token_id)
+    r = generate(target, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, stop_token_ids=stops, seed=args.seed)
+    for seq in r.sequences:
+        print(tok.decode(seq) if tok is not None else ",".join(map(str, seq)))
+    print(f"[prefill {1e3 * r.prefill_time_s:.1f} ms, decode {1e3 * r.decode_time_s:.1f} ms "
+          f"for {r.num_steps} steps]", file=sys.stderr)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"generate": _generate}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "decode-speed":
+        from dflash_jax.bench.decode_speed import main as decode_speed
+
+        decode_speed(rest)
+    elif cmd in commands:
+        commands[cmd](rest)
+    else:
+        print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print and save numbers (never timed tests)."""

@@ -1,0 +1,61 @@
+"""What every result file records: device, versions, and a measured copy bandwidth."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def environment() -> dict:
+    import flax
+    import numpy
+
+    dev = jax.devices()[0]
+    return {
+        "device": getattr(dev, "device_kind", str(dev)),
+        "platform": dev.platform,
+        "num_devices": jax.device_count(),
+        "host": platform.node(),
+        "cpu_count": __import__("os").cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": __import__("jaxlib").__version__,
+        "flax": flax.__version__,
+        "numpy": numpy.__version__,
+    }
+
+
+def time_fn(fn, *args, repeats: int = 5) -> float:
+    """Median wall seconds of ``fn(*args)`` (already compiled by one warm-up call)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
+    """Device-to-device bandwidth in bytes/s: an elementwise ``x + 1`` over a large array
+    reads and writes every byte once (2 * size bytes moved)."""
+    if num_bytes is None:
+        num_bytes = (1 << 30) if jax.devices()[0].platform == "gpu" else (256 << 20)
+    x = jnp.zeros((num_bytes // 4,), jnp.float32)
+    f = jax.jit(lambda a: a + 1.0)
+    return 2 * x.nbytes / time_fn(f, x, repeats=repeats)
+
+
+def read_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
+    """Device read bandwidth in bytes/s: a full reduction reads every byte once. On CPUs a
+    copy also pays for write-allocate traffic, so decode (which mostly reads) can exceed the
+    copy figure; this one is the tighter bound there."""
+    if num_bytes is None:
+        num_bytes = (1 << 30) if jax.devices()[0].platform == "gpu" else (256 << 20)
+    x = jnp.ones((num_bytes // 4,), jnp.float32)
+    f = jax.jit(lambda a: jnp.sum(a))
+    return x.nbytes / time_fn(f, x, repeats=repeats)

@@ -1,0 +1,1 @@
+"""Ablation and paper-figure scripts, run as ``python -m experiments.<name>``."""

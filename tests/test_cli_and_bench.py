@@ -1,0 +1,41 @@
+"""The command line and the decode benchmark run end to end on tiny inputs."""
+
+import json
+import subprocess
+import sys
+
+from conftest import make_hf_model
+
+from dflash_jax.bench import decode_speed
+
+
+def test_decode_speed_writes_json_and_plot(tmp_path):
+    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 128}
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(cfg))
+    report = decode_speed.main(["--config", str(tmp_path / "tiny" / "config.json"), "--batch", "1", "2",
+                                "--prompt-len", "8", "--new-tokens", "5", "--repeats", "1",
+                                "--out", str(tmp_path / "out")])
+    assert [r["batch"] for r in report["results"]] == [1, 2]
+    for r in report["results"]:
+        assert r["decode_steps"] == 4 and r["ms_per_step"] > 0 and r["bandwidth_fraction"] > 0
+    saved = json.loads((tmp_path / "out" / "tiny_cpu_float32.json").read_text())
+    assert saved["env"]["jax"] and saved["copy_bandwidth_GBps"] > 0
+    assert (tmp_path / "out" / "tiny_cpu_float32.png").stat().st_size > 1000
+
+
+def test_generate_command_with_token_ids(tmp_path):
+    model = make_hf_model("qwen3")
+    model.save_pretrained(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "dflash_jax", "generate", "--target", str(tmp_path),
+                          "--prompt", "1,2,3", "--prompt", "7,8", "--max-new-tokens", "6"],
+                         capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(len(line.split(",")) == 6 for line in lines)
+
+
+def test_unknown_command_fails():
+    out = subprocess.run([sys.executable, "-m", "dflash_jax", "frobnicate"], capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown command" in out.stderr

@@ -1,0 +1,173 @@
+"""On-device autoregressive generate against transformers' generate (greedy) and the model's
+own next-token distribution (sampling)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import dflash_jax as dj
+from dflash_jax.models.target import target_forward
+
+
+def hf_greedy(model, prompt, max_new, stop=None):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new, do_sample=False, eos_token_id=stop,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_matches_transformers_ragged_batch(hf_checkpoint):
+    name, model, path = hf_checkpoint
+    target = dj.load_target(path)
+    V = target.config.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, V, size=n).tolist() for n in (5, 17, 1, 11)]
+    result = dj.generate(target, prompts, 20)
+    for p, seq in zip(prompts, result.sequences):
+        assert seq == hf_greedy(model, p, 20)
+    assert result.finish_reasons == ["length"] * 4
+
+
+def test_stop_tokens_per_row(hf_checkpoint):
+    name, model, path = hf_checkpoint
+    target = dj.load_target(path)
+    V = target.config.vocab_size
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, V, size=n).tolist() for n in (6, 9, 3)]
+    free = [hf_greedy(model, p, 24) for p in prompts]
+    # stop each row on the token it emits 4th (row 0), 10th (row 1) and never (row 2)
+    stop = [free[0][3], free[1][9]]
+    result = dj.generate(target, prompts, 24, stop_token_ids=stop)
+    for p, seq, reason in zip(prompts, result.sequences, result.finish_reasons):
+        ref = hf_greedy(model, p, 24, stop=stop)
+        assert seq == ref
+        assert reason == ("stop" if seq[-1] in stop else "length")
+    assert result.sequences[0][-1] == stop[0] and len(result.sequences[0]) <= 4
+    # one stop list per row: row 0 stops on its own token, row 1 ignores it
+    per_row = dj.generate(target, prompts[:2], 24, stop_token_ids=[[free[0][3]], [V - 1]])
+    assert per_row.sequences[0] == result.sequences[0]
+    assert per_row.sequences[1] == hf_greedy(model, prompts[1], 24, stop=[V - 1])
+
+
+def test_per_row_budgets(hf_checkpoint):
+    name, model, path = hf_checkpoint
+    target = dj.load_target(path)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    result = dj.generate(target, prompts, [3, 7])
+    assert [len(s) for s in result.sequences] == [3, 7]
+    assert result.sequences[0] == hf_greedy(model, prompts[0], 3)
+    assert result.sequences[1] == hf_greedy(model, prompts[1], 7)
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    cfg = dj.TargetConfig("qwen3", vocab_size=16, hidden_size=32, intermediate_size=48, num_layers=2,
+                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64)
+    return dj.Target.random(cfg, seed=3, init_scale=0.3)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
+                                dict(temperature=1.3, top_p=0.8)])
+def test_sampling_first_two_tokens_follow_the_model(tiny_target, kw):
+    """Empirical joint distribution of the first two sampled tokens vs the exact one."""
+    target = tiny_target
+    cfg = target.config
+    prompt = [3, 1, 4, 1, 5]
+    n = 4000
+    result = dj.generate(target, [prompt] * n, 2, seed=11, **kw)
+    pairs = np.array(result.sequences)
+    sampling = dj.decoding.SamplingParams(kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p"))
+    V = cfg.vocab_size
+
+    def probs(prefix):
+        ids = jnp.asarray([prefix])
+        logits, _, _ = target_forward(cfg, target.params, ids, jnp.arange(len(prefix))[None])
+        return np.exp(np.asarray(dj.decoding.process_logits(logits[0, -1], sampling), np.float64))
+
+    p1 = probs(prompt)
+    joint = np.zeros((V, V))
+    for t in np.nonzero(p1 > 0)[0]:
+        joint[t] = p1[t] * probs(prompt + [int(t)])
+    emp = np.zeros((V, V))
+    np.add.at(emp, (pairs[:, 0], pairs[:, 1]), 1.0 / n)
+    assert emp[joint == 0].sum() == 0, "sampled a token the filters exclude"
+    tv = 0.5 * np.abs(emp - joint).sum()
+    # E[TV] for n samples over the support is about sqrt(k / (2 pi n)); a wrong rule is far off
+    support = int((joint > 0).sum())
+    assert tv < 1.5 * np.sqrt(support / (2 * np.pi * n)) + 0.01, (tv, support)
+
+
+def test_seed_reproducible_and_changes(tiny_target):
+    a = dj.generate(tiny_target, [[1, 2, 3]] * 4, 8, temperature=1.0, seed=5)
+    b = dj.generate(tiny_target, [[1, 2, 3]] * 4, 8, temperature=1.0, seed=5)
+    c = dj.generate(tiny_target, [[1, 2, 3]] * 4, 8, temperature=1.0, seed=6)
+    assert a.sequences == b.sequences
+    assert a.sequences != c.sequences
+
+
+def test_result_fields(tiny_target):
+    r = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)
+    assert r.prompt_lengths == [2, 3]
+    assert r.num_generated == [5, 5]
+    assert r.num_steps == 4 and r.prefill_time_s > 0 and r.decode_time_s > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("prompts, match", [
+    ([], "empty"),
+    ([[]], "prompt 0 is empty"),
+    ([[1, 2], []], "prompt 1 is empty"),
+    ([[1.0, 2.0]], "integer token ids"),
+    (np.ones((2, 3), np.float32), "integer token ids"),
+    (np.ones((1, 2, 3), np.int32), "rank 2"),
+    (np.ones(3, np.int32), "rank 2"),
+    ([1, 2, 3], "list of token-id lists"),
+    ("hello", "list of token-id lists"),
+    (["hello"], "tokenize it first"),
+    ([[[1, 2]]], "1-D sequence"),
+    ([[1, 99]], "outside the vocabulary"),
+    ([[-1, 2]], "outside the vocabulary"),
+])
+def test_bad_prompts(tiny_target, prompts, match):
+    with pytest.raises(ValueError, match=match):
+        dj.generate(tiny_target, prompts, 4)
+
+
+def test_prompt_longer_than_cache(tiny_target):
+    target = dj.Target(tiny_target.config, tiny_target.params, max_len=32)
+    with pytest.raises(ValueError, match="max_len=32"):
+        dj.generate(target, [[1] * 30], 3)
+    with pytest.raises(ValueError, match="prompt 1 has 40 tokens"):
+        dj.generate(target, [[1] * 5, [1] * 40], 1)
+    assert dj.generate(target, [[1] * 29], 3).num_generated == [3]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(max_new_tokens=0), "positive integer"),
+    (dict(max_new_tokens=2.5), "positive integer"),
+    (dict(max_new_tokens=[2]), "1 entries for 2 prompts"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_k=0, temperature=1.0), "top_k"),
+    (dict(top_p=1.5, temperature=1.0), "top_p"),
+    (dict(stop_token_ids=[16]), "stop token id"),
+    (dict(stop_token_ids=[[1], [2], [3]]), "per-row lists"),
+])
+def test_bad_options(tiny_target, kw, match):
+    kw.setdefault("max_new_tokens", 4)
+    with pytest.raises(ValueError, match=match):
+        dj.generate(tiny_target, [[1, 2], [3]], **kw)
+
+
+def test_model_rejects_bad_token_arrays(tiny_target):
+    cfg, params = tiny_target.config, tiny_target.params
+    with pytest.raises(ValueError, match="rank 2"):
+        target_forward(cfg, params, jnp.ones((4,), jnp.int32), jnp.arange(4))
+    with pytest.raises(ValueError, match="integer"):
+        target_forward(cfg, params, jnp.ones((1, 4)), jnp.arange(4)[None])
+    with pytest.raises(ValueError, match="positions shape"):
+        target_forward(cfg, params, jnp.ones((1, 4), jnp.int32), jnp.arange(3)[None])
+    with pytest.raises(ValueError, match="tap layer id 5"):
+        target_forward(cfg, params, jnp.ones((1, 4), jnp.int32), jnp.arange(4)[None], tap_layer_ids=(5,))
