@@ -11,10 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints import load_target_params, save_target_params
-from dflash_jax.config import TargetConfig
-from dflash_jax.decoding import autoregressive
+from dflash_jax.checkpoints import (load_drafter_params, load_target_params, save_drafter_params,
+                                    save_target_params)
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.models.target import init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -74,29 +76,6 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None)
 
         tokenizer = AutoTokenizer.from_pretrained(path)
     return Target(config, params, tokenizer, max_len, path)
-
-
-@dataclasses.dataclass
-class GenerateResult:
-    """What ``generate`` returns.
-
-    sequences: per prompt, the generated token ids only (a stop token, when hit, is last).
-    finish_reasons: per prompt, "stop" (hit a stop token) or "length" (used its budget).
-    prefill_time_s / decode_time_s: wall time of the two device stages (the first call of a
-      new shape includes compilation; benchmarks warm up first).
-    num_steps: iterations of the decode loop (target forward passes after prefill).
-    """
-
-    sequences: list[list[int]]
-    finish_reasons: list[str]
-    prompt_lengths: list[int]
-    prefill_time_s: float
-    decode_time_s: float
-    num_steps: int
-
-    @property
-    def num_generated(self) -> list[int]:
-        return [len(s) for s in self.sequences]
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -181,20 +160,113 @@ def plan_lengths(target: Target, prompt_lens: Sequence[int], max_new: Sequence[i
     return prompt_width, cache_len
 
 
-def generate(target: Target, prompts, max_new_tokens, *, drafter=None, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, stop_token_ids=(),
-             seed: int = 0) -> GenerateResult:
-    """Generates continuations of a batch of (ragged) token-id prompts on device.
+@dataclasses.dataclass
+class Drafter:
+    """A DFlash drafter: config (released layout) and parameters; uses the target's embedding
+    and LM head, which are never copied into ``params``."""
 
-    Args:
-      target: a loaded :class:`Target`.
-      prompts: list of token-id lists (lengths may differ), or an int array [B, T].
-      max_new_tokens: new-token budget, one int or one per prompt.
-      drafter: a DFlash drafter for speculative decoding (None: autoregressive).
-      temperature / top_k / top_p: 0 = greedy; otherwise sampling with these filters.
-      stop_token_ids: ids that end a row (one list for all rows, or one list per row).
-      seed: PRNG seed for sampling.
+    config: DrafterConfig
+    params: Any
+    path: str | None = None
+
+    @property
+    def dtype(self):
+        return self.params["fc"]["kernel"].dtype
+
+    @classmethod
+    def random(cls, target: Target, num_layers: int = 1, block_size: int = 16,
+               mask_token_id: int | None = None, target_layer_ids=None, seed: int = 0,
+               dtype=None, init_scale: float = 0.02) -> "Drafter":
+        """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row)."""
+        mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
+        cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids)
+        cfg.check_target(target.config)
+        params = init_drafter_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
+        return cls(cfg, params)
+
+
+def load_drafter(path: str | os.PathLike, target: Target, dtype=None) -> Drafter:
+    """Loads a drafter in the released DFlash layout and checks it fits ``target``.
+
+    ``dtype`` defaults to the target's dtype (drafter and target compute together)."""
+    path = os.fspath(path)
+    cfg = DrafterConfig.from_pretrained(path)
+    cfg.check_target(target.config)
+    params = load_drafter_params(path, cfg, dtype=dtype or target.dtype)
+    return Drafter(cfg, params, path)
+
+
+def save_drafter(drafter: Drafter, path: str | os.PathLike) -> None:
+    """Writes config.json + model.safetensors in the released DFlash layout."""
+    save_drafter_params(path, drafter.config, drafter.params)
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """What ``generate`` returns.
+
+    sequences: per prompt, the generated token ids only (a stop token, when hit, is last).
+    finish_reasons: per prompt, "stop" (hit a stop token) or "length" (used its budget).
+    acceptance_lengths: per prompt, the acceptance length of every iteration (accepted draft
+      tokens + the bonus, so 1..block_size; all 1 for autoregressive decoding).
+    prefill_time_s / decode_time_s: wall time of the two device stages (the first call of a
+      new shape includes compilation; benchmarks warm up first).
+    num_steps: loop iterations (target forward passes after prefill) of the longest row.
     """
+
+    sequences: list[list[int]]
+    finish_reasons: list[str]
+    prompt_lengths: list[int]
+    acceptance_lengths: list[list[int]]
+    block_size: int
+    prefill_time_s: float
+    decode_time_s: float
+    num_steps: int
+
+    @property
+    def num_generated(self) -> list[int]:
+        return [len(s) for s in self.sequences]
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length: per row, then over rows (SPEC section 6)."""
+        per_row = [np.mean(a) for a in self.acceptance_lengths if a]
+        return float(np.mean(per_row)) if per_row else float("nan")
+
+    @property
+    def acceptance_histogram(self) -> np.ndarray:
+        """Counts of acceptance lengths 1..block_size (index 0 = length 1)."""
+        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
+        return np.bincount(flat - 1, minlength=self.block_size)[:self.block_size] if flat.size else \
+            np.zeros(self.block_size, int)
+
+    @property
+    def position_acceptance_rate(self) -> np.ndarray:
+        """float[block_size - 1]: for draft position i = 1..bs-1, the fraction of iterations
+        whose draft token i was accepted (acceptance length > i)."""
+        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
+        if not flat.size:
+            return np.zeros(self.block_size - 1)
+        return np.array([(flat > i).mean() for i in range(1, self.block_size)])
+
+    def summary(self) -> dict:
+        return {"tau": self.tau, "histogram": self.acceptance_histogram.tolist(),
+                "position_acceptance_rate": self.position_acceptance_rate.tolist(),
+                "num_generated": self.num_generated, "num_steps": self.num_steps,
+                "prefill_time_s": self.prefill_time_s, "decode_time_s": self.decode_time_s}
+
+
+@dataclasses.dataclass
+class StreamChunk:
+    """Tokens committed since the previous chunk (per prompt) and which rows are finished."""
+
+    tokens: list[list[int]]
+    done: list[bool]
+
+
+def _prepare(target: Target, prompts, max_new_tokens, drafter, temperature, top_k, top_p,
+             stop_token_ids, seed, block_size, num_denoise_steps, sampled_draft, draft_fn=None):
+    """Validates everything and runs the prefill: returns (spec, device arrays, state, meta)."""
     cfg = target.config
     rows = _as_prompt_list(prompts, cfg.vocab_size)
     B = len(rows)
@@ -204,33 +276,107 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter=None, temperatu
             raise ValueError(f"max_new_tokens must be a positive integer, got {m!r}")
     sampling = SamplingParams(float(temperature), top_k, top_p)
     stops = _stop_array(stop_token_ids, B, cfg.vocab_size)
-    if drafter is not None:
-        raise NotImplementedError("speculative decoding (drafter=) is not implemented yet")
-
+    if drafter is None:
+        if block_size not in (None, 1):
+            raise ValueError("block_size > 1 needs a drafter (generate(..., drafter=...))")
+        bs, dcfg, dparams = 1, None, None
+    else:
+        if not isinstance(drafter, Drafter):
+            raise ValueError(f"drafter must be a dflash_jax.Drafter (load_drafter), got {type(drafter).__name__}")
+        drafter.config.check_target(cfg)
+        bs = drafter.config.block_size if block_size is None else int(block_size)
+        if bs < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        dcfg, dparams = drafter.config, drafter.params
+    if int(num_denoise_steps) != num_denoise_steps or num_denoise_steps < 1:
+        raise ValueError(f"num_denoise_steps must be a positive integer, got {num_denoise_steps!r}")
+    if num_denoise_steps > 1 and sampled_draft:
+        raise ValueError("sampled_draft=True supports num_denoise_steps=1 only (the proposal "
+                         "distribution of a multi-step draft is not defined); use the greedy draft")
     lens = [len(r) for r in rows]
-    width, cache_len = plan_lengths(target, lens, budgets)
+    width, cache_len = plan_lengths(target, lens, budgets, extra=bs)
+    spec = engine.EngineSpec(
+        target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
+        sampled_draft=bool(sampled_draft) and bs > 1 and not sampling.greedy,
+        num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
+        draft_fn=draft_fn)
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r
-    key_prefill, key_decode = jax.random.split(jax.random.key(seed))
+    max_new = jnp.asarray(budgets, jnp.int32)
+    stop_ids = jnp.asarray(stops)
     t0 = time.perf_counter()
-    first, cache, _ = autoregressive.prefill(
-        target.params, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), key_prefill,
-        cfg=cfg, sampling=sampling, cache_len=cache_len)
-    first.block_until_ready()
+    state = engine.prefill(target.params, dparams, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32),
+                           max_new, stop_ids, jax.random.key(seed), spec=spec, cache_len=cache_len)
+    jax.block_until_ready(state.out)
+    return spec, dparams, max_new, stop_ids, state, stops, lens, time.perf_counter() - t0
+
+
+def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             stop_token_ids=(), seed: int = 0, block_size: int | None = None,
+             num_denoise_steps: int = 1, sampled_draft: bool = False,
+             draft_fn=None) -> GenerateResult:
+    """Generates continuations of a batch of (ragged) token-id prompts, all on device.
+
+    Args:
+      target: a loaded :class:`Target`.
+      prompts: list of token-id lists (lengths may differ), or an int array [B, T].
+      max_new_tokens: new-token budget, one int or one per prompt.
+      drafter: a DFlash :class:`Drafter` for speculative decoding (None: autoregressive).
+      temperature / top_k / top_p: 0 = greedy; otherwise sampling with these filters (applied
+        identically to draft and target).
+      stop_token_ids: ids that end a row (one list for all rows, or one list per row).
+      seed: PRNG seed.
+      block_size: speculative block size (default: the drafter's training block size).
+      num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
+      sampled_draft: sample the draft from the drafter's distribution and use rejection
+        sampling, instead of the greedy draft the paper uses (both are lossless).
+      draft_fn: advanced: a custom proposer replacing the DFlash draft (see
+        ``decoding.engine.dflash_draft`` for the signature).
+    """
+    spec, dparams, max_new, stop_ids, state, stops, lens, prefill_s = _prepare(
+        target, prompts, max_new_tokens, drafter, temperature, top_k, top_p, stop_token_ids, seed,
+        block_size, num_denoise_steps, sampled_draft, draft_fn)
     t1 = time.perf_counter()
-    out, n, steps = autoregressive.decode_loop(
-        target.params, cache, first, jnp.asarray(budgets, jnp.int32), jnp.asarray(stops), key_decode,
-        cfg=cfg, sampling=sampling, out_len=round_up(max(budgets), 16))
-    out, n, steps = jax.device_get((out, n, steps))
-    t2 = time.perf_counter()
-    return _finish(out, n, stops, lens, t1 - t0, t2 - t1, int(steps))
+    state = engine.decode(target.params, dparams, state, max_new, stop_ids,
+                          jnp.int32(np.iinfo(np.int32).max), spec=spec)
+    out, n, acc, iters = jax.device_get((state.out, state.n, state.acc, state.iters))
+    decode_s = time.perf_counter() - t1
+    return _finish(out, n, acc, iters, stops, lens, spec.block_size, prefill_s, decode_s)
 
 
-def _finish(out, n, stops, lens, prefill_s, decode_s, steps) -> GenerateResult:
-    seqs, reasons = [], []
+def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+                    iterations_per_chunk: int = 4, **kwargs):
+    """Like :func:`generate`, but yields :class:`StreamChunk` s of newly committed tokens every
+    ``iterations_per_chunk`` loop iterations (the same compiled loop, run in slices)."""
+    if iterations_per_chunk < 1:
+        raise ValueError(f"iterations_per_chunk must be >= 1, got {iterations_per_chunk}")
+    spec, dparams, max_new, stop_ids, state, *_ = _prepare(
+        target, prompts, max_new_tokens, drafter, kwargs.pop("temperature", 0.0),
+        kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("stop_token_ids", ()),
+        kwargs.pop("seed", 0), kwargs.pop("block_size", None), kwargs.pop("num_denoise_steps", 1),
+        kwargs.pop("sampled_draft", False), kwargs.pop("draft_fn", None))
+    if kwargs:
+        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+    out, n, done = jax.device_get((state.out, state.n, state.done))
+    seen = np.zeros_like(n)
+    while True:
+        yield StreamChunk([out[b, seen[b]:n[b]].tolist() for b in range(len(n))], done.tolist())
+        if done.all():
+            return
+        seen = n
+        state = engine.decode(target.params, dparams, state, max_new, stop_ids,
+                              jnp.int32(iterations_per_chunk), spec=spec)
+        out, n, done = jax.device_get((state.out, state.n, state.done))
+
+
+def _finish(out, n, acc, iters, stops, lens, block_size, prefill_s, decode_s) -> GenerateResult:
+    seqs, reasons, accs = [], [], []
     for b in range(out.shape[0]):
         seq = [int(t) for t in out[b, :n[b]]]
         seqs.append(seq)
         reasons.append("stop" if seq and seq[-1] in set(stops[b][stops[b] >= 0].tolist()) else "length")
-    return GenerateResult(seqs, reasons, list(lens), prefill_s, decode_s, steps)
+        accs.append([int(x) for x in acc[b, :iters[b]]])
+    return GenerateResult(seqs, reasons, list(lens), accs, block_size, prefill_s, decode_s,
+                          int(iters.max()))

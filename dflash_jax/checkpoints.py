@@ -214,6 +214,12 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
         os.remove(stale)
 
 
+def _dtype_name(tensors) -> str:
+    """The ``dtype`` field of config.json: "float32", "bfloat16" or "float16" when uniform."""
+    names = {str(t.dtype) for t in tensors}
+    return names.pop() if len(names) == 1 else "float32"
+
+
 def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
     tmp = file + ".tmp"
     save_file(tensors, tmp, metadata={"format": "pt"})
@@ -248,8 +254,35 @@ def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
     """Saves config.json + safetensors in the Hugging Face layout that transformers loads."""
     tensors = params_to_tensors(params, target_tensor_specs(cfg))
     write_safetensors(path, tensors, max_shard_bytes)
-    config = cfg.to_hf_dict()
-    dtypes = {str(t.dtype) for t in tensors.values()}  # "float32", "bfloat16", "float16"
-    config["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
-    config.update(extra_config or {})
+    config = {**cfg.to_hf_dict(), "dtype": _dtype_name(tensors.values()), **(extra_config or {})}
+    _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
+
+
+# ---------------------------------------------------------------------------- drafter API
+def drafter_tensor_specs(cfg) -> dict[str, TensorSpec]:
+    """Tensors of a released DFlash drafter (SPEC section 3): no embedding, no LM head."""
+    D = cfg.hidden_size
+    specs = {"fc.weight": TensorSpec(("fc", "kernel"), None, True, (D, cfg.num_taps * D)),
+             "hidden_norm.weight": TensorSpec(("hidden_norm", "weight"), None, False, (D,))}
+    specs.update(layer_tensor_specs("", cfg.num_layers, D, cfg.num_heads, cfg.num_kv_heads,
+                                    cfg.head_dim, cfg.intermediate_size, qk_norm=True,
+                                    attention_bias=False))
+    specs["norm.weight"] = TensorSpec(("norm", "weight"), None, False, (D,))
+    return specs
+
+
+def load_drafter_params(path: str | os.PathLike, cfg, dtype=None) -> dict:
+    """Reads a drafter directory's safetensors into a parameter tree (validated against cfg).
+
+    Embedding / LM-head copies that some exports include are ignored: the drafter always uses
+    the target's."""
+    ignore = ("embed_tokens.weight", "lm_head.weight", "model.embed_tokens.weight")
+    return tensors_to_params(read_tensors(path), drafter_tensor_specs(cfg), dtype=dtype,
+                             ignore=ignore, what=f"drafter checkpoint {os.fspath(path)!r}")
+
+
+def save_drafter_params(path: str | os.PathLike, cfg, params) -> None:
+    tensors = params_to_tensors(params, drafter_tensor_specs(cfg))
+    write_safetensors(path, tensors)
+    config = {**cfg.to_hf_dict(), "dtype": _dtype_name(tensors.values())}
     _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)

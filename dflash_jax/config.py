@@ -217,3 +217,148 @@ def read_config_json(path: str | os.PathLike) -> dict:
         )
     with open(file) as f:
         return json.load(f)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """SPEC section 2: n taps spread evenly from layer 1 to layer N-3 (``[N // 2]`` for n = 1).
+
+    For a 36-layer target and 5 drafter layers: (1, 9, 17, 25, 33).
+    """
+    N, n = num_target_layers, num_draft_layers
+    if n == 1:
+        return (N // 2,)
+    if N < 4:
+        raise ValueError(f"the default tap formula needs a target with >= 4 layers, got {N}; "
+                         "pass target_layer_ids explicitly")
+    return tuple(int(round(1 + j * (N - 4) / (n - 1))) for j in range(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    """A DFlash drafter (SPEC section 3): ``num_layers`` = n Qwen3-style layers with the
+    target's attention shapes, conditioned on ``len(target_layer_ids)`` = k target taps.
+
+    ``block_size`` is the training block size (the default at inference);
+    ``mask_token_id`` must be a row of the target's embedding.
+    """
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = RopeConfig()
+    max_position_embeddings: int = 4096
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ValueError("a drafter needs at least one target layer id")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_kv_heads})")
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int,
+                   target_layer_ids: tuple[int, ...] | None = None,
+                   intermediate_size: int | None = None) -> "DrafterConfig":
+        """A drafter shaped like ``target`` (the released recipe)."""
+        ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(
+            target.num_layers, num_layers)
+        return cls(num_layers=num_layers, hidden_size=target.hidden_size,
+                   intermediate_size=intermediate_size or target.intermediate_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads,
+                   head_dim=target.head_dim, vocab_size=target.vocab_size, block_size=block_size,
+                   num_target_layers=target.num_layers, target_layer_ids=ids,
+                   mask_token_id=mask_token_id, rms_norm_eps=target.rms_norm_eps, rope=target.rope,
+                   max_position_embeddings=target.max_position_embeddings)
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> "DrafterConfig":
+        """Reads the released layout: a Qwen3 config plus ``block_size``, ``num_target_layers``
+        and ``dflash_config: {target_layer_ids, mask_token_id}``."""
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "vocab_size") if k not in d]
+        if missing:
+            raise ValueError(f"drafter config.json is missing required fields: {', '.join(missing)}")
+        dflash = dict(d.get("dflash_config") or {})
+        n = int(d["num_hidden_layers"])
+        if "num_target_layers" not in d:
+            raise ValueError("drafter config.json has no num_target_layers: is this a DFlash drafter?")
+        N = int(d["num_target_layers"])
+        if "mask_token_id" not in dflash:
+            raise ValueError("drafter config.json has no dflash_config.mask_token_id; set it to the "
+                             "target's mask token (Qwen3: 151669, Llama-3.1: 128002)")
+        ids = dflash.get("target_layer_ids")
+        ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(N, n)
+        heads = int(d["num_attention_heads"])
+        return cls(
+            num_layers=n, hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]), num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+            vocab_size=int(d["vocab_size"]), block_size=int(d.get("block_size", 16)),
+            num_target_layers=N, target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope=rope_from_hf(d),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "DrafterConfig":
+        return cls.from_hf_dict(read_config_json(path))
+
+    def to_hf_dict(self) -> dict:
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": self.rope.to_hf(),
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
+                              "mask_token_id": self.mask_token_id},
+        }
+
+    def check_target(self, target: TargetConfig) -> None:
+        """Raises ValueError naming every way this drafter disagrees with ``target``."""
+        problems = []
+        for mine, theirs, label in (
+                (self.hidden_size, target.hidden_size, "hidden_size"),
+                (self.num_heads, target.num_heads, "num_attention_heads"),
+                (self.num_kv_heads, target.num_kv_heads, "num_key_value_heads"),
+                (self.head_dim, target.head_dim, "head_dim"),
+                (self.vocab_size, target.vocab_size, "vocab_size"),
+                (self.num_target_layers, target.num_layers, "num_target_layers vs the target's num_hidden_layers")):
+            if mine != theirs:
+                problems.append(f"{label}: drafter {mine}, target {theirs}")
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            problems.append(f"mask_token_id {self.mask_token_id} is not a row of the target's "
+                            f"embedding (vocab_size {target.vocab_size})")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_layers]
+        if bad:
+            problems.append(f"target_layer_ids {bad} are not layers of the {target.num_layers}-layer target")
+        if problems:
+            raise ValueError("drafter and target do not match:\n  " + "\n  ".join(problems))

@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -69,11 +70,13 @@ def test_generate_in_bf16_uses_bf16_cache(tmp_path):
     model = make_hf_model("llama")
     model.save_pretrained(tmp_path)
     target = dj.load_target(tmp_path, dtype=jnp.bfloat16)
-    from dflash_jax.decoding import autoregressive
+    from dflash_jax.decoding import engine
     from dflash_jax.decoding.sampling import SamplingParams
 
-    _, cache, _ = autoregressive.prefill(target.params, jnp.ones((1, 4), jnp.int32), jnp.array([4]),
-                                         None, cfg=target.config, sampling=SamplingParams(), cache_len=16)
+    spec = engine.EngineSpec(target.config, None, 1, SamplingParams(), out_len=16)
+    one = jnp.array([4])
+    cache = engine.prefill(target.params, None, jnp.ones((1, 4), jnp.int32), one, one,
+                           jnp.full((1, 1), -1), jax.random.key(0), spec=spec, cache_len=16).tcache
     assert cache.k.dtype == jnp.bfloat16
     assert dj.generate(target, [[1, 2, 3]], 4).num_generated == [4]
 

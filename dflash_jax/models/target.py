@@ -202,3 +202,18 @@ def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
     """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``."""
     return TargetModel(cfg, tuple(tap_layer_ids)).apply(
         {"params": params}, tokens, positions, cache, logit_index, compute_logits)
+
+
+def embed(params, tokens: jax.Array) -> jax.Array:
+    """The target's token embedding: [..., D] rows of ``embed_tokens`` (shared with drafters)."""
+    return jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0)
+
+
+def lm_head(cfg: TargetConfig, params, h: jax.Array) -> jax.Array:
+    """The target's LM head on already-normed hidden states h [..., D] -> float32 logits."""
+    if cfg.tie_word_embeddings:
+        w = params["embed_tokens"]["embedding"]
+        logits = jnp.einsum("...d,vd->...v", h, w.astype(h.dtype))
+    else:
+        logits = h @ params["lm_head"]["kernel"].astype(h.dtype)
+    return logits.astype(jnp.float32)
