@@ -2,6 +2,7 @@
 
   generate       generate from a Hugging Face target directory (text or token ids)
   decode-speed   autoregressive decode benchmark on a random-weight target
+  spec-speed     DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def main(argv=None):
         from dflash_jax.bench.decode_speed import main as decode_speed
 
         decode_speed(rest)
+    elif cmd == "spec-speed":
+        from dflash_jax.bench.spec_speed import main as spec_speed
+
+        spec_speed(rest)
     elif cmd in commands:
         commands[cmd](rest)
     else:

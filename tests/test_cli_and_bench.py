@@ -39,3 +39,21 @@ def test_generate_command_with_token_ids(tmp_path):
 def test_unknown_command_fails():
     out = subprocess.run([sys.executable, "-m", "dflash_jax", "frobnicate"], capture_output=True, text=True)
     assert out.returncode == 2 and "unknown command" in out.stderr
+
+
+def test_spec_speed_with_saved_target_and_drafter(tmp_path):
+    """The DFlash benchmark on a saved target + drafter pair: files written, stats consistent."""
+    import dflash_jax as dj
+    from dflash_jax.bench import spec_speed
+
+    model = make_hf_model("qwen3", num_hidden_layers=4)
+    model.save_pretrained(tmp_path / "t")
+    target = dj.load_target(tmp_path / "t")
+    dj.save_drafter(dj.Drafter.random(target, num_layers=1, block_size=4), tmp_path / "d")
+    report = spec_speed.main(["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"),
+                              "--block-size", "4", "--prompt-len", "8", "--new-tokens", "9",
+                              "--repeats", "1", "--out", str(tmp_path / "out")])
+    r = report["result"]
+    assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["dflash_ms_per_iteration"] > 0
+    assert len(r["histogram"]) == 4 and 1.0 <= r["tau"] <= 4.0
+    assert (tmp_path / "out" / "t_cpu_float32_b1_bs4.png").exists()

@@ -1,0 +1,154 @@
+"""DFlash vs autoregressive decoding for one target + drafter, same prompts, same run:
+AR ms/token, DFlash ms/iteration (and draft / verify steps timed separately, outside the loop),
+tau, the acceptance histogram and the speedup.
+
+With random weights (the presets) acceptance is ~1, so the number that matters is the cost
+of one iteration relative to one AR step: at acceptance tau the speedup is about
+``tau / (iteration time / AR step time)``; the report includes that projection at the paper's
+tau (6.49, Qwen3-8B).
+
+    python -m dflash_jax.bench.spec_speed --preset small
+    python -m dflash_jax.bench.spec_speed --preset qwen3-8b --dtype bfloat16 --drafter-layers 5
+    python -m dflash_jax.bench.spec_speed --target DIR --drafter DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.api import Drafter, Target, _prepare, generate, load_drafter, load_target
+from dflash_jax.bench.decode_speed import PRESETS
+from dflash_jax.bench.env import environment, time_fn
+from dflash_jax.config import TargetConfig
+from dflash_jax.decoding import engine
+from dflash_jax.models.target import TargetModel
+
+PAPER_TAU = 6.49
+
+
+def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int) -> dict:
+    """Median seconds of one draft and one verify at the prompts' context length."""
+    spec, dparams, _, _, state, *_ = _prepare(target, prompts, 8, drafter, 0.0, None, None, (), 0,
+                                              block_size, 1, False)
+    key = jax.random.key(0)
+    draft = jax.jit(functools.partial(engine.dflash_draft, spec))
+    tokens, _, _ = draft(target.params, dparams, state, key)
+    block = jnp.concatenate([state.bonus[:, None], tokens], axis=1)
+    positions = state.tcache.lengths[:, None] + jnp.arange(block_size)
+
+    @jax.jit
+    def verify(tparams, block, positions, cache):
+        return TargetModel(spec.target, spec.tap_layer_ids).apply({"params": tparams}, block,
+                                                                  positions, cache)
+
+    return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
+            "verify_ms": 1e3 * time_fn(verify, target.params, block, positions, state.tcache,
+                                       repeats=repeats)}
+
+
+def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
+        block_size: int, repeats: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, target.config.vocab_size, size=(batch, prompt_len)).tolist()
+    best = {}
+    for name, kw in (("ar", {}), ("dflash", {"drafter": drafter, "block_size": block_size})):
+        generate(target, prompts, new_tokens, **kw)  # compile
+        for _ in range(repeats):
+            r = generate(target, prompts, new_tokens, **kw)
+            if name not in best or r.decode_time_s < best[name].decode_time_s:
+                best[name] = r
+    ar, df = best["ar"], best["dflash"]
+    assert df.sequences == ar.sequences, "greedy DFlash output differs from autoregressive output"
+    ar_step = ar.decode_time_s / ar.num_steps
+    df_iter = df.decode_time_s / df.num_steps
+    tokens = sum(df.num_generated) - batch  # tokens made inside the decode loop
+    ar_tokens = sum(ar.num_generated) - batch
+    steps = step_times(target, drafter, prompts, block_size, repeats=max(3, repeats))
+    return {
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+        "ar_ms_per_token": 1e3 * ar.decode_time_s / ar_tokens * batch,
+        "ar_ms_per_step": 1e3 * ar_step,
+        "dflash_ms_per_iteration": 1e3 * df_iter,
+        "dflash_ms_per_token": 1e3 * df.decode_time_s / tokens * batch,
+        **steps,
+        "iteration_over_ar_step": df_iter / ar_step,
+        "tau": df.tau,
+        "histogram": df.acceptance_histogram.tolist(),
+        "position_acceptance_rate": df.position_acceptance_rate.tolist(),
+        "speedup": (ar.decode_time_s / ar_tokens) / (df.decode_time_s / tokens),
+        "projected_speedup_at_paper_tau": PAPER_TAU / (df_iter / ar_step),
+    }
+
+
+def plot(report: dict, file: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = report["result"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.bar(["AR step", "draft", "verify", "DFlash iter"],
+          [r["ar_ms_per_step"], r["draft_ms"], r["verify_ms"], r["dflash_ms_per_iteration"]])
+    a.set(ylabel="ms", title=f"{report['env']['device']}, batch {r['batch']}")
+    b.bar(range(1, len(r["histogram"]) + 1), r["histogram"])
+    b.set(xlabel="acceptance length", ylabel="iterations", title=f"tau {r['tau']:.2f}")
+    fig.tight_layout()
+    fig.savefig(file, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p.add_argument("--target", help="a Hugging Face target directory (instead of a random preset)")
+    p.add_argument("--drafter", help="a DFlash drafter directory (default: random, shaped for the target)")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="runs/spec_speed")
+    args = p.parse_args(argv)
+    dtype = jnp.dtype(args.dtype)
+    if args.target:
+        target = load_target(args.target, dtype=dtype)
+        name = os.path.basename(os.path.normpath(args.target))
+    else:
+        target = Target.random(TargetConfig(**PRESETS[args.preset]), dtype=dtype)
+        name = args.preset
+    target.max_len = max(target.max_len, args.prompt_len + args.new_tokens + 64)
+    drafter = (load_drafter(args.drafter, target) if args.drafter else
+               Drafter.random(target, num_layers=args.drafter_layers, block_size=args.block_size))
+    result = run(target, drafter, args.batch, args.prompt_len, args.new_tokens, args.block_size,
+                 args.repeats)
+    report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
+              "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
+              "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": "python -m dflash_jax.bench.spec_speed " + " ".join(sys.argv[1:] if argv is None else argv)}
+    for k in ("ar_ms_per_step", "draft_ms", "verify_ms", "dflash_ms_per_iteration",
+              "iteration_over_ar_step", "tau", "speedup", "projected_speedup_at_paper_tau"):
+        print(f"{k:>32}: {result[k]:.3f}")
+    print(f"{'histogram':>32}: {result['histogram']}")
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"{name}_{report['env']['platform']}_{args.dtype}_b{args.batch}_bs{args.block_size}")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+    plot(report, stem + ".png")
+    print(f"wrote {stem}.json and {stem}.png")
+    return report
+
+
+if __name__ == "__main__":
+    main()
