@@ -264,9 +264,12 @@ class StreamChunk:
     done: list[bool]
 
 
-def _prepare(target: Target, prompts, max_new_tokens, drafter, temperature, top_k, top_p,
+def prepare_decode(target: Target, prompts, max_new_tokens, drafter, temperature, top_k, top_p,
              stop_token_ids, seed, block_size, num_denoise_steps, sampled_draft, draft_fn=None):
-    """Validates everything and runs the prefill: returns (spec, device arrays, state, meta)."""
+    """Validates the arguments of generate and runs the prefill.
+
+    Returns (spec, drafter params, max_new, stop_ids, prefilled DecodeState, stop array, prompt
+    lengths, prefill seconds); the step benchmark uses it to get a realistic loop state."""
     cfg = target.config
     rows = _as_prompt_list(prompts, cfg.vocab_size)
     B = len(rows)
@@ -335,7 +338,7 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
       draft_fn: advanced: a custom proposer replacing the DFlash draft (see
         ``decoding.engine.dflash_draft`` for the signature).
     """
-    spec, dparams, max_new, stop_ids, state, stops, lens, prefill_s = _prepare(
+    spec, dparams, max_new, stop_ids, state, stops, lens, prefill_s = prepare_decode(
         target, prompts, max_new_tokens, drafter, temperature, top_k, top_p, stop_token_ids, seed,
         block_size, num_denoise_steps, sampled_draft, draft_fn)
     t1 = time.perf_counter()
@@ -352,7 +355,7 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
     ``iterations_per_chunk`` loop iterations (the same compiled loop, run in slices)."""
     if iterations_per_chunk < 1:
         raise ValueError(f"iterations_per_chunk must be >= 1, got {iterations_per_chunk}")
-    spec, dparams, max_new, stop_ids, state, *_ = _prepare(
+    spec, dparams, max_new, stop_ids, state, *_ = prepare_decode(
         target, prompts, max_new_tokens, drafter, kwargs.pop("temperature", 0.0),
         kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("stop_token_ids", ()),
         kwargs.pop("seed", 0), kwargs.pop("block_size", None), kwargs.pop("num_denoise_steps", 1),

@@ -1,7 +1,6 @@
 """On-device autoregressive generate against transformers' generate (greedy) and the model's
 own next-token distribution (sampling)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from dflash_jax.api import Target, generate
 from dflash_jax.config import TargetConfig
-from dflash_jax.bench.env import copy_bandwidth, environment, read_bandwidth
+from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, read_bandwidth,
+                                  write_report)
 
 PRESETS = {
     # a 33M-parameter Qwen3 whose fp32 weights (134 MB) are far larger than CPU caches
@@ -135,13 +136,8 @@ def main(argv=None) -> dict:
         cfg = TargetConfig(**PRESETS[args.preset])
         name = args.preset
     report = run(cfg, args.batch, args.prompt_len, args.new_tokens, jnp.dtype(args.dtype), args.repeats)
-    report["command"] = "python -m dflash_jax.bench.decode_speed " + " ".join(argv or __import__("sys").argv[1:])
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{name}_{report['env']['platform']}_{args.dtype}")
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=2)
-    plot(report, stem + ".png")
-    print(f"wrote {stem}.json and {stem}.png")
+    report["command"] = command_line("dflash_jax.bench.decode_speed", argv)
+    write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}", plot)
     return report
 
 

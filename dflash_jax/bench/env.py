@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import sys
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,3 +63,19 @@ def read_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
     x = jnp.ones((num_bytes // 4,), jnp.float32)
     f = jax.jit(lambda a: jnp.sum(a))
     return x.nbytes / time_fn(f, x, repeats=repeats)
+
+
+def command_line(module: str, argv) -> str:
+    """The command that produced a result, for its JSON file."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict, str], None]) -> str:
+    """Writes ``out_dir/stem.json`` and the plot ``out_dir/stem.png``; returns the path stem."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, stem)
+    with open(path + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+    plot(report, path + ".png")
+    print(f"wrote {path}.json and {path}.png")
+    return path

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.api import Drafter, Target, _prepare, generate, load_drafter, load_target
+from dflash_jax.api import Drafter, Target, prepare_decode, generate, load_drafter, load_target
 from dflash_jax.bench.decode_speed import PRESETS
-from dflash_jax.bench.env import environment, time_fn
+from dflash_jax.bench.env import command_line, environment, time_fn, write_report
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.models.target import TargetModel
@@ -37,7 +35,7 @@ PAPER_TAU = 6.49
 
 def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int) -> dict:
     """Median seconds of one draft and one verify at the prompts' context length."""
-    spec, dparams, _, _, state, *_ = _prepare(target, prompts, 8, drafter, 0.0, None, None, (), 0,
+    spec, dparams, _, _, state, *_ = prepare_decode(target, prompts, 8, drafter, 0.0, None, None, (), 0,
                                               block_size, 1, False)
     key = jax.random.key(0)
     draft = jax.jit(functools.partial(engine.dflash_draft, spec))
@@ -136,17 +134,13 @@ def main(argv=None) -> dict:
     report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
               "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": "python -m dflash_jax.bench.spec_speed " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "command": command_line("dflash_jax.bench.spec_speed", argv)}
     for k in ("ar_ms_per_step", "draft_ms", "verify_ms", "dflash_ms_per_iteration",
               "iteration_over_ar_step", "tau", "speedup", "projected_speedup_at_paper_tau"):
         print(f"{k:>32}: {result[k]:.3f}")
     print(f"{'histogram':>32}: {result['histogram']}")
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{name}_{report['env']['platform']}_{args.dtype}_b{args.batch}_bs{args.block_size}")
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=2)
-    plot(report, stem + ".png")
-    print(f"wrote {stem}.json and {stem}.png")
+    write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}_b{args.batch}"
+                 f"_bs{args.block_size}", plot)
     return report
 
 
