@@ -3,6 +3,10 @@
   generate       generate from a Hugging Face target directory (text or token ids)
   decode-speed   autoregressive decode benchmark on a random-weight target
   spec-speed     DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup
+  train-data     regenerate responses to prompt files with the target (token shards)
+  features       write offline target features for a data directory
+  train          train a DFlash drafter (optax + Orbax, resumable)
+  export         write a training run's drafter in the released layout
 """
 
 from __future__ import annotations
@@ -48,7 +52,11 @@ def _generate(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"generate": _generate}
+    from dflash_jax.training import cli as training_cli
+
+    commands = {"generate": _generate, "train-data": training_cli.train_data,
+                "features": training_cli.features, "train": training_cli.train,
+                "export": training_cli.export}
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return

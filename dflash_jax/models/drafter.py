@@ -27,7 +27,8 @@ import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.cache import KVCache
-from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
+from dflash_jax.nn import (MLP, RMSNorm, apply_rope, block_sparse_attention, rope_cos_sin,
+                          segmented_attention)
 
 
 class DrafterAttention(nn.Module):
@@ -35,7 +36,8 @@ class DrafterAttention(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache: KVCache, layer):
+    def __call__(self, x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache: KVCache, layer,
+                 train_blocks=None):
         cfg = self.cfg
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         dense = lambda n, name: nn.Dense(n, use_bias=False, param_dtype=self.param_dtype, name=name)
@@ -49,6 +51,16 @@ class DrafterAttention(nn.Module):
             k = apply_rope(k_norm(k_proj(rows).reshape(B, T, Hkv, Dh)), *rope)
             return k, v_proj(rows).reshape(B, T, Hkv, Dh)
 
+        if train_blocks is not None:  # training: all blocks of whole sequences, no cache
+            anchors, valid = train_blocks
+            B, NT, _ = x.shape
+            N = anchors.shape[1]
+            q = apply_rope(q_norm(q_proj(x).reshape(B, NT, H, Dh)), *blk_rope)
+            kb, vb = keys_values(x, blk_rope)
+            kc, vc = keys_values(ctx, ctx_rope)
+            blocks = lambda a: a.reshape(B, N, NT // N, *a.shape[2:])
+            out = block_sparse_attention(blocks(q), kc, vc, blocks(kb), blocks(vb), anchors, valid)
+            return o_proj(out.reshape(B, NT, H * Dh)), cache
         if ctx is not None:  # project the new context rows into this layer's cache
             kc, vc = keys_values(ctx, ctx_rope)
             cache = cache.write(layer, kc, vc, ctx_pos)
@@ -71,11 +83,11 @@ class DrafterLayer(nn.Module):
     @nn.compact
     def __call__(self, carry, shared):
         h, cache, layer = carry
-        blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible = shared
+        blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, train_blocks = shared
         cfg = self.cfg
         x = None if h is None else RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h)
         attn_out, cache = DrafterAttention(cfg, self.param_dtype, name="self_attn")(
-            x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache, layer)
+            x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache, layer, train_blocks)
         if h is not None:
             h = h + attn_out
             h = h + MLP(cfg.intermediate_size, self.param_dtype, name="mlp")(
@@ -128,9 +140,29 @@ class DrafterModel(nn.Module):
             blk_rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
             visible = (jnp.arange(cache.max_len)[None, :] < ctx_len[:, None])[:, None, :]
         (h, cache, _), _ = self.layers((block_embeds, cache, jnp.int32(0)),
-                                       (blk_rope, ctx, ctx_rope, ctx_positions, visible))
+                                       (blk_rope, ctx, ctx_rope, ctx_positions, visible, None))
         cache = cache.crop(ctx_len)
         return (None if h is None else self.norm(h)), cache
+
+    def train_blocks(self, block_embeds, block_positions, taps, anchors, valid):
+        """All training blocks of whole sequences in one pass (SPEC section 5).
+
+        Args:
+          block_embeds: [B, N*bs, D] target embeddings of the N blocks ``[x_a, MASK, ...]``.
+          block_positions: int32[B, N*bs] = ``a_j + k``.
+          taps: [B, S, k*D] target features of every position of the clean sequences.
+          anchors: int32[B, N] anchor positions; valid: bool[B, N] (False = padding block).
+        Returns:
+          hidden [B, N*bs, D] after the final norm.
+        """
+        cfg = self.cfg
+        S = taps.shape[1]
+        ctx = self.hidden_norm(self.fc(taps))
+        ctx_rope = rope_cos_sin(jnp.broadcast_to(jnp.arange(S), taps.shape[:2]), cfg.head_dim, cfg.rope)
+        blk_rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
+        (h, _, _), _ = self.layers((block_embeds, None, jnp.int32(0)),
+                                   (blk_rope, ctx, ctx_rope, None, None, (anchors, valid)))
+        return self.norm(h)
 
 
 def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,

@@ -13,6 +13,20 @@ import jax
 import jax.numpy as jnp
 
 
+def joint_softmax(scores: Sequence[jax.Array], masks: Sequence[jax.Array]) -> list[jax.Array]:
+    """Softmax over the last axis of several masked score arrays taken together.
+
+    ``scores[i]`` [..., S_i] (already -inf where masked) with ``masks[i]`` broadcastable to it.
+    Rows that see nothing in any segment get all-zero probabilities instead of NaN."""
+    row_max = jnp.max(jnp.concatenate([jnp.max(s, -1, keepdims=True) for s in scores], -1), -1,
+                      keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    probs = [jnp.where(m, jnp.exp(s - row_max), 0.0) for s, m in zip(scores, masks)]
+    denom = sum(jnp.sum(p, axis=-1, keepdims=True) for p in probs)
+    denom = jnp.where(denom > 0, denom, 1.0)
+    return [p / denom for p in probs]
+
+
 def segmented_attention(q: jax.Array, segments: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
                         scale: float | None = None) -> jax.Array:
     """Grouped-query attention over key/value segments joined under one softmax.
@@ -38,13 +52,8 @@ def segmented_attention(q: jax.Array, segments: Sequence[tuple[jax.Array, jax.Ar
         m = jnp.broadcast_to(mask, (B, T, k.shape[1]))[:, None, None, :, :]
         scores.append(jnp.where(m, s, -jnp.inf))
         masks.append(m)
-    row_max = jnp.max(jnp.concatenate([jnp.max(s, -1, keepdims=True) for s in scores], -1), -1,
-                      keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    probs = [jnp.where(m, jnp.exp(s - row_max), 0.0) for s, m in zip(scores, masks)]
-    denom = sum(jnp.sum(p, axis=-1, keepdims=True) for p in probs)
-    denom = jnp.where(denom > 0, denom, 1.0)
-    out = sum(jnp.einsum("bkgts,bskd->btkgd", (p / denom).astype(v.dtype), v,
+    probs = joint_softmax(scores, masks)
+    out = sum(jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v,
                          preferred_element_type=jnp.float32)
               for p, (_, v, _) in zip(probs, segments))
     return out.reshape(B, T, H, Dh).astype(q.dtype)
@@ -54,3 +63,39 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
                           scale: float | None = None) -> jax.Array:
     """Single-segment :func:`segmented_attention`: q [B,T,H,Dh], k/v [B,S,Hkv,Dh], mask [B,T,S]."""
     return segmented_attention(q, [(k, v, mask)], scale)
+
+
+def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_blk: jax.Array,
+                           v_blk: jax.Array, anchors: jax.Array, valid: jax.Array,
+                           scale: float | None = None) -> jax.Array:
+    """Training attention of many drafter blocks of one sequence (SPEC section 5).
+
+    Block j (anchor ``a_j``) sees context rows at positions ``t < a_j`` (strictly) and every row
+    of its own block, nothing of other blocks; a padding block (``valid`` False) sees nothing
+    and returns zeros. Visibility is derived from ``anchors`` inside the attention: no
+    [N*bs, S + N*bs] mask is built.
+
+    Args:
+      q: [B, N, T, H, Dh] block queries (N blocks of T rows).
+      k_ctx, v_ctx: [B, S, Hkv, Dh] context keys/values at positions 0..S-1.
+      k_blk, v_blk: [B, N, T, Hkv, Dh] the blocks' own keys/values.
+      anchors: int32[B, N]; valid: bool[B, N].
+    Returns:
+      [B, N, T, H, Dh] in q's dtype.
+    """
+    B, N, T, H, Dh = q.shape
+    S, Hkv = k_ctx.shape[1], k_ctx.shape[2]
+    scale = Dh ** -0.5 if scale is None else scale
+    qg = q.reshape(B, N, T, Hkv, H // Hkv, Dh)
+    s_ctx = jnp.einsum("bntkgd,bskd->bkgnts", qg, k_ctx, preferred_element_type=jnp.float32) * scale
+    s_blk = jnp.einsum("bntkgd,bnskd->bkgnts", qg, k_blk, preferred_element_type=jnp.float32) * scale
+    m_ctx = ((jnp.arange(S)[None, None, :] < anchors[:, :, None]) & valid[:, :, None])
+    m_ctx = m_ctx[:, None, None, :, None, :]  # [B, 1, 1, N, 1, S]
+    m_blk = valid[:, None, None, :, None, None]  # [B, 1, 1, N, 1, 1]
+    p_ctx, p_blk = joint_softmax([jnp.where(m_ctx, s_ctx, -jnp.inf), jnp.where(m_blk, s_blk, -jnp.inf)],
+                                 [m_ctx, m_blk])
+    out = (jnp.einsum("bkgnts,bskd->bntkgd", p_ctx.astype(v_ctx.dtype), v_ctx,
+                      preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgnts,bnskd->bntkgd", p_blk.astype(v_blk.dtype), v_blk,
+                        preferred_element_type=jnp.float32))
+    return out.reshape(B, N, T, H, Dh).astype(q.dtype)

@@ -1,0 +1,71 @@
+"""Anchors, block inputs, labels and loss weights (SPEC.md section 5).
+
+For a sequence ``x`` with response mask ``m``: an anchor ``a`` is valid when ``m[a]`` and
+``m[a+1]``. Block j is ``[x[a_j], MASK * (bs-1)]`` at positions ``a_j .. a_j+bs-1``; its row k
+(k >= 1) is labelled ``x[a_j + k]`` when that position exists and is a response token; row 0
+has no loss. Row k weighs ``exp(-(k-1)/gamma)``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+GAMMA_BY_BLOCK_SIZE = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def default_gamma(block_size: int) -> float:
+    """The paper's decay: 7 for bs 16, 5 for bs 10, 4 for bs 8 (else bs / 2, an interpolation)."""
+    return GAMMA_BY_BLOCK_SIZE.get(block_size, block_size / 2)
+
+
+def loss_weights(block_size: int, gamma: float) -> np.ndarray:
+    """float32[bs]: 0 for the anchor row, ``exp(-(k-1)/gamma)`` for row k >= 1."""
+    k = np.arange(block_size, dtype=np.float64)
+    return np.where(k >= 1, np.exp(-(k - 1) / gamma), 0.0).astype(np.float32)
+
+
+def sample_anchors(loss_mask: np.ndarray, num_anchors: int, rng: np.random.Generator):
+    """Up to ``num_anchors`` distinct valid anchors of one sequence, sorted.
+
+    Returns (anchors int32[num_anchors], valid bool[num_anchors]); padding entries are 0/False.
+    """
+    m = np.asarray(loss_mask, bool)
+    candidates = np.nonzero(m[:-1] & m[1:])[0]
+    take = min(num_anchors, candidates.size)
+    chosen = np.sort(rng.choice(candidates, size=take, replace=False)) if take else np.zeros(0, int)
+    anchors = np.zeros(num_anchors, np.int32)
+    anchors[:take] = chosen
+    valid = np.arange(num_anchors) < take
+    return anchors, valid
+
+
+def epoch_anchors(loss_masks: np.ndarray, seq_ids, num_anchors: int, seed: int, epoch: int):
+    """Anchors of a batch, resampled every epoch from an RNG keyed by (seed, epoch, sequence id),
+    so the same step always sees the same blocks (exact resume)."""
+    out = [sample_anchors(loss_masks[i], num_anchors, np.random.default_rng([seed, epoch, int(sid)]))
+           for i, sid in enumerate(seq_ids)]
+    return np.stack([a for a, _ in out]), np.stack([v for _, v in out])
+
+
+def build_blocks(tokens, loss_mask, anchors, valid, block_size: int, mask_token_id: int):
+    """Block inputs, positions, labels and label masks for a batch (jittable).
+
+    Args:
+      tokens: int32[B, L]; loss_mask: bool[B, L] (response tokens; False on padding).
+      anchors: int32[B, N]; valid: bool[B, N].
+    Returns:
+      inputs int32[B, N, bs], positions int32[B, N, bs], labels int32[B, N, bs],
+      label_mask bool[B, N, bs].
+    """
+    B, L = tokens.shape
+    k = jnp.arange(block_size, dtype=jnp.int32)
+    positions = anchors[:, :, None] + k
+    idx = jnp.minimum(positions, L - 1)
+    labels = jnp.take_along_axis(tokens[:, None, :], idx, axis=2)
+    in_seq = positions < L
+    label_mask = (valid[:, :, None] & (k >= 1) & in_seq
+                  & jnp.take_along_axis(loss_mask[:, None, :], idx, axis=2))
+    anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)
+    inputs = jnp.where(k == 0, anchor_tok[:, :, None], mask_token_id).astype(jnp.int32)
+    return inputs, positions.astype(jnp.int32), labels.astype(jnp.int32), label_mask

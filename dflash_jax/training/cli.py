@@ -1,0 +1,116 @@
+"""Command-line entry points: train-data, features, train, export."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import jax.numpy as jnp
+
+
+def _dtype(name):
+    return jnp.dtype(name) if name else None
+
+
+def train_data(argv):
+    p = argparse.ArgumentParser(prog="python -m dflash_jax train-data",
+                                description="Regenerate responses to prompts with the target.")
+    p.add_argument("--target", required=True)
+    p.add_argument("--prompts", required=True, nargs="+", help="jsonl prompt files")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-prompts", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype")
+    a = p.parse_args(argv)
+    from dflash_jax.api import load_target
+    from dflash_jax.training.data import read_prompt_file, regenerate
+
+    target = load_target(a.target, dtype=_dtype(a.dtype), max_len=a.max_len)
+    prompts = [q for f in a.prompts for q in read_prompt_file(f)][:a.max_prompts]
+    meta = regenerate(target, prompts, a.out, max_new_tokens=a.max_new_tokens, max_len=a.max_len,
+                      batch_size=a.batch_size, shard_size=a.shard_size, temperature=a.temperature,
+                      top_k=a.top_k, top_p=a.top_p, seed=a.seed, source=",".join(a.prompts))
+    print(f"{meta['sequences']} sequences, {meta['response_tokens']} response tokens in {a.out}")
+
+
+def features(argv):
+    p = argparse.ArgumentParser(prog="python -m dflash_jax features",
+                                description="Write offline target features for a data directory.")
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--dtype")
+    a = p.parse_args(argv)
+    from dflash_jax.api import load_target
+    from dflash_jax.training.features import write_features
+
+    write_features(load_target(a.target, dtype=_dtype(a.dtype)), a.data, a.out, a.taps, a.batch_size)
+
+
+def train(argv):
+    d = dict((f.name, f.default) for f in dataclasses.fields(__import__(
+        "dflash_jax.training.trainer", fromlist=["TrainConfig"]).TrainConfig))
+    p = argparse.ArgumentParser(prog="python -m dflash_jax train", description="Train a DFlash drafter.")
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--features", help="offline features directory (default: online)")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: SPEC formula)")
+    p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
+    p.add_argument("--eval-prompts", type=int, default=0,
+                   help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
+    p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
+    p.add_argument("--dtype")
+    for name in ("steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed",
+                 "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_new_tokens",
+                 "weight_decay", "warmup_fraction"):
+        kind = float if isinstance(d[name], float) or name == "gamma" else int
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=d[name])
+    a = p.parse_args(argv)
+    from dflash_jax.api import load_target
+    from dflash_jax.config import DrafterConfig
+    from dflash_jax.training.data import TokenDataset
+    from dflash_jax.training.features import FeatureStore
+    from dflash_jax.training.trainer import TrainConfig, Trainer
+
+    target = load_target(a.target, dtype=_dtype(a.dtype))
+    mask = a.mask_token_id
+    if mask is None:
+        tok = target.tokenizer
+        mask = getattr(tok, "mask_token_id", None) if tok is not None else None
+        if mask is None:
+            p.error("the target's tokenizer has no mask token: pass --mask-token-id (a row of the "
+                    "target's embedding that is not pad or eos)")
+    dcfg = DrafterConfig.for_target(target.config, a.drafter_layers, a.block_size, mask,
+                                    tuple(a.taps) if a.taps else None)
+    data = TokenDataset(a.data)
+    eval_prompts = data.hold_out(a.eval_prompts) if a.eval_prompts else None
+    cfg = TrainConfig(**{k: getattr(a, k) for k in (
+        "steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed", "checkpoint_every",
+        "keep_checkpoints", "eval_every", "eval_max_new_tokens", "weight_decay", "warmup_fraction")})
+    feats = FeatureStore(a.features, dcfg.target_layer_ids) if a.features else None
+    Trainer(target, dcfg, data, a.run, cfg, feats, eval_prompts).run(stop_after=a.stop_after)
+
+
+def export(argv):
+    p = argparse.ArgumentParser(prog="python -m dflash_jax export",
+                                description="Write a run's latest drafter in the released layout.")
+    p.add_argument("--run", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtype", help="cast the weights (e.g. bfloat16); default: fp32 masters")
+    a = p.parse_args(argv)
+    from dflash_jax.training.trainer import export_run
+
+    export_run(a.run, a.out, _dtype(a.dtype))
+    print(f"wrote {a.out}")

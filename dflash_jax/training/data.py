@@ -1,0 +1,199 @@
+"""Training data: prompts in, target-regenerated token shards out (SPEC.md section 5).
+
+A dataset directory holds ``shard-00000.npz`` ... with ``tokens`` int32[n, L] (prompt +
+response, right-padded with 0), ``loss_mask`` bool[n, L] (True on response tokens) and
+``lengths`` int32[n], plus ``metadata.json`` (target, settings, counts). Shards are written
+atomically; a rerun skips shards that are already complete.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+PLAIN_FORMAT = "User: {prompt}\nAssistant:"
+
+
+def read_prompt_file(path: str) -> list[Any]:
+    """Reads a jsonl file of prompts. Each line is a JSON object with one of:
+    ``prompt`` (text), ``messages`` / ``conversations`` (chat turns ``{role, content}``; the
+    last assistant turn, if any, is dropped), ``turns`` (user texts; the first is used), or
+    ``prompt_ids`` (token ids, used as they are). A bare JSON string is a text prompt."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if isinstance(row, str):
+                out.append(row)
+            elif isinstance(row, dict) and "prompt_ids" in row:
+                out.append([int(t) for t in row["prompt_ids"]])
+            elif isinstance(row, dict) and "prompt" in row:
+                out.append(str(row["prompt"]))
+            elif isinstance(row, dict) and ("messages" in row or "conversations" in row):
+                turns = [dict(role=t.get("role", t.get("from")), content=t.get("content", t.get("value")))
+                         for t in row.get("messages", row.get("conversations"))]
+                if turns and turns[-1]["role"] in ("assistant", "gpt"):
+                    turns = turns[:-1]
+                out.append(turns)
+            elif isinstance(row, dict) and "turns" in row:
+                out.append(str(row["turns"][0]))
+            else:
+                raise ValueError(f"{path}:{n}: expected a 'prompt', 'messages', 'conversations', "
+                                 "'turns' or 'prompt_ids' field")
+    if not out:
+        raise ValueError(f"{path}: no prompts found")
+    return out
+
+
+def encode_prompt(prompt, tokenizer) -> list[int]:
+    """Token ids of one prompt: chat template when the tokenizer has one, else a plain format."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return prompt
+    if tokenizer is None:
+        raise ValueError("text prompts need a tokenizer in the target directory; "
+                         "or give prompts as {\"prompt_ids\": [...]}")
+    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    text = "\n".join(PLAIN_FORMAT.format(prompt=t["content"]) if t["role"] == "user" else str(t["content"])
+                     for t in turns)
+    return tokenizer.encode(text)
+
+
+def pack_rows(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_len: int):
+    """(tokens, loss_mask, lengths) arrays for prompt + response rows, truncated to max_len."""
+    n = len(prompts)
+    tokens = np.zeros((n, max_len), np.int32)
+    mask = np.zeros((n, max_len), bool)
+    lengths = np.zeros(n, np.int32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        seq = (list(p) + list(r))[:max_len]
+        tokens[i, :len(seq)] = seq
+        mask[i, len(p):len(seq)] = True
+        lengths[i] = len(seq)
+    return tokens, mask, lengths
+
+
+def shard_path(out_dir: str, i: int) -> str:
+    return os.path.join(out_dir, f"shard-{i:05d}.npz")
+
+
+def write_npz_atomic(path: str, **arrays) -> None:
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: int = 256,
+               max_len: int = 1024, batch_size: int = 16, shard_size: int = 256,
+               temperature: float = 0.0, top_k=None, top_p=None, seed: int = 0,
+               stop_token_ids: Iterable[int] | None = None, source: str = "") -> dict:
+    """Has ``target`` answer every prompt with our batched on-device ``generate`` and writes
+    token shards. Finished shards (from an earlier, interrupted run with the same settings)
+    are skipped. Returns the metadata."""
+    from dflash_jax.api import generate
+
+    os.makedirs(out_dir, exist_ok=True)
+    tok = target.tokenizer
+    stops = list(stop_token_ids) if stop_token_ids is not None else list(target.config.eos_token_id)
+    if tok is not None and tok.eos_token_id is not None and tok.eos_token_id not in stops:
+        stops.append(tok.eos_token_id)
+    settings = dict(max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
+                    top_k=top_k, top_p=top_p, seed=seed, stop_token_ids=stops, shard_size=shard_size,
+                    num_prompts=len(prompts), target=target.path, source=source)
+    meta_file = os.path.join(out_dir, "metadata.json")
+    if os.path.exists(meta_file):
+        with open(meta_file) as f:
+            old = json.load(f)
+        if old.get("settings") != settings:
+            raise ValueError(f"{out_dir} holds data made with other settings ({old.get('settings')}); "
+                             "use a new output directory")
+    with open(meta_file + ".tmp", "w") as f:
+        json.dump({"settings": settings, "complete": False}, f, indent=2)
+    os.replace(meta_file + ".tmp", meta_file)
+
+    encoded = [encode_prompt(p, tok) for p in prompts]
+    for i, p in enumerate(encoded):
+        if len(p) + 2 > max_len:
+            raise ValueError(f"prompt {i} has {len(p)} tokens, too long for max_len={max_len}")
+    num_shards = -(-len(encoded) // shard_size)
+    counts = {"sequences": 0, "response_tokens": 0, "stopped": 0}
+    bar = tqdm(total=len(encoded), desc="regenerating responses", unit="prompt")
+    for s in range(num_shards):
+        lo, hi = s * shard_size, min((s + 1) * shard_size, len(encoded))
+        path = shard_path(out_dir, s)
+        if not os.path.exists(path):
+            responses, stopped = [], 0
+            for b in range(lo, hi, batch_size):
+                batch = encoded[b:min(b + batch_size, hi)]
+                budget = [min(max_new_tokens, max_len - len(p)) for p in batch]
+                r = generate(target, batch, budget, temperature=temperature, top_k=top_k,
+                             top_p=top_p, stop_token_ids=stops, seed=seed + b)
+                responses += r.sequences
+                stopped += r.finish_reasons.count("stop")
+                bar.update(len(batch))
+            tokens, mask, lengths = pack_rows(encoded[lo:hi], responses, max_len)
+            write_npz_atomic(path, tokens=tokens, loss_mask=mask, lengths=lengths,
+                             stopped=np.array(stopped))
+        else:
+            bar.update(hi - lo)
+        with np.load(path) as z:
+            counts["sequences"] += int(z["tokens"].shape[0])
+            counts["response_tokens"] += int(z["loss_mask"].sum())
+            counts["stopped"] += int(z["stopped"])
+    bar.close()
+    meta = {"settings": settings, "complete": True, "num_shards": num_shards, **counts}
+    with open(meta_file + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(meta_file + ".tmp", meta_file)
+    return meta
+
+
+class TokenDataset:
+    """All shards of a data directory in memory: tokens [n, L], loss_mask [n, L], lengths [n]."""
+
+    def __init__(self, data_dir: str):
+        files = sorted(glob.glob(os.path.join(data_dir, "shard-*.npz")))
+        files = [f for f in files if not f.endswith(".tmp.npz")]
+        if not files:
+            raise FileNotFoundError(f"no shard-*.npz files in {data_dir!r}: run `python -m dflash_jax "
+                                    "train-data` first")
+        parts = [np.load(f) for f in files]
+        self.tokens = np.concatenate([p["tokens"] for p in parts])
+        self.loss_mask = np.concatenate([p["loss_mask"] for p in parts])
+        self.lengths = np.concatenate([p["lengths"] for p in parts])
+        self.data_dir = data_dir
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def prompt(self, i: int) -> list[int]:
+        """The prompt of row i: its tokens before the first response token."""
+        resp = np.nonzero(self.loss_mask[i])[0]
+        end = int(resp[0]) if resp.size else int(self.lengths[i])
+        return self.tokens[i, :end].tolist()
+
+    def hold_out(self, n: int) -> list[list[int]]:
+        """Removes the last n rows from training and returns their prompts (for tau evaluation)."""
+        if not 0 <= n < len(self):
+            raise ValueError(f"cannot hold out {n} of {len(self)} sequences")
+        prompts = [self.prompt(i) for i in range(len(self) - n, len(self))]
+        keep = len(self) - n
+        self.tokens, self.loss_mask, self.lengths = self.tokens[:keep], self.loss_mask[:keep], self.lengths[:keep]
+        return prompts

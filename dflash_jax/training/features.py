@@ -1,0 +1,84 @@
+"""Offline target features: computed once per data shard, reused by many drafters.
+
+``features-00000.npy`` ... hold taps [n, L, k*D] of the matching data shard (float32, or
+bfloat16 stored as uint16); ``features.json`` records the target, the tap ids and the dtype.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from tqdm import tqdm
+
+from dflash_jax.training.loss import target_features
+
+
+def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8) -> dict:
+    """Runs the frozen target over every sequence of ``data_dir`` and stores the taps."""
+    import jax
+
+    os.makedirs(out_dir, exist_ok=True)
+    taps = tuple(int(i) for i in tap_layer_ids)
+    meta = {"target": target.path, "tap_layer_ids": list(taps), "data_dir": os.path.abspath(data_dir),
+            "dtype": jnp.dtype(target.dtype).name}
+    meta_file = os.path.join(out_dir, "features.json")
+    if os.path.exists(meta_file):
+        with open(meta_file) as f:
+            old = json.load(f)
+        if old != meta:
+            raise ValueError(f"{out_dir} holds features made with other settings ({old}); use a new directory")
+    with open(meta_file, "w") as f:
+        json.dump(meta, f, indent=2)
+    fn = jax.jit(lambda p, t: target_features(target.config, p, t, taps))
+    shards = sorted(f for f in glob.glob(os.path.join(data_dir, "shard-*.npz")) if not f.endswith(".tmp.npz"))
+    for shard in tqdm(shards, desc="target features", unit="shard"):
+        out = os.path.join(out_dir, os.path.basename(shard).replace("shard-", "features-").replace(".npz", ".npy"))
+        if os.path.exists(out):
+            continue
+        with np.load(shard) as z:
+            tokens = z["tokens"]
+        parts = []
+        for lo in range(0, tokens.shape[0], batch_size):
+            chunk = tokens[lo:lo + batch_size]
+            parts.append(np.asarray(fn(target.params, jnp.asarray(chunk))))
+        arr = np.concatenate(parts)
+        if arr.dtype == ml_dtypes.bfloat16:
+            arr = arr.view(np.uint16)
+        tmp = out + ".tmp.npy"
+        np.save(tmp, arr)
+        os.replace(tmp, out)
+    return meta
+
+
+class FeatureStore:
+    """Memory-mapped offline features, indexed like :class:`TokenDataset` rows."""
+
+    def __init__(self, features_dir: str, tap_layer_ids=None):
+        with open(os.path.join(features_dir, "features.json")) as f:
+            self.meta = json.load(f)
+        if tap_layer_ids is not None and list(tap_layer_ids) != self.meta["tap_layer_ids"]:
+            raise ValueError(f"features in {features_dir} tap layers {self.meta['tap_layer_ids']}, but the "
+                             f"drafter needs {list(tap_layer_ids)}: compute features for these taps")
+        files = sorted(f for f in glob.glob(os.path.join(features_dir, "features-*.npy"))
+                       if not f.endswith(".tmp.npy"))
+        if not files:
+            raise FileNotFoundError(f"no features-*.npy in {features_dir!r}")
+        self.parts = [np.load(f, mmap_mode="r") for f in files]
+        self.offsets = np.cumsum([0] + [p.shape[0] for p in self.parts])
+        self.bf16 = self.meta["dtype"] == "bfloat16"
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def take(self, ids) -> np.ndarray:
+        rows = []
+        for i in ids:
+            s = int(np.searchsorted(self.offsets, i, side="right") - 1)
+            rows.append(np.asarray(self.parts[s][i - self.offsets[s]]))
+        arr = np.stack(rows)
+        return arr.view(ml_dtypes.bfloat16) if self.bf16 else arr

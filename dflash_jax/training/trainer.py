@@ -1,0 +1,238 @@
+"""The drafter training loop: optax AdamW (warmup + cosine, clipping), Orbax checkpoints,
+exact resume, JSONL metrics with a tqdm bar, periodic real tau evaluation.
+
+Determinism: the batch and the anchors of step s depend only on (seed, s), so a run killed
+at any point and resumed from its last checkpoint repeats no step and loses none; on CPU the
+resumed run ends bitwise equal to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from dflash_jax.config import DrafterConfig
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.training.blocks import default_gamma, epoch_anchors, loss_weights
+from dflash_jax.training.data import TokenDataset
+from dflash_jax.training.features import FeatureStore
+from dflash_jax.training.loss import drafter_loss, target_features
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Paper defaults (SPEC section 5) where it gives them."""
+
+    steps: int = 1000
+    batch_size: int = 8
+    learning_rate: float = 6e-4
+    warmup_fraction: float = 0.04
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01
+    num_anchors: int = 512
+    gamma: float | None = None
+    seed: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    eval_every: int = 0
+    eval_max_new_tokens: int = 64
+    compute_dtype: str | None = None  # None: the target's dtype (bf16 on GPU), masters stay fp32
+
+
+def make_schedule(cfg: TrainConfig):
+    warmup = max(1, int(round(cfg.warmup_fraction * cfg.steps)))
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(cfg.steps, warmup + 1), 0.0)
+
+
+def make_optimizer(cfg: TrainConfig):
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(make_schedule(cfg), weight_decay=cfg.weight_decay))
+
+
+def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
+    """(sequence ids, anchors, valid) of a step: a per-epoch permutation and per-epoch anchors."""
+    per_epoch = len(data) // cfg.batch_size
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([cfg.seed, epoch, 7]).permutation(len(data))
+    ids = np.sort(perm[i * cfg.batch_size:(i + 1) * cfg.batch_size])
+    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch)
+    return ids, anchors, valid
+
+
+class Trainer:
+    """Trains a drafter for ``target`` on a token dataset, in ``run_dir``.
+
+    run_dir/run.json (configs; a resume with different ones is refused), run_dir/checkpoints
+    (Orbax: params, optimizer state, step), run_dir/metrics.jsonl.
+    """
+
+    def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
+                 cfg: TrainConfig, features: FeatureStore | None = None,
+                 eval_prompts: Sequence[Sequence[int]] | None = None):
+        drafter_config.check_target(target.config)
+        if len(data) < cfg.batch_size:
+            raise ValueError(f"the dataset has {len(data)} sequences, fewer than batch_size {cfg.batch_size}")
+        if features is not None and len(features) != len(data):
+            raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
+        self.target, self.dcfg, self.data, self.cfg = target, drafter_config, data, cfg
+        self.features, self.eval_prompts = features, eval_prompts
+        self.run_dir = os.path.abspath(run_dir)
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._check_run_file()
+        self.tx = make_optimizer(cfg)
+        self.schedule = make_schedule(cfg)
+        self.weights = jnp.asarray(loss_weights(drafter_config.block_size,
+                                                cfg.gamma or default_gamma(drafter_config.block_size)))
+        self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
+        self.manager = ocp.CheckpointManager(
+            os.path.join(self.run_dir, "checkpoints"),
+            options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True,
+                                                 enable_async_checkpointing=False))
+        self._step_fn = jax.jit(self._train_step)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _run_record(self) -> dict:
+        return {"drafter": self.dcfg.to_hf_dict(), "train": dataclasses.asdict(self.cfg),
+                "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
+                "features": None if self.features is None else "offline"}
+
+    def _check_run_file(self):
+        path = os.path.join(self.run_dir, "run.json")
+        record = json.loads(json.dumps(self._run_record()))
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            if old != record:
+                diff = sorted(k for k in record if record[k] != old.get(k))
+                raise ValueError(f"{self.run_dir} belongs to a run with other settings (differs in "
+                                 f"{', '.join(diff)}); resume with the same settings or use a new run directory")
+        else:
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f, indent=2)
+            os.replace(path + ".tmp", path)
+
+    def init_state(self, seed: int | None = None) -> dict:
+        params = init_drafter_params(self.dcfg, jax.random.key(self.cfg.seed if seed is None else seed),
+                                     jnp.float32)
+        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
+
+    def restore_or_init(self) -> dict:
+        state = self.init_state()
+        latest = self.manager.latest_step()
+        if latest is None:
+            return state
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        return self.manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+
+    # ------------------------------------------------------------------ the step
+    def _train_step(self, state, tparams, tokens, loss_mask, taps, anchors, valid):
+        if taps is None:
+            taps = target_features(self.target.config, tparams, tokens, self.dcfg.target_layer_ids)
+
+        def loss_fn(p):
+            p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)
+            return drafter_loss(p, tparams, tokens, loss_mask, taps, anchors, valid, self.weights,
+                                dcfg=self.dcfg, tcfg=self.target.config)
+
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state["step"])}
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    def step_inputs(self, step: int):
+        ids, anchors, valid = batch_for_step(step, self.data, self.cfg)
+        taps = None if self.features is None else jnp.asarray(self.features.take(ids))
+        return (jnp.asarray(self.data.tokens[ids]), jnp.asarray(self.data.loss_mask[ids]), taps,
+                jnp.asarray(anchors), jnp.asarray(valid))
+
+    # ------------------------------------------------------------------ the loop
+    def evaluate_tau(self, params) -> float:
+        from dflash_jax.api import Drafter, generate
+
+        drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
+        r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens, drafter=drafter)
+        return r.tau
+
+    def run(self, stop_after: int | None = None) -> dict:
+        """Trains until ``cfg.steps`` (or ``stop_after`` more steps); returns the final state."""
+        state = self.restore_or_init()
+        start = int(state["step"])
+        metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
+        self._truncate_metrics(metrics_file, start)
+        end = self.cfg.steps if stop_after is None else min(self.cfg.steps, start + stop_after)
+        bar = tqdm(range(start, end), initial=start, total=self.cfg.steps, desc="training drafter")
+        with open(metrics_file, "a") as log:
+            for step in bar:
+                t0 = time.perf_counter()
+                state, m = self._step_fn(state, self.target.params, *self.step_inputs(step))
+                m = jax.device_get(m)
+                dt = time.perf_counter() - t0
+                row = {"step": step + 1, "loss": float(m["loss"]), "lr": float(m["lr"]),
+                       "grad_norm": float(m["grad_norm"]),
+                       "acc_per_pos": [round(float(x), 4) for x in m["acc_per_pos"]],
+                       "tokens_per_s": self.cfg.batch_size * self.data.seq_len / dt,
+                       "time_s": dt}
+                done = step + 1
+                if self.eval_prompts and self.cfg.eval_every and done % self.cfg.eval_every == 0:
+                    row["eval_tau"] = self.evaluate_tau(state["params"])
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc_per_pos'][0]:.2f}")
+                if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
+                    self.manager.save(done, args=ocp.args.StandardSave(state))
+        self.manager.wait_until_finished()
+        return state
+
+    @staticmethod
+    def _truncate_metrics(path: str, step: int) -> None:
+        """Drops metric lines of steps after the restored checkpoint (they will run again)."""
+        if not os.path.exists(path):
+            return
+        with open(path) as f:
+            rows = [line for line in f if line.strip()]
+        keep = []
+        for line in rows:
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError):
+                break  # a line cut by a kill: everything after it is stale
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+
+
+def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
+    """(drafter config, fp32 params, step) of a run's newest checkpoint."""
+    with open(os.path.join(run_dir, "run.json")) as f:
+        record = json.load(f)
+    dcfg = DrafterConfig.from_hf_dict(record["drafter"])
+    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), "checkpoints"),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
+    restored = manager.restore(step, args=ocp.args.StandardRestore())
+    return dcfg, restored["params"], step
+
+
+def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
+    """Writes a run's newest drafter in the released layout (loadable by ``load_drafter``)."""
+    from dflash_jax.api import Drafter, save_drafter
+
+    dcfg, params, _ = latest_params(run_dir)
+    if dtype is not None:
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+    save_drafter(Drafter(dcfg, params), out_dir)

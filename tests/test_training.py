@@ -1,0 +1,271 @@
+"""Drafter training: blocks and labels, the visibility rule, train/inference agreement,
+online vs offline features, resume after SIGKILL, and a tiny end-to-end run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax.models.cache import KVCache
+from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.models.target import embed, lm_head
+from dflash_jax.training.blocks import (build_blocks, default_gamma, epoch_anchors, loss_weights,
+                                        sample_anchors)
+from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
+from dflash_jax.training.features import FeatureStore, write_features
+from dflash_jax.training.loss import block_logits, eval_loss, target_features
+from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
+
+CFG = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = dj.Target.random(CFG, seed=0, init_scale=0.35)
+    drafter = dj.Drafter.random(target, num_layers=2, block_size=4, seed=1, init_scale=0.2)
+    return target, drafter
+
+
+def test_blocks_labels_and_weights_by_hand():
+    tokens = jnp.array([[10, 11, 12, 13, 14, 15, 16, 0]])
+    mask = jnp.array([[0, 0, 1, 1, 1, 1, 1, 0]], bool)  # response = positions 2..6, length 7
+    anchors = jnp.array([[2, 5, 0]])
+    valid = jnp.array([[True, True, False]])
+    inputs, pos, labels, lmask = build_blocks(tokens, mask, anchors, valid, 4, mask_token_id=31)
+    assert inputs.tolist() == [[[12, 31, 31, 31], [15, 31, 31, 31], [10, 31, 31, 31]]]
+    assert pos.tolist() == [[[2, 3, 4, 5], [5, 6, 7, 8], [0, 1, 2, 3]]]
+    # row k predicts tokens[a + k]; row 0, positions outside the response / sequence: no loss
+    assert labels[0, 0].tolist() == [12, 13, 14, 15]
+    assert lmask.tolist() == [[[False, True, True, True], [False, True, False, False],
+                               [False, False, False, False]]]
+    np.testing.assert_allclose(loss_weights(4, 2.0), [0, 1, np.exp(-0.5), np.exp(-1.0)], rtol=1e-6)
+    assert (default_gamma(16), default_gamma(10), default_gamma(8)) == (7.0, 5.0, 4.0)
+
+
+def test_anchor_sampling():
+    mask = np.zeros(40, bool)
+    mask[10:30] = True
+    mask[20] = False  # 19 and 20 are not valid anchors (the next token must be a response token)
+    rng = np.random.default_rng(0)
+    a, v = sample_anchors(mask, 8, rng)
+    assert v.all() and len(set(a.tolist())) == 8 and list(a) == sorted(a)
+    assert all(mask[x] and mask[x + 1] for x in a)
+    a, v = sample_anchors(mask, 64, rng)
+    assert v.sum() == 17 and set(a[v].tolist()) == set(range(10, 19)) | set(range(21, 29))
+    e0 = epoch_anchors(mask[None], [5], 8, seed=1, epoch=0)[0]
+    assert np.array_equal(e0, epoch_anchors(mask[None], [5], 8, seed=1, epoch=0)[0])
+    assert not np.array_equal(e0, epoch_anchors(mask[None], [5], 8, seed=1, epoch=1)[0])
+
+
+def _batch(pair, seed=0):
+    target, drafter = pair
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, 30, size=(2, 24)), jnp.int32)
+    mask = np.zeros((2, 24), bool)
+    mask[:, 5:22] = True
+    anchors, valid = epoch_anchors(mask, [0, 1], 6, seed=seed, epoch=0)
+    valid[1, -1] = False  # one padding block
+    taps = target_features(CFG, target.params, tokens, drafter.config.target_layer_ids)
+    return tokens, jnp.asarray(mask), taps, jnp.asarray(anchors), jnp.asarray(valid)
+
+
+def test_no_leak_past_the_anchor(pair):
+    target, drafter = pair
+    tokens, mask, taps, anchors, valid = _batch(pair)
+    args = (drafter.config, CFG, drafter.params, target.params, tokens, mask)
+    base = np.asarray(block_logits(*args, taps, anchors, valid)[0])
+    b, j = 0, 2
+    a = int(anchors[b, j])
+    later = taps.at[b, a:].add(3.0)  # features at positions >= the anchor
+    out = np.asarray(block_logits(*args, later, anchors, valid)[0])
+    np.testing.assert_array_equal(out[b, j], base[b, j])
+    earlier = taps.at[b, a - 1].add(3.0)  # the position just before the anchor
+    out = np.asarray(block_logits(*args, earlier, anchors, valid)[0])
+    assert np.abs(out[b, j] - base[b, j]).max() > 1e-3
+
+
+def test_training_blocks_equal_inference_drafts(pair):
+    """Each training block equals the inference drafter with context taps[:anchor] (cache path)."""
+    target, drafter = pair
+    tokens, mask, taps, anchors, valid = _batch(pair, seed=3)
+    logits = np.asarray(block_logits(drafter.config, CFG, drafter.params, target.params, tokens,
+                                     mask, taps, anchors, valid)[0])
+    d = drafter.config
+    bs = d.block_size
+    model = DrafterModel(d)
+    for b in range(2):
+        for j in range(anchors.shape[1]):
+            if not valid[b, j]:
+                assert np.all(np.isfinite(logits[b, j]))
+                continue
+            a = int(anchors[b, j])
+            cache = KVCache.init(d.num_layers, 1, 32, d.num_kv_heads, d.head_dim)
+            block = jnp.concatenate([tokens[b:b + 1, a:a + 1], jnp.full((1, bs - 1), d.mask_token_id)], 1)
+            h, _ = model.apply({"params": drafter.params}, embed(target.params, block),
+                               a + jnp.arange(bs)[None], cache, taps[b:b + 1], jnp.arange(24)[None],
+                               jnp.array([a]))
+            ref = np.asarray(lm_head(CFG, target.params, h))[0]
+            np.testing.assert_allclose(logits[b, j], ref, atol=2e-4, rtol=1e-4)
+
+
+def test_all_padding_is_finite(pair):
+    target, drafter = pair
+    tokens, mask, taps, anchors, _ = _batch(pair)
+    none = jnp.zeros_like(anchors, bool)
+    w = jnp.asarray(loss_weights(4, 2.0))
+    loss, m = eval_loss(drafter.params, target.params, tokens, mask, taps, anchors, none, w,
+                        dcfg=drafter.config, tcfg=CFG)
+    assert float(loss) == 0.0 and int(m["num_labels"]) == 0
+    from dflash_jax.training.loss import drafter_loss
+
+    g = jax.grad(lambda p: drafter_loss(p, target.params, tokens, mask, taps, anchors, none, w,
+                                        dcfg=drafter.config, tcfg=CFG)[0])(drafter.params)
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g))
+
+
+@pytest.fixture(scope="module")
+def data_dir(pair, tmp_path_factory):
+    target, _ = pair
+    root = tmp_path_factory.mktemp("train")
+    target.path = str(root / "target")
+    target.save(root / "target")
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_ids": rng.integers(0, 30, size=int(rng.integers(3, 9))).tolist()} for _ in range(200)]
+    with open(root / "prompts.jsonl", "w") as f:
+        f.writelines(json.dumps(p) + "\n" for p in prompts)
+    return root
+
+
+def test_regenerate_skips_finished_shards(pair, data_dir, tmp_path):
+    target, _ = pair
+    prompts = read_prompt_file(str(data_dir / "prompts.jsonl"))[:10]
+    meta = regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=12, max_len=32,
+                      batch_size=4, shard_size=4)
+    assert meta["num_shards"] == 3 and meta["sequences"] == 10 and meta["complete"]
+    ds = TokenDataset(str(tmp_path / "d"))
+    assert ds.tokens.shape == (10, 32) and ds.prompt(0) == prompts[0]
+    # the response is the target's own greedy continuation
+    assert ds.tokens[0, len(prompts[0]):ds.lengths[0]].tolist() == dj.generate(target, [prompts[0]], 12).sequences[0]
+    first = os.path.getmtime(tmp_path / "d" / "shard-00001.npz")
+    os.remove(tmp_path / "d" / "shard-00002.npz")
+    regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=12, max_len=32, batch_size=4, shard_size=4)
+    assert os.path.getmtime(tmp_path / "d" / "shard-00001.npz") == first
+    assert os.path.exists(tmp_path / "d" / "shard-00002.npz")
+    with pytest.raises(ValueError, match="other settings"):
+        regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=13, max_len=32)
+
+
+def test_bad_prompt_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"prompt": "x"}\n{oops\n')
+    with pytest.raises(ValueError, match="a.jsonl:2: not valid JSON"):
+        read_prompt_file(str(tmp_path / "a.jsonl"))
+    (tmp_path / "b.jsonl").write_text('{"question": "x"}\n')
+    with pytest.raises(ValueError, match="expected a 'prompt'"):
+        read_prompt_file(str(tmp_path / "b.jsonl"))
+    with pytest.raises(FileNotFoundError, match="train-data"):
+        TokenDataset(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def regenerated(pair, data_dir):
+    target, _ = pair
+    out = str(data_dir / "data")
+    regenerate(target, read_prompt_file(str(data_dir / "prompts.jsonl")), out, max_new_tokens=40,
+               max_len=48, batch_size=100, shard_size=100)
+    return out
+
+
+def test_online_and_offline_features_give_the_same_loss(pair, regenerated, tmp_path):
+    target, drafter = pair
+    data = TokenDataset(regenerated)
+    write_features(target, regenerated, str(tmp_path / "f"), drafter.config.target_layer_ids, batch_size=7)
+    store = FeatureStore(str(tmp_path / "f"), drafter.config.target_layer_ids)
+    ids = [3, 17, 125, 199]
+    tokens, mask = jnp.asarray(data.tokens[ids]), jnp.asarray(data.loss_mask[ids])
+    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, 8, 0, 0)
+    online = target_features(CFG, target.params, tokens, drafter.config.target_layer_ids)
+    offline = jnp.asarray(store.take(ids))
+    np.testing.assert_allclose(np.asarray(offline), np.asarray(online), atol=1e-5, rtol=1e-5)
+    w = jnp.asarray(loss_weights(4, 2.0))
+    args = (jnp.asarray(anchors), jnp.asarray(valid), w)
+    l_on = eval_loss(drafter.params, target.params, tokens, mask, online, *args, dcfg=drafter.config, tcfg=CFG)[0]
+    l_off = eval_loss(drafter.params, target.params, tokens, mask, offline, *args, dcfg=drafter.config, tcfg=CFG)[0]
+    assert abs(float(l_on) - float(l_off)) < 1e-5 * abs(float(l_on))
+    with pytest.raises(ValueError, match="tap layers"):
+        FeatureStore(str(tmp_path / "f"), (0,))
+
+
+def _train_cmd(data_dir, regenerated, run, steps):
+    return [sys.executable, "-m", "dflash_jax", "train", "--target", str(data_dir / "target"),
+            "--data", regenerated, "--run", str(run), "--drafter-layers", "1", "--block-size", "4",
+            "--mask-token-id", "31", "--steps", str(steps), "--batch-size", "4", "--num-anchors", "8",
+            "--checkpoint-every", "3", "--keep-checkpoints", "2"]
+
+
+def test_resume_after_sigkill_is_bitwise_identical(data_dir, regenerated, tmp_path):
+    steps = 14
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run(_train_cmd(data_dir, regenerated, tmp_path / "full", steps), check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.Popen(_train_cmd(data_dir, regenerated, tmp_path / "killed", steps), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = len(metrics.read_text().splitlines())
+    assert 8 <= killed_at < steps, "the run was not killed mid-way"
+    subprocess.run(_train_cmd(data_dir, regenerated, tmp_path / "killed", steps), check=True, env=env,
+                   capture_output=True)
+    _, full, s1 = latest_params(str(tmp_path / "full"))
+    _, resumed, s2 = latest_params(str(tmp_path / "killed"))
+    assert s1 == s2 == steps
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # no step lost or repeated
+    full_rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows] == [r["loss"] for r in full_rows]
+    # a resume with other settings is refused and leaves the run untouched
+    bad = _train_cmd(data_dir, regenerated, tmp_path / "killed", steps + 1)
+    out = subprocess.run(bad, env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "other settings" in out.stderr
+    assert latest_params(str(tmp_path / "killed"))[2] == steps
+
+
+def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
+    target, _ = pair
+    data = TokenDataset(regenerated)
+    held = data.hold_out(8)
+    dcfg = dj.DrafterConfig.for_target(CFG, 2, 4, 31)
+    cfg = TrainConfig(steps=300, batch_size=8, learning_rate=3e-3, num_anchors=16, checkpoint_every=150,
+                      eval_every=150, eval_max_new_tokens=32)
+    trainer = Trainer(target, dcfg, data, str(tmp_path / "run"), cfg, eval_prompts=held)
+    untrained = trainer.evaluate_tau(trainer.init_state()["params"])
+    state = trainer.run()
+    trained = trainer.evaluate_tau(state["params"])
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    assert "eval_tau" in rows[149] and rows[-1]["eval_tau"] == pytest.approx(trained)
+    assert trained > untrained + 0.5, (untrained, trained)
+    # export in the released layout and use it
+    from dflash_jax.training.trainer import export_run
+
+    export_run(str(tmp_path / "run"), str(tmp_path / "export"))
+    drafter = dj.load_drafter(tmp_path / "export", target)
+    r = dj.generate(target, held, 32, drafter=drafter)
+    assert r.sequences == dj.generate(target, held, 32).sequences
+    assert r.tau == pytest.approx(trained)
