@@ -7,6 +7,7 @@
   features       write offline target features for a data directory
   train          train a DFlash drafter (optax + Orbax, resumable)
   export         write a training run's drafter in the released layout
+  train-speed    drafter training throughput benchmark
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def main(argv=None):
         from dflash_jax.bench.decode_speed import main as decode_speed
 
         decode_speed(rest)
+    elif cmd == "train-speed":
+        from dflash_jax.bench.train_speed import main as train_speed
+
+        train_speed(rest)
     elif cmd == "spec-speed":
         from dflash_jax.bench.spec_speed import main as spec_speed
 

@@ -57,3 +57,13 @@ def test_spec_speed_with_saved_target_and_drafter(tmp_path):
     assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["dflash_ms_per_iteration"] > 0
     assert len(r["histogram"]) == 4 and 1.0 <= r["tau"] <= 4.0
     assert (tmp_path / "out" / "t_cpu_float32_b1_bs4.png").exists()
+
+
+def test_train_speed_runs(tmp_path):
+    from dflash_jax.bench import train_speed
+
+    report = train_speed.main(["--preset", "tiny", "--drafter-layers", "1", "--block-size", "4",
+                               "--seq-len", "32", "--batch", "2", "--num-anchors", "4", "--steps", "2",
+                               "--out", str(tmp_path)])
+    assert len(report["step_times_s"]) == 3 and report["tokens_per_s"] > 0
+    assert (tmp_path / "tiny_cpu_float32_b2_L32.png").exists()

@@ -24,6 +24,9 @@ from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, rea
                                   write_report)
 
 PRESETS = {
+    # a smoke-test size
+    "tiny": dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=512),
     # a 33M-parameter Qwen3 whose fp32 weights (134 MB) are far larger than CPU caches
     "small": dict(model_type="qwen3", vocab_size=8192, hidden_size=512, intermediate_size=1536,
                   num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,

@@ -1,0 +1,94 @@
+"""Drafter training throughput: tokens/s (sequence tokens through the frozen target and the
+drafter, forward + backward + AdamW) for a random-weight target and synthetic sequences.
+
+    python -m dflash_jax.bench.train_speed --preset small
+    python -m dflash_jax.bench.train_speed --preset qwen3-8b --dtype bfloat16 --seq-len 3072 --batch 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.api import Target
+from dflash_jax.bench.decode_speed import PRESETS
+from dflash_jax.bench.env import command_line, environment, write_report
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
+from dflash_jax.training.trainer import TrainConfig, Trainer
+
+
+def plot(report: dict, file: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = report["step_times_s"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(range(1, len(t) + 1), t, ".-")
+    ax.set(xlabel="step", ylabel="seconds", yscale="log",
+           title=f"{report['tokens_per_s']:.0f} tokens/s on {report['env']['device']}")
+    fig.tight_layout()
+    fig.savefig(file, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--steps", type=int, default=12, help="timed steps (the first, compiling, is excluded)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--out", default="runs/train_speed")
+    args = p.parse_args(argv)
+    cfg = TargetConfig(**PRESETS[args.preset])
+    target = Target.random(cfg, dtype=jnp.dtype(args.dtype))
+    dcfg = DrafterConfig.for_target(cfg, args.drafter_layers, args.block_size, cfg.vocab_size - 1)
+    rng = np.random.default_rng(0)
+    n = args.batch * (args.steps + 1)
+    prompt_len = args.seq_len // 4
+    prompts = rng.integers(0, cfg.vocab_size - 1, size=(n, prompt_len)).tolist()
+    responses = rng.integers(0, cfg.vocab_size - 1, size=(n, args.seq_len - prompt_len)).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(os.path.join(tmp, "data"))
+        tokens, mask, lengths = pack_rows(prompts, responses, args.seq_len)
+        write_npz_atomic(shard_path(os.path.join(tmp, "data"), 0), tokens=tokens, loss_mask=mask,
+                         lengths=lengths, stopped=np.array(0))
+        tcfg = TrainConfig(steps=args.steps + 1, batch_size=args.batch, num_anchors=args.num_anchors,
+                           checkpoint_every=10 ** 9)
+        trainer = Trainer(target, dcfg, TokenDataset(os.path.join(tmp, "data")), os.path.join(tmp, "run"), tcfg)
+        t0 = time.perf_counter()
+        trainer.run()
+        wall = time.perf_counter() - t0
+        with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
+            rows = [json.loads(x) for x in f]
+    times = [r["time_s"] for r in rows]
+    steady = float(np.median(times[1:]))
+    report = {
+        "benchmark": "train_speed", "target": cfg.to_hf_dict(), "drafter": dcfg.to_hf_dict(),
+        "dtype": args.dtype, "batch": args.batch, "seq_len": args.seq_len,
+        "num_anchors": args.num_anchors, "step_times_s": times, "median_step_s": steady,
+        "tokens_per_s": args.batch * args.seq_len / steady,
+        "block_rows_per_s": args.batch * args.num_anchors * args.block_size / steady,
+        "wall_s_including_compile_and_checkpoint": wall, "env": environment(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command_line("dflash_jax.bench.train_speed", argv)}
+    print(f"median step {steady:.3f} s: {report['tokens_per_s']:.0f} tokens/s, "
+          f"{report['block_rows_per_s']:.0f} block rows/s")
+    write_report(report, args.out, f"{args.preset}_{report['env']['platform']}_{args.dtype}_"
+                 f"b{args.batch}_L{args.seq_len}", plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()
