@@ -17,6 +17,7 @@ from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.models.target import init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -265,7 +266,8 @@ class StreamChunk:
 
 
 def prepare_decode(target: Target, prompts, max_new_tokens, drafter, temperature, top_k, top_p,
-             stop_token_ids, seed, block_size, num_denoise_steps, sampled_draft, draft_fn=None):
+             stop_token_ids, seed, block_size, num_denoise_steps, sampled_draft, draft_fn=None,
+             attention_impl: str = "xla"):
     """Validates the arguments of generate and runs the prefill.
 
     Returns (spec, drafter params, max_new, stop_ids, prefilled DecodeState, stop array, prompt
@@ -302,7 +304,7 @@ def prepare_decode(target: Target, prompts, max_new_tokens, drafter, temperature
         target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
         sampled_draft=bool(sampled_draft) and bs > 1 and not sampling.greedy,
         num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
-        draft_fn=draft_fn)
+        draft_fn=draft_fn, attention_impl=check_attention_impl(attention_impl))
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r
@@ -319,7 +321,7 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              stop_token_ids=(), seed: int = 0, block_size: int | None = None,
              num_denoise_steps: int = 1, sampled_draft: bool = False,
-             draft_fn=None) -> GenerateResult:
+             draft_fn=None, attention_impl: str = "xla") -> GenerateResult:
     """Generates continuations of a batch of (ragged) token-id prompts, all on device.
 
     Args:
@@ -337,10 +339,12 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
         sampling, instead of the greedy draft the paper uses (both are lossless).
       draft_fn: advanced: a custom proposer replacing the DFlash draft (see
         ``decoding.engine.dflash_draft`` for the signature).
+      attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
+        slowly, when not on a GPU) for attention through the KV caches.
     """
     spec, dparams, max_new, stop_ids, state, stops, lens, prefill_s = prepare_decode(
         target, prompts, max_new_tokens, drafter, temperature, top_k, top_p, stop_token_ids, seed,
-        block_size, num_denoise_steps, sampled_draft, draft_fn)
+        block_size, num_denoise_steps, sampled_draft, draft_fn, attention_impl)
     t1 = time.perf_counter()
     state = engine.decode(target.params, dparams, state, max_new, stop_ids,
                           jnp.int32(np.iinfo(np.int32).max), spec=spec)
@@ -359,7 +363,8 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
         target, prompts, max_new_tokens, drafter, kwargs.pop("temperature", 0.0),
         kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("stop_token_ids", ()),
         kwargs.pop("seed", 0), kwargs.pop("block_size", None), kwargs.pop("num_denoise_steps", 1),
-        kwargs.pop("sampled_draft", False), kwargs.pop("draft_fn", None))
+        kwargs.pop("sampled_draft", False), kwargs.pop("draft_fn", None),
+        kwargs.pop("attention_impl", "xla"))
     if kwargs:
         raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
     out, n, done = jax.device_get((state.out, state.n, state.done))

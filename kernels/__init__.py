@@ -1,5 +1,10 @@
 """Pallas kernels (Triton lowering on GPU) with plain ``jnp`` references of the same signature.
 
-The models select an implementation with ``attention_impl="xla" | "pallas"``; the dense XLA
-reference today is ``dflash_jax.nn.attention.dot_product_attention``.
+``block_attention`` / ``block_attention_reference``: a block of queries against a KV cache
+with per-row lengths, causal (verify/decode) or non-causal with the block's own rows (drafter).
+The models select an implementation with ``attention_impl="xla" | "pallas"``.
 """
+
+from kernels.block_attention import block_attention, block_attention_reference
+
+__all__ = ["block_attention", "block_attention_reference"]

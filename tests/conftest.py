@@ -57,3 +57,14 @@ def hf_checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     return request.param, model, str(path)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jit caches after each test module. A full run compiles hundreds of programs (the
+    Pallas interpreter's are large); keeping them all made XLA's CPU compiler crash late in the
+    suite (segfault while compiling, never in a module run alone)."""
+    yield
+    import jax
+
+    jax.clear_caches()

@@ -56,7 +56,7 @@ def test_spec_speed_with_saved_target_and_drafter(tmp_path):
     r = report["result"]
     assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["dflash_ms_per_iteration"] > 0
     assert len(r["histogram"]) == 4 and 1.0 <= r["tau"] <= 4.0
-    assert (tmp_path / "out" / "t_cpu_float32_b1_bs4.png").exists()
+    assert (tmp_path / "out" / "t_cpu_float32_xla_b1_bs4.png").exists()
 
 
 def test_train_speed_runs(tmp_path):
@@ -67,3 +67,14 @@ def test_train_speed_runs(tmp_path):
                                "--out", str(tmp_path)])
     assert len(report["step_times_s"]) == 3 and report["tokens_per_s"] > 0
     assert (tmp_path / "tiny_cpu_float32_b2_L32.png").exists()
+
+
+def test_kernel_speed_smoke(tmp_path):
+    from dflash_jax.bench import kernel_speed
+
+    report = kernel_speed.main(["--seq", "128", "--batch", "1", "--block", "4", "--heads", "4",
+                                "--kv-heads", "2", "--head-dim", "32", "--dtype", "float32",
+                                "--interpret", "--repeats", "1", "--out", str(tmp_path)])
+    assert len(report["results"]) == 2
+    for r in report["results"]:
+        assert r["max_abs_err"] < 1e-4 and r["pallas_us"] > 0 and r["xla_us"] > 0

@@ -33,10 +33,11 @@ from dflash_jax.models.target import TargetModel
 PAPER_TAU = 6.49
 
 
-def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int) -> dict:
+def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int,
+               attention_impl: str = "xla") -> dict:
     """Median seconds of one draft and one verify at the prompts' context length."""
     spec, dparams, _, _, state, *_ = prepare_decode(target, prompts, 8, drafter, 0.0, None, None, (), 0,
-                                              block_size, 1, False)
+                                                    block_size, 1, False, None, attention_impl)
     key = jax.random.key(0)
     draft = jax.jit(functools.partial(engine.dflash_draft, spec))
     tokens, _, _ = draft(target.params, dparams, state, key)
@@ -45,8 +46,8 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
 
     @jax.jit
     def verify(tparams, block, positions, cache):
-        return TargetModel(spec.target, spec.tap_layer_ids).apply({"params": tparams}, block,
-                                                                  positions, cache)
+        return TargetModel(spec.target, spec.tap_layer_ids, attention_impl=attention_impl).apply(
+            {"params": tparams}, block, positions, cache)
 
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
             "verify_ms": 1e3 * time_fn(verify, target.params, block, positions, state.tcache,
@@ -54,11 +55,13 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
 
 
 def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
-        block_size: int, repeats: int, seed: int = 0) -> dict:
+        block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla") -> dict:
     rng = np.random.default_rng(seed)
     prompts = rng.integers(0, target.config.vocab_size, size=(batch, prompt_len)).tolist()
     best = {}
-    for name, kw in (("ar", {}), ("dflash", {"drafter": drafter, "block_size": block_size})):
+    for name, kw in (("ar", {"attention_impl": attention_impl}),
+                     ("dflash", {"drafter": drafter, "block_size": block_size,
+                                 "attention_impl": attention_impl})):
         generate(target, prompts, new_tokens, **kw)  # compile
         for _ in range(repeats):
             r = generate(target, prompts, new_tokens, **kw)
@@ -70,9 +73,9 @@ def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_token
     df_iter = df.decode_time_s / df.num_steps
     tokens = sum(df.num_generated) - batch  # tokens made inside the decode loop
     ar_tokens = sum(ar.num_generated) - batch
-    steps = step_times(target, drafter, prompts, block_size, repeats=max(3, repeats))
+    steps = step_times(target, drafter, prompts, block_size, max(3, repeats), attention_impl)
     return {
-        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+        "batch": batch, "attention_impl": attention_impl, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
         "ar_ms_per_token": 1e3 * ar.decode_time_s / ar_tokens * batch,
         "ar_ms_per_step": 1e3 * ar_step,
         "dflash_ms_per_iteration": 1e3 * df_iter,
@@ -117,6 +120,7 @@ def main(argv=None) -> dict:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas"])
     p.add_argument("--out", default="runs/spec_speed")
     args = p.parse_args(argv)
     dtype = jnp.dtype(args.dtype)
@@ -130,7 +134,7 @@ def main(argv=None) -> dict:
     drafter = (load_drafter(args.drafter, target) if args.drafter else
                Drafter.random(target, num_layers=args.drafter_layers, block_size=args.block_size))
     result = run(target, drafter, args.batch, args.prompt_len, args.new_tokens, args.block_size,
-                 args.repeats)
+                 args.repeats, attention_impl=args.attention_impl)
     report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
               "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -139,7 +143,7 @@ def main(argv=None) -> dict:
               "iteration_over_ar_step", "tau", "speedup", "projected_speedup_at_paper_tau"):
         print(f"{k:>32}: {result[k]:.3f}")
     print(f"{'histogram':>32}: {result['histogram']}")
-    write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}_b{args.batch}"
+    write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}_{args.attention_impl}_b{args.batch}"
                  f"_bs{args.block_size}", plot)
     return report
 

@@ -50,6 +50,7 @@ class EngineSpec:
     num_denoise_steps: int = 1
     out_len: int = 64
     draft_fn: Callable | None = None
+    attention_impl: str = "xla"
 
     @property
     def tap_layer_ids(self) -> tuple[int, ...]:
@@ -99,7 +100,7 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
     dtype = tparams["embed_tokens"]["embedding"].dtype
     key, sub = jax.random.split(key)
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-    logits, taps, tcache = TargetModel(cfg, spec.tap_layer_ids).apply(
+    logits, taps, tcache = TargetModel(cfg, spec.tap_layer_ids, attention_impl=spec.attention_impl).apply(
         {"params": tparams}, tokens, positions, KVCache.for_config(cfg, B, cache_len, dtype),
         logit_index=lengths - 1)
     first = sample_tokens(sub, logits[:, 0], spec.sampling)
@@ -110,7 +111,8 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
         d = spec.drafter
         dcache = KVCache.init(d.num_layers, B, cache_len, d.num_kv_heads, d.head_dim, dtype)
         if dparams is not None:
-            _, dcache = DrafterModel(d).apply({"params": dparams}, None, None, dcache, taps,
+            _, dcache = DrafterModel(d, attention_impl=spec.attention_impl).apply(
+                {"params": dparams}, None, None, dcache, taps,
                                               positions, lengths)
         pending = jnp.zeros((B, bs, taps.shape[-1]), taps.dtype)
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(first)
@@ -134,7 +136,7 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     start = state.tcache.lengths
     B = start.shape[0]
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    model = DrafterModel(d)
+    model = DrafterModel(d, attention_impl=spec.attention_impl)
     fill = jnp.full((B, bs - 1), d.mask_token_id, jnp.int32)
     filled = jnp.zeros((B, bs - 1), bool)
     dcache = state.dcache
@@ -208,7 +210,8 @@ def _iteration(spec: EngineSpec, tparams, dparams, max_new, stop_ids, state: Dec
         draft = jnp.zeros((B, 0), jnp.int32)
         q_logp, dcache, block = None, state.dcache, state.bonus[:, None]
 
-    logits, taps, tcache = TargetModel(spec.target, spec.tap_layer_ids).apply(
+    logits, taps, tcache = TargetModel(spec.target, spec.tap_layer_ids,
+                                       attention_impl=spec.attention_impl).apply(
         {"params": tparams}, block, positions, state.tcache)
     a, bonus = accept(spec, draft, q_logp, logits, k_accept)
 

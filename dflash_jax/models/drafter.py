@@ -29,11 +29,13 @@ from dflash_jax.config import DrafterConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import (MLP, RMSNorm, apply_rope, block_sparse_attention, rope_cos_sin,
                           segmented_attention)
+from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
 
 
 class DrafterAttention(nn.Module):
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache: KVCache, layer,
@@ -69,8 +71,12 @@ class DrafterAttention(nn.Module):
         B, T, _ = x.shape
         q = apply_rope(q_norm(q_proj(x).reshape(B, T, H, Dh)), *blk_rope)
         kb, vb = keys_values(x, blk_rope)
-        out = segmented_attention(q, [(cache.k[layer], cache.v[layer], ctx_visible),
-                                      (kb, vb, jnp.ones((1, 1, T), bool))])
+        if self.attention_impl == "pallas":
+            out = pallas_block_attention(q, cache.k, cache.v, cache.lengths, causal=False,
+                                         layer=layer, k_blk=kb, v_blk=vb)
+        else:
+            out = segmented_attention(q, [(cache.k[layer], cache.v[layer], ctx_visible),
+                                          (kb, vb, jnp.ones((1, 1, T), bool))])
         return o_proj(out.reshape(B, T, H * Dh)), cache
 
 
@@ -79,6 +85,7 @@ class DrafterLayer(nn.Module):
 
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, carry, shared):
@@ -86,7 +93,7 @@ class DrafterLayer(nn.Module):
         blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, train_blocks = shared
         cfg = self.cfg
         x = None if h is None else RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h)
-        attn_out, cache = DrafterAttention(cfg, self.param_dtype, name="self_attn")(
+        attn_out, cache = DrafterAttention(cfg, self.param_dtype, self.attention_impl, name="self_attn")(
             x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache, layer, train_blocks)
         if h is not None:
             h = h + attn_out
@@ -96,16 +103,21 @@ class DrafterLayer(nn.Module):
 
 
 class DrafterModel(nn.Module):
+    """``attention_impl``: "xla" or "pallas" for the block attention over the context cache
+    (training always uses the XLA block-sparse path)."""
+
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     def setup(self):
         cfg = self.cfg
+        check_attention_impl(self.attention_impl)
         self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype, name="fc")
         self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="hidden_norm")
         self.layers = nn.scan(DrafterLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                               in_axes=nn.broadcast, length=cfg.num_layers,
-                              )(cfg, self.param_dtype, name="layers")
+                              )(cfg, self.param_dtype, self.attention_impl, name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
 
     def __call__(self, block_embeds, block_positions, cache: KVCache, ctx_taps=None,
@@ -139,9 +151,9 @@ class DrafterModel(nn.Module):
         if block_embeds is not None:
             blk_rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
             visible = (jnp.arange(cache.max_len)[None, :] < ctx_len[:, None])[:, None, :]
+        cache = cache.crop(ctx_len)  # writes ignore lengths; the Pallas path reads them
         (h, cache, _), _ = self.layers((block_embeds, cache, jnp.int32(0)),
                                        (blk_rope, ctx, ctx_rope, ctx_positions, visible, None))
-        cache = cache.crop(ctx_len)
         return (None if h is None else self.norm(h)), cache
 
     def train_blocks(self, block_embeds, block_positions, taps, anchors, valid):

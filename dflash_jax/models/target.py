@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from dflash_jax.config import TargetConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
+from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
 
 
 class SelfAttention(nn.Module):
@@ -36,6 +37,7 @@ class SelfAttention(nn.Module):
 
     cfg: TargetConfig
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, x, cos, sin, positions, mask, cache: KVCache | None, layer):
@@ -54,6 +56,10 @@ class SelfAttention(nn.Module):
         k = apply_rope(k, cos, sin)
         if cache is not None:
             cache = cache.write(layer, k, v, positions)
+            if self.attention_impl == "pallas":  # positions are start + arange(T) per row
+                out = pallas_block_attention(q, cache.k, cache.v, positions[:, 0], causal=True,
+                                             layer=layer)
+                return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
             k, v = cache.k[layer], cache.v[layer]
         out = dot_product_attention(q, k, v, mask)
         return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
@@ -65,13 +71,14 @@ class DecoderLayer(nn.Module):
     cfg: TargetConfig
     tap_layer_ids: tuple[int, ...] = ()
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, carry, shared):
         h, cache, taps, layer = carry
         cos, sin, positions, mask = shared
         cfg = self.cfg
-        attn_out, cache = SelfAttention(cfg, self.param_dtype, name="self_attn")(
+        attn_out, cache = SelfAttention(cfg, self.param_dtype, self.attention_impl, name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h),
             cos, sin, positions, mask, cache, layer)
         h = h + attn_out
@@ -88,14 +95,18 @@ class TargetModel(nn.Module):
 
     ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is that layer's
     output, i.e. transformers' ``hidden_states[i + 1]`` (SPEC.md section 2).
+    ``attention_impl``: "xla" (dense reference) or "pallas" (``kernels.block_attention``) for
+    attention through the cache; the cache-less path always uses XLA.
     """
 
     cfg: TargetConfig
     tap_layer_ids: tuple[int, ...] = ()
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     def setup(self):
         cfg = self.cfg
+        check_attention_impl(self.attention_impl)
         for i in self.tap_layer_ids:
             if not 0 <= i < cfg.num_layers:
                 raise ValueError(
@@ -105,7 +116,7 @@ class TargetModel(nn.Module):
         self.layers = nn.scan(
             DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=nn.broadcast, length=cfg.num_layers,
-        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, name="layers")
+        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl, name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False,
@@ -198,9 +209,10 @@ def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
 
 
 def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
-                   tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True):
+                   tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
+                   attention_impl: str = "xla"):
     """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``."""
-    return TargetModel(cfg, tuple(tap_layer_ids)).apply(
+    return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl).apply(
         {"params": params}, tokens, positions, cache, logit_index, compute_logits)
 
 

@@ -99,3 +99,21 @@ def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_b
            + jnp.einsum("bkgnts,bnskd->bntkgd", p_blk.astype(v_blk.dtype), v_blk,
                         preferred_element_type=jnp.float32))
     return out.reshape(B, N, T, H, Dh).astype(q.dtype)
+
+
+ATTENTION_IMPLS = ("xla", "pallas")
+
+
+def check_attention_impl(impl: str) -> str:
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    return impl
+
+
+def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
+                           v_blk=None):
+    """The Pallas kernel of ``kernels.block_attention`` (interpreted when not on a GPU)."""
+    from kernels.block_attention import block_attention
+
+    return block_attention(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal, layer=layer,
+                           interpret=jax.default_backend() != "gpu")

@@ -1,0 +1,217 @@
+"""Block attention against a KV cache: a Pallas kernel (Triton lowering on GPU) and its plain
+``jnp`` reference, with the same signature.
+
+One call attends a block of T (<= 64) queries ``q [B, T, H, Dh]`` to a cache
+``k, v [B, S_max, Hkv, Dh]`` whose row b holds ``kv_lens[b]`` valid positions, in one of two modes:
+
+* ``causal=True`` (target verify, and decode with T = 1): the block's own K/V have already
+  been written into the cache at slots ``kv_lens[b] + t``; query t sees slots
+  ``s < kv_lens[b] + t + 1``.
+* ``causal=False`` (the DFlash drafter): query t sees the valid context slots
+  ``s < kv_lens[b]`` and every row of the block's own ``k_blk, v_blk [B, T, Hkv, Dh]``
+  (non-causal; SPEC section 3), which are not in the cache.
+
+Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:
+the T queries of the G = H / Hkv heads that share a KV head become ``T * G`` rows (padded to a
+power of two >= 16), so the drafter's 16-row block with G = 4 is one 64-row tensor-core tile and
+each K/V tile is read once for all of them. The cache is split along S into ``num_splits``
+chunks processed in parallel (flash-decoding); each chunk loops over ``block_k`` tiles up to
+the row's valid length only (so a short row reads a short prefix), keeps an online softmax
+(running max m, sum l, unnormalised accumulator), and a small ``jnp`` combine step merges the
+chunks. A row that sees nothing returns zeros, never NaN.
+
+Backend note: the Pallas Triton backend is deprecated from jax 0.11 (it still works there); the
+kernel sits behind ``attention_impl="pallas"`` so a Mosaic GPU version can replace it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+NEG = -1e30  # finite "minus infinity": masked scores never produce inf - inf
+
+
+# ---------------------------------------------------------------------------- reference
+def block_attention_reference(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
+                              scale: float | None = None, **_unused):
+    """Dense ``jnp`` version of :func:`block_attention` (same arguments, same result)."""
+    from dflash_jax.nn.attention import segmented_attention
+
+    _check(q, k, v, kv_lens, k_blk, v_blk, causal)
+    B, T = q.shape[:2]
+    S = k.shape[1]
+    slots = jnp.arange(S)[None, None, :]
+    limit = kv_lens[:, None, None] + (jnp.arange(T)[None, :, None] + 1 if causal else 0)
+    segments = [(k, v, slots < limit)]
+    if k_blk is not None:
+        segments.append((k_blk, v_blk, jnp.ones((1, 1, T), bool)))
+    return segmented_attention(q, segments, scale)
+
+
+def _check(q, k, v, kv_lens, k_blk, v_blk, causal):
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"expected q [B,T,H,Dh] and k, v [B,S,Hkv,Dh]; got {q.shape}, {k.shape}, {v.shape}")
+    B, T, H, Dh = q.shape
+    if k.shape[0] != B or k.shape[3] != Dh or H % k.shape[2]:
+        raise ValueError(f"q {q.shape} and cache {k.shape} disagree (batch, head_dim, or heads not a "
+                         "multiple of kv heads)")
+    if kv_lens.shape != (B,):
+        raise ValueError(f"kv_lens must have shape ({B},), got {kv_lens.shape}")
+    if causal and k_blk is not None:
+        raise ValueError("causal mode reads the block from the cache: pass k_blk=None")
+    if k_blk is not None and (k_blk.shape != (B, T, k.shape[2], Dh) or v_blk is None
+                              or v_blk.shape != k_blk.shape):
+        raise ValueError(f"k_blk / v_blk must have shape {(B, T, k.shape[2], Dh)}")
+
+
+# ---------------------------------------------------------------------------- kernel
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, scale, block_k,
+            tiles_per_split, group, num_queries, exact):
+    if has_blk:
+        kb_ref, vb_ref, o_ref, m_ref, l_ref = rest
+    else:
+        o_ref, m_ref, l_ref = rest
+    b, g, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows, dh = q_ref.shape
+    layer = layer_ref[0]
+    kv_len = lens_ref[0]
+    q = q_ref[...]
+    t = jnp.arange(rows) // group  # query index of each row (rows past T*G are padding)
+    limit = kv_len + (t + 1 if causal else jnp.zeros_like(t))  # [rows]: slots < limit are visible
+    max_limit = kv_len + (num_queries if causal else 0)
+    dot = functools.partial(pl.dot, trans_b=True, allow_tf32=False if exact else None)
+
+    def update(scores, mask, vals, carry):
+        acc, m, l = carry
+        scores = jnp.where(mask, scores * scale, NEG)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.where(mask, jnp.exp(scores - m_new[:, None]), 0.0)
+        acc = acc * corr[:, None] + pl.dot(p.astype(vals.dtype), vals,
+                                           allow_tf32=False if exact else None)
+        return acc, m_new, l * corr + jnp.sum(p, axis=1)
+
+    first = split * tiles_per_split
+    needed = (max_limit + block_k - 1) // block_k  # tiles holding any visible slot
+    n_tiles = jnp.clip(needed - first, 0, tiles_per_split)
+
+    def body(i, carry):
+        start = (first + i) * block_k
+        kt = k_ref[layer, b, pl.ds(start, block_k), g, :]  # the full cache stays in place
+        vt = v_ref[layer, b, pl.ds(start, block_k), g, :]
+        cols = start + jnp.arange(block_k)
+        return update(dot(q, kt), cols[None, :] < limit[:, None], vt, carry)
+
+    carry = (jnp.zeros((rows, dh), jnp.float32), jnp.full((rows,), NEG, jnp.float32),
+             jnp.zeros((rows,), jnp.float32))
+    carry = jax.lax.fori_loop(0, n_tiles, body, carry)
+    if has_blk:  # the block's own rows, counted once (by split 0)
+        kb, vb = kb_ref[...], vb_ref[...]
+        cols = jnp.arange(kb.shape[0])
+        mask = (cols[None, :] < num_queries) & (split == 0) & (t[:, None] < num_queries)
+        carry = update(dot(q, kb), mask, vb, carry)
+    acc, m, l = carry
+    o_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
+                    scale: float | None = None, layer=None, block_k: int | None = None,
+                    num_splits: int | None = None, interpret: bool = False,
+                    num_warps: int = 4, num_stages: int = 2):
+    """Pallas block attention (see the module docstring for the two masking modes).
+
+    Args:
+      q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh] cache, or the stacked cache of all layers
+        [L, B, S, Hkv, Dh] with ``layer`` (an int or int32 scalar) choosing one: the kernel
+        reads that layer in place, so no per-layer copy of the cache is made.
+      kv_lens: int32[B] valid slots per row.
+      k_blk, v_blk: [B, T, Hkv, Dh] the block's own K/V (non-causal mode only).
+      scale: softmax scale (default Dh ** -0.5).
+      block_k: cache tile (default 64, or the largest of 32/16 dividing S).
+      num_splits: chunks of S processed in parallel (default: ~S / 512, at least 1).
+      interpret: run the kernel in the Pallas interpreter (CPU tests).
+    Returns:
+      [B, T, H, Dh] in q's dtype.
+    """
+    from jax.experimental.pallas import triton as plgpu
+
+    if k.ndim == 4:
+        k, v, layer = k[None], v[None], 0
+    elif layer is None:
+        raise ValueError("a stacked [L, B, S, Hkv, Dh] cache needs layer=")
+    _check(q, k[0], v[0], kv_lens, k_blk, v_blk, causal)
+    B, T, H, Dh = q.shape
+    S, Hkv = k.shape[2], k.shape[3]
+    G = H // Hkv
+    scale = Dh ** -0.5 if scale is None else float(scale)
+    if block_k is None:
+        block_k = next((b for b in (64, 32, 16) if S % b == 0), 64)
+    if S % block_k:  # rare (caches are bucketed): pad the cache to whole tiles
+        pad = block_k - S % block_k
+        k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
+        S += pad
+    tiles = S // block_k
+    num_splits = max(1, min(tiles, num_splits or -(-S // 512)))
+    tiles_per_split = -(-tiles // num_splits)
+    num_splits = -(-tiles // tiles_per_split)
+
+    # fold the G query heads of each KV head into rows: [B, Hkv, T*G] -> padded R rows
+    R = max(16, _next_pow2(T * G))
+    qr = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, Dh)
+    qr = jnp.pad(qr, ((0, 0), (0, 0), (0, R - T * G), (0, 0)))
+    lens = kv_lens.astype(jnp.int32)
+    has_blk = k_blk is not None
+    Tb = max(16, _next_pow2(T))
+    whole = pl.no_block_spec  # the whole array, addressed by pointer arithmetic
+    in_specs = [
+        pl.BlockSpec((1,), lambda b, g, s: (0,)),
+        pl.BlockSpec((1,), lambda b, g, s: (b,)),
+        pl.BlockSpec((None, None, R, Dh), lambda b, g, s: (b, g, 0, 0)),
+        whole,  # k, v: indexed inside the kernel by (layer, b, tile, g)
+        whole,
+    ]
+    args = [jnp.asarray(layer, jnp.int32).reshape(1), lens, qr, k, v]
+    if has_blk:
+        padb = ((0, 0), (0, Tb - T), (0, 0), (0, 0))
+        args += [jnp.pad(k_blk, padb), jnp.pad(v_blk, padb)]
+        in_specs += [pl.BlockSpec((None, Tb, None, Dh), lambda b, g, s: (b, 0, g, 0))] * 2
+    kernel = functools.partial(
+        _kernel, causal=causal, has_blk=has_blk, scale=scale, block_k=block_k,
+        tiles_per_split=tiles_per_split, group=G, num_queries=T, exact=q.dtype == jnp.float32)
+    acc, m, l = pl.pallas_call(
+        kernel,
+        grid=(B, Hkv, num_splits),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((None, None, None, R, Dh), lambda b, g, s: (b, g, s, 0, 0)),
+                   pl.BlockSpec((None, None, None, R), lambda b, g, s: (b, g, s, 0)),
+                   pl.BlockSpec((None, None, None, R), lambda b, g, s: (b, g, s, 0))],
+        out_shape=[jax.ShapeDtypeStruct((B, Hkv, num_splits, R, Dh), jnp.float32),
+                   jax.ShapeDtypeStruct((B, Hkv, num_splits, R), jnp.float32),
+                   jax.ShapeDtypeStruct((B, Hkv, num_splits, R), jnp.float32)],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="dflash_block_attention",
+    )(*args)
+    out = combine_splits(acc, m, l)  # [B, Hkv, R, Dh]
+    out = out[:, :, :T * G].reshape(B, Hkv, T, G, Dh).transpose(0, 2, 1, 3, 4)
+    return out.reshape(B, T, H, Dh).astype(q.dtype)
+
+
+def combine_splits(acc, m, l):
+    """Merges per-split online-softmax states: acc [..., splits, R, Dh], m, l [..., splits, R]."""
+    m_all = jnp.max(m, axis=-2, keepdims=True)
+    w = jnp.where(l > 0, jnp.exp(m - m_all), 0.0)
+    total = jnp.sum(w * l, axis=-2)
+    out = jnp.sum(w[..., None] * acc, axis=-3)
+    return out / jnp.where(total > 0, total, 1.0)[..., None]
