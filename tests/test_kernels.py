@@ -3,7 +3,6 @@ models with attention_impl="pallas" against the XLA path."""
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -8,7 +8,6 @@ bandwidth, all from the same run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -20,8 +19,8 @@ from tqdm import tqdm
 
 from dflash_jax.api import Target, generate
 from dflash_jax.config import TargetConfig
-from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, read_bandwidth,
-                                  write_report)
+from dflash_jax.bench.env import (bench_parser, command_line, copy_bandwidth, environment,
+                                  new_figure, read_bandwidth, write_report)
 
 PRESETS = {
     # a smoke-test size
@@ -97,14 +96,9 @@ def run(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype, rep
     }
 
 
-def plot(report: dict, file: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict):
     rows = report["results"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (a, b) = new_figure(1, 2, figsize=(9, 3.5))
     bs = [r["batch"] for r in rows]
     a.plot(bs, [r["tokens_per_s"] for r in rows], "o-")
     a.set(xscale="log", xlabel="batch", ylabel="tokens / s", title="AR decode throughput")
@@ -115,14 +109,11 @@ def plot(report: dict, file: str) -> None:
           title=f"{report['env']['device']}")
     fig.suptitle(f"{report['num_params'] / 1e6:.0f}M params, {report['dtype']}, "
                  f"prompt {report['prompt_len']}, {report['new_tokens']} new tokens")
-    fig.tight_layout()
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p = bench_parser(__doc__, PRESETS)
     p.add_argument("--config", help="a Hugging Face config.json (overrides --preset)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--prompt-len", type=int, default=128)

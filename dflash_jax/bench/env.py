@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -70,12 +71,35 @@ def command_line(module: str, argv) -> str:
     return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
-def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict, str], None]) -> str:
-    """Writes ``out_dir/stem.json`` and the plot ``out_dir/stem.png``; returns the path stem."""
+def new_figure(*args, **kwargs):
+    """``plt.subplots`` on the non-interactive Agg backend: ``(fig, axes)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any]) -> str:
+    """Writes ``out_dir/stem.json`` and ``out_dir/stem.png`` (the figure that ``plot(report)``
+    returns); returns the path stem."""
+    import matplotlib.pyplot as plt
+
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, stem)
     with open(path + ".json", "w") as f:
         json.dump(report, f, indent=2)
-    plot(report, path + ".png")
+    fig = plot(report)
+    fig.tight_layout()
+    fig.savefig(path + ".png", dpi=120)
+    plt.close(fig)
     print(f"wrote {path}.json and {path}.png")
     return path
+
+
+def bench_parser(doc: str, presets) -> argparse.ArgumentParser:
+    """The argument parser the model benchmarks start from (with ``--preset``)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(presets), default="small")
+    return p

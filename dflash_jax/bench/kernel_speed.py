@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.bench.env import command_line, copy_bandwidth, environment, time_fn, write_report
+from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, new_figure,
+                                  time_fn, write_report)
 from kernels.block_attention import block_attention, block_attention_reference
 
 
@@ -25,13 +26,8 @@ def _cudnn(q, k, v, lens):
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lens, implementation="cudnn")
 
 
-def plot(report: dict, file: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+def plot(report: dict):
+    fig, ax = new_figure(figsize=(6, 3.5))
     for (batch, causal), rows in _group(report["results"]).items():
         for impl, style in (("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:")):
             pts = [(r["seq"], r[f"{impl}_GBps"]) for r in rows if r.get(f"{impl}_GBps")]
@@ -40,9 +36,7 @@ def plot(report: dict, file: str) -> None:
     ax.axhline(report["copy_bandwidth_GBps"], color="k", lw=0.8, label="copy bandwidth")
     ax.set(xscale="log", xlabel="cache length S", ylabel="GB/s", title=report["env"]["device"])
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def _group(rows):

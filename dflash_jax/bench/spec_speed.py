@@ -14,7 +14,6 @@ tau (6.49, Qwen3-8B).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import time
@@ -25,7 +24,8 @@ import numpy as np
 
 from dflash_jax.api import Drafter, Target, prepare_decode, generate, load_drafter, load_target
 from dflash_jax.bench.decode_speed import PRESETS
-from dflash_jax.bench.env import command_line, environment, time_fn, write_report
+from dflash_jax.bench.env import (bench_parser, command_line, environment, new_figure,
+                                  time_fn, write_report)
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.models.target import TargetModel
@@ -90,27 +90,19 @@ def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_token
     }
 
 
-def plot(report: dict, file: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict):
     r = report["result"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (a, b) = new_figure(1, 2, figsize=(9, 3.5))
     a.bar(["AR step", "draft", "verify", "DFlash iter"],
           [r["ar_ms_per_step"], r["draft_ms"], r["verify_ms"], r["dflash_ms_per_iteration"]])
     a.set(ylabel="ms", title=f"{report['env']['device']}, batch {r['batch']}")
     b.bar(range(1, len(r["histogram"]) + 1), r["histogram"])
     b.set(xlabel="acceptance length", ylabel="iterations", title=f"tau {r['tau']:.2f}")
-    fig.tight_layout()
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p = bench_parser(__doc__, PRESETS)
     p.add_argument("--target", help="a Hugging Face target directory (instead of a random preset)")
     p.add_argument("--drafter", help="a DFlash drafter directory (default: random, shaped for the target)")
     p.add_argument("--drafter-layers", type=int, default=5)

@@ -7,7 +7,6 @@ drafter, forward + backward + AdamW) for a random-weight target and synthetic se
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -18,31 +17,23 @@ import numpy as np
 
 from dflash_jax.api import Target
 from dflash_jax.bench.decode_speed import PRESETS
-from dflash_jax.bench.env import command_line, environment, write_report
+from dflash_jax.bench.env import bench_parser, command_line, environment, new_figure, write_report
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
 from dflash_jax.training.trainer import TrainConfig, Trainer
 
 
-def plot(report: dict, file: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict):
     t = report["step_times_s"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = new_figure(figsize=(5, 3.2))
     ax.plot(range(1, len(t) + 1), t, ".-")
     ax.set(xlabel="step", ylabel="seconds", yscale="log",
            title=f"{report['tokens_per_s']:.0f} tokens/s on {report['env']['device']}")
-    fig.tight_layout()
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p = bench_parser(__doc__, PRESETS)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
