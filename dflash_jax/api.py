@@ -265,13 +265,27 @@ class StreamChunk:
     done: list[bool]
 
 
-def prepare_decode(target: Target, prompts, max_new_tokens, drafter, temperature, top_k, top_p,
-             stop_token_ids, seed, block_size, num_denoise_steps, sampled_draft, draft_fn=None,
-             attention_impl: str = "xla"):
-    """Validates the arguments of generate and runs the prefill.
+@dataclasses.dataclass
+class PreparedDecode:
+    """A validated, prefilled generation, ready for ``engine.decode``."""
 
-    Returns (spec, drafter params, max_new, stop_ids, prefilled DecodeState, stop array, prompt
-    lengths, prefill seconds); the step benchmark uses it to get a realistic loop state."""
+    spec: engine.EngineSpec
+    drafter_params: Any
+    max_new: jax.Array
+    stop_ids: jax.Array
+    state: engine.DecodeState
+    stops: np.ndarray
+    prompt_lengths: list[int]
+    prefill_time_s: float
+
+
+def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                   stop_token_ids=(), seed: int = 0, block_size: int | None = None,
+                   num_denoise_steps: int = 1, sampled_draft: bool = False, draft_fn=None,
+                   attention_impl: str = "xla") -> PreparedDecode:
+    """Validates the arguments of :func:`generate` (same meaning) and runs the prefill; the
+    step benchmark uses it to get a realistic loop state."""
     cfg = target.config
     rows = _as_prompt_list(prompts, cfg.vocab_size)
     B = len(rows)
@@ -314,7 +328,8 @@ def prepare_decode(target: Target, prompts, max_new_tokens, drafter, temperature
     state = engine.prefill(target.params, dparams, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32),
                            max_new, stop_ids, jax.random.key(seed), spec=spec, cache_len=cache_len)
     jax.block_until_ready(state.out)
-    return spec, dparams, max_new, stop_ids, state, stops, lens, time.perf_counter() - t0
+    return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
+                          time.perf_counter() - t0)
 
 
 def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
@@ -342,15 +357,18 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
       attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
         slowly, when not on a GPU) for attention through the KV caches.
     """
-    spec, dparams, max_new, stop_ids, state, stops, lens, prefill_s = prepare_decode(
-        target, prompts, max_new_tokens, drafter, temperature, top_k, top_p, stop_token_ids, seed,
-        block_size, num_denoise_steps, sampled_draft, draft_fn, attention_impl)
+    pre = prepare_decode(
+        target, prompts, max_new_tokens, drafter=drafter, temperature=temperature, top_k=top_k,
+        top_p=top_p, stop_token_ids=stop_token_ids, seed=seed, block_size=block_size,
+        num_denoise_steps=num_denoise_steps, sampled_draft=sampled_draft, draft_fn=draft_fn,
+        attention_impl=attention_impl)
     t1 = time.perf_counter()
-    state = engine.decode(target.params, dparams, state, max_new, stop_ids,
-                          jnp.int32(np.iinfo(np.int32).max), spec=spec)
+    state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                          jnp.int32(np.iinfo(np.int32).max), spec=pre.spec)
     out, n, acc, iters = jax.device_get((state.out, state.n, state.acc, state.iters))
     decode_s = time.perf_counter() - t1
-    return _finish(out, n, acc, iters, stops, lens, spec.block_size, prefill_s, decode_s)
+    return _finish(out, n, acc, iters, pre.stops, pre.prompt_lengths, pre.spec.block_size,
+                   pre.prefill_time_s, decode_s)
 
 
 def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
@@ -359,14 +377,8 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
     ``iterations_per_chunk`` loop iterations (the same compiled loop, run in slices)."""
     if iterations_per_chunk < 1:
         raise ValueError(f"iterations_per_chunk must be >= 1, got {iterations_per_chunk}")
-    spec, dparams, max_new, stop_ids, state, *_ = prepare_decode(
-        target, prompts, max_new_tokens, drafter, kwargs.pop("temperature", 0.0),
-        kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("stop_token_ids", ()),
-        kwargs.pop("seed", 0), kwargs.pop("block_size", None), kwargs.pop("num_denoise_steps", 1),
-        kwargs.pop("sampled_draft", False), kwargs.pop("draft_fn", None),
-        kwargs.pop("attention_impl", "xla"))
-    if kwargs:
-        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+    pre = prepare_decode(target, prompts, max_new_tokens, drafter=drafter, **kwargs)
+    state = pre.state
     out, n, done = jax.device_get((state.out, state.n, state.done))
     seen = np.zeros_like(n)
     while True:
@@ -374,8 +386,8 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
         if done.all():
             return
         seen = n
-        state = engine.decode(target.params, dparams, state, max_new, stop_ids,
-                              jnp.int32(iterations_per_chunk), spec=spec)
+        state = engine.decode(target.params, pre.drafter_params, state, pre.max_new, pre.stop_ids,
+                              jnp.int32(iterations_per_chunk), spec=pre.spec)
         out, n, done = jax.device_get((state.out, state.n, state.done))
 
 

@@ -42,6 +42,39 @@ class RopeConfig:
         return out
 
 
+def _decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
+    """The decoder-shape fields shared by targets and drafters, read from a config.json."""
+    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads") if k not in d]
+    if missing:
+        raise ValueError(f"{what} is missing required fields: {', '.join(missing)}")
+    heads = int(d["num_attention_heads"])
+    return dict(
+        vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
+        intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
+        num_heads=heads, num_kv_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope=rope_from_hf(d),
+        max_position_embeddings=int(d.get("max_position_embeddings", 4096)))
+
+
+def _decoder_fields_to_hf(cfg) -> dict:
+    """Inverse of :func:`_decoder_fields_from_hf` (transformers-5 ``rope_parameters``)."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_parameters": cfg.rope.to_hf(),
+        "max_position_embeddings": cfg.max_position_embeddings,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
     """A decoder-only target LM (Qwen3 or Llama 3.x).
@@ -108,29 +141,14 @@ class TargetConfig:
                 f"unknown model_type {model_type!r} in config.json; supported model types are "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads") if k not in d]
-        if missing:
-            raise ValueError(f"config.json is missing required fields: {', '.join(missing)}")
+        fields = _decoder_fields_from_hf(d, "config.json")
         if d.get("mlp_bias", False):
             raise ValueError("mlp_bias=True is not supported (no Qwen3/Llama-3 checkpoint uses it)")
-        num_heads = int(d["num_attention_heads"])
-        hidden = int(d["hidden_size"])
-        head_dim = d.get("head_dim") or hidden // num_heads
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         return cls(
             model_type=model_type,
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope=rope_from_hf(d),
-            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            **fields,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", False)),
             bos_token_id=d.get("bos_token_id"),
@@ -152,17 +170,7 @@ class TargetConfig:
         return {
             "architectures": [arch],
             "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": self.rope.to_hf(),
-            "max_position_embeddings": self.max_position_embeddings,
+            **_decoder_fields_to_hf(self),
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "bos_token_id": self.bos_token_id,
@@ -289,12 +297,8 @@ class DrafterConfig:
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "DrafterConfig":
         """Reads the released layout: a Qwen3 config plus ``block_size``, ``num_target_layers``
         and ``dflash_config: {target_layer_ids, mask_token_id}``."""
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads", "vocab_size") if k not in d]
-        if missing:
-            raise ValueError(f"drafter config.json is missing required fields: {', '.join(missing)}")
+        fields = _decoder_fields_from_hf(d, "drafter config.json")
         dflash = dict(d.get("dflash_config") or {})
-        n = int(d["num_hidden_layers"])
         if "num_target_layers" not in d:
             raise ValueError("drafter config.json has no num_target_layers: is this a DFlash drafter?")
         N = int(d["num_target_layers"])
@@ -302,18 +306,9 @@ class DrafterConfig:
             raise ValueError("drafter config.json has no dflash_config.mask_token_id; set it to the "
                              "target's mask token (Qwen3: 151669, Llama-3.1: 128002)")
         ids = dflash.get("target_layer_ids")
-        ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(N, n)
-        heads = int(d["num_attention_heads"])
-        return cls(
-            num_layers=n, hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]), num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-            vocab_size=int(d["vocab_size"]), block_size=int(d.get("block_size", 16)),
-            num_target_layers=N, target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope=rope_from_hf(d),
-            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-        )
+        ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(N, fields["num_layers"])
+        return cls(**fields, block_size=int(d.get("block_size", 16)), num_target_layers=N,
+                   target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DrafterConfig":
@@ -323,17 +318,7 @@ class DrafterConfig:
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": self.rope.to_hf(),
-            "max_position_embeddings": self.max_position_embeddings,
+            **_decoder_fields_to_hf(self),
             "attention_bias": False,
             "tie_word_embeddings": False,
             "block_size": self.block_size,

@@ -36,8 +36,9 @@ PAPER_TAU = 6.49
 def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int,
                attention_impl: str = "xla") -> dict:
     """Median seconds of one draft and one verify at the prompts' context length."""
-    spec, dparams, _, _, state, *_ = prepare_decode(target, prompts, 8, drafter, 0.0, None, None, (), 0,
-                                                    block_size, 1, False, None, attention_impl)
+    pre = prepare_decode(target, prompts, 8, drafter=drafter, block_size=block_size,
+                         attention_impl=attention_impl)
+    spec, dparams, state = pre.spec, pre.drafter_params, pre.state
     key = jax.random.key(0)
     draft = jax.jit(functools.partial(engine.dflash_draft, spec))
     tokens, _, _ = draft(target.params, dparams, state, key)

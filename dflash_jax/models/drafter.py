@@ -30,6 +30,7 @@ from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import (MLP, RMSNorm, apply_rope, block_sparse_attention, rope_cos_sin,
                           segmented_attention)
 from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
+from dflash_jax.nn.layers import random_init
 
 
 class DrafterAttention(nn.Module):
@@ -189,11 +190,6 @@ def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
 
     def init(k):
         params = model.init(k, emb, pos, cache, taps, pos, jnp.zeros((B,), jnp.int32))["params"]
-        leaves, tree = jax.tree_util.tree_flatten_with_path(params)
-        keys = jax.random.split(k, len(leaves))
-        out = [jnp.ones_like(x) if "weight" in jax.tree_util.keystr(p)
-               else (init_scale * jax.random.normal(lk, x.shape, jnp.float32)).astype(dtype)
-               for (p, x), lk in zip(leaves, keys)]
-        return jax.tree_util.tree_unflatten(tree, out)
+        return random_init(params, k, init_scale, dtype)
 
     return jax.jit(init)(key)

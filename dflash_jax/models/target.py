@@ -30,6 +30,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
+from dflash_jax.nn.layers import random_init
 
 
 class SelfAttention(nn.Module):
@@ -191,19 +192,7 @@ def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
     tokens = jnp.zeros((1, 1), jnp.int32)
 
     def init(k):
-        params = model.init(k, tokens, tokens)["params"]
-        leaves, tree = jax.tree_util.tree_flatten_with_path(params)
-        keys = jax.random.split(k, len(leaves))
-        out = []
-        for (path, leaf), lk in zip(leaves, keys):
-            name = jax.tree_util.keystr(path)
-            if "weight" in name:  # RMSNorm weights
-                out.append(jnp.ones_like(leaf))
-            elif "bias" in name:
-                out.append(jnp.zeros_like(leaf))
-            else:
-                out.append((init_scale * jax.random.normal(lk, leaf.shape, jnp.float32)).astype(dtype))
-        return jax.tree_util.tree_unflatten(tree, out)
+        return random_init(model.init(k, tokens, tokens)["params"], k, init_scale, dtype)
 
     return jax.jit(init)(key)
 

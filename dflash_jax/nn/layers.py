@@ -72,3 +72,20 @@ class MLP(nn.Module):
         h = nn.silu(dense(self.intermediate_size, "gate_proj")(x)) * dense(
             self.intermediate_size, "up_proj")(x)
         return dense(x.shape[-1], "down_proj")(h)
+
+
+def random_init(params, key: jax.Array, init_scale: float, dtype):
+    """Replaces initialised Flax params with the project's random init: RMSNorm ``weight`` = 1,
+    ``bias`` = 0, every other leaf normal(0, init_scale) in ``dtype``."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for (path, leaf), k in zip(leaves, keys):
+        name = jax.tree_util.keystr(path)
+        if "weight" in name:
+            out.append(jnp.ones_like(leaf))
+        elif "bias" in name:
+            out.append(jnp.zeros_like(leaf))
+        else:
+            out.append((init_scale * jax.random.normal(k, leaf.shape, jnp.float32)).astype(dtype))
+    return jax.tree_util.tree_unflatten(tree, out)
