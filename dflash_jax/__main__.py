@@ -1,5 +1,6 @@
 """Command line: ``python -m dflash_jax <command>``.
 
+  bench          AR vs DFlash on the paper's prompt sets (default: the embedded model)
   generate       generate from a Hugging Face target directory (text or token ids)
   decode-speed   autoregressive decode benchmark on a random-weight target
   spec-speed     DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup
@@ -8,6 +9,11 @@
   train          train a DFlash drafter (optax + Orbax, resumable)
   export         write a training run's drafter in the released layout
   train-speed    drafter training throughput benchmark
+  build-corpus   the embedded model's offline corpus and BPE tokenizer
+  pretrain       pretrain the embedded target on that corpus (resumable)
+  export-target  write a pretraining run as a Hugging Face directory
+  embedded-prompts  the embedded drafter's training prompts (jsonl)
+  build-embedded the whole embedded-default recipe (resumable)
 """
 
 from __future__ import annotations
@@ -53,16 +59,27 @@ def _generate(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    from dflash_jax.embedded import cli as embedded_cli
     from dflash_jax.training import cli as training_cli
 
     commands = {"generate": _generate, "train-data": training_cli.train_data,
                 "features": training_cli.features, "train": training_cli.train,
-                "export": training_cli.export}
+                "export": training_cli.export, "build-corpus": embedded_cli.build_corpus,
+                "pretrain": embedded_cli.pretrain, "export-target": embedded_cli.export_target,
+                "embedded-prompts": embedded_cli.training_prompts}
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd == "decode-speed":
+    if cmd == "build-embedded":
+        from dflash_jax.embedded.build import main as build_embedded
+
+        build_embedded(rest)
+    elif cmd == "bench":
+        from dflash_jax.bench.harness import main as bench
+
+        bench(rest)
+    elif cmd == "decode-speed":
         from dflash_jax.bench.decode_speed import main as decode_speed
 
         decode_speed(rest)

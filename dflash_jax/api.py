@@ -143,11 +143,13 @@ def round_up(x: int, multiple: int) -> int:
 
 
 def plan_lengths(target: Target, prompt_lens: Sequence[int], max_new: Sequence[int],
-                 extra: int = 0) -> tuple[int, int]:
+                 extra: int = 0, pad_to: tuple[int, int] | None = None) -> tuple[int, int]:
     """Padded prompt width and cache length (bucketed so shapes, and compiles, repeat).
 
-    ``extra`` reserves slots past the last token (the speculative block). Raises ValueError
-    when a row's prompt + budget exceeds the target's ``max_len``.
+    ``extra`` reserves slots past the last token (the speculative block). ``pad_to`` =
+    (min prompt width, min cache length) makes calls with different prompts share one
+    compiled program. Raises ValueError when a row's prompt + budget exceeds the target's
+    ``max_len``.
     """
     need = [p + m for p, m in zip(prompt_lens, max_new)]
     worst = int(np.argmax(need))
@@ -158,6 +160,12 @@ def plan_lengths(target: Target, prompt_lens: Sequence[int], max_new: Sequence[i
             "Shorten the prompt, lower max_new_tokens, or load the target with a larger max_len.")
     cache_len = min(round_up(max(need) + extra, 64), target.max_len + extra)
     prompt_width = min(round_up(max(prompt_lens), 16), cache_len)
+    if pad_to is not None:
+        width, length = (int(x) for x in pad_to)
+        if width < 1 or length < width + extra:
+            raise ValueError(f"pad_to=(prompt width {width}, cache length {length}) must have a "
+                             f"positive width and a cache length >= width + block ({extra})")
+        prompt_width, cache_len = max(prompt_width, width), max(cache_len, length)
     return prompt_width, cache_len
 
 
@@ -283,7 +291,7 @@ def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter 
                    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                    stop_token_ids=(), seed: int = 0, block_size: int | None = None,
                    num_denoise_steps: int = 1, sampled_draft: bool = False, draft_fn=None,
-                   attention_impl: str = "xla") -> PreparedDecode:
+                   attention_impl: str = "xla", pad_to: tuple[int, int] | None = None) -> PreparedDecode:
     """Validates the arguments of :func:`generate` (same meaning) and runs the prefill; the
     step benchmark uses it to get a realistic loop state."""
     cfg = target.config
@@ -313,7 +321,7 @@ def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter 
         raise ValueError("sampled_draft=True supports num_denoise_steps=1 only (the proposal "
                          "distribution of a multi-step draft is not defined); use the greedy draft")
     lens = [len(r) for r in rows]
-    width, cache_len = plan_lengths(target, lens, budgets, extra=bs)
+    width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=pad_to)
     spec = engine.EngineSpec(
         target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
         sampled_draft=bool(sampled_draft) and bs > 1 and not sampling.greedy,
@@ -336,7 +344,8 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              stop_token_ids=(), seed: int = 0, block_size: int | None = None,
              num_denoise_steps: int = 1, sampled_draft: bool = False,
-             draft_fn=None, attention_impl: str = "xla") -> GenerateResult:
+             draft_fn=None, attention_impl: str = "xla",
+             pad_to: tuple[int, int] | None = None) -> GenerateResult:
     """Generates continuations of a batch of (ragged) token-id prompts, all on device.
 
     Args:
@@ -356,12 +365,14 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
         ``decoding.engine.dflash_draft`` for the signature).
       attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
         slowly, when not on a GPU) for attention through the KV caches.
+      pad_to: (prompt width, cache length) to pad to at least, so that calls with different
+        prompts reuse one compiled program (benchmarks); default: the smallest bucket.
     """
     pre = prepare_decode(
         target, prompts, max_new_tokens, drafter=drafter, temperature=temperature, top_k=top_k,
         top_p=top_p, stop_token_ids=stop_token_ids, seed=seed, block_size=block_size,
         num_denoise_steps=num_denoise_steps, sampled_draft=sampled_draft, draft_fn=draft_fn,
-        attention_impl=attention_impl)
+        attention_impl=attention_impl, pad_to=pad_to)
     t1 = time.perf_counter()
     state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
                           jnp.int32(np.iinfo(np.int32).max), spec=pre.spec)

@@ -223,6 +223,7 @@ def _dtype_name(tensors) -> str:
 def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
     tmp = file + ".tmp"
     save_file(tensors, tmp, metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped weights must be readable
     os.replace(tmp, file)
 
 

@@ -114,6 +114,19 @@ def test_result_fields(tiny_target):
     assert r.num_steps == 4 and r.prefill_time_s > 0 and r.decode_time_s > 0
 
 
+
+def test_pad_to_shares_shapes_without_changing_results(tiny_target):
+    from dflash_jax.api import plan_lengths
+
+    a = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)
+    b = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5, pad_to=(48, 192))
+    assert a.sequences == b.sequences
+    assert plan_lengths(tiny_target, [3], [5], extra=1, pad_to=(48, 192)) == (48, 192)
+    assert plan_lengths(tiny_target, [40], [5], extra=1, pad_to=(16, 64)) == (48, 64)
+    with pytest.raises(ValueError, match="pad_to"):
+        dj.generate(tiny_target, [[1, 2]], 5, pad_to=(64, 32))
+
+
 # ---------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("prompts, match", [
     ([], "empty"),

@@ -1,0 +1,236 @@
+"""The paper's benchmark protocol: autoregressive vs DFlash decoding on the same prompts.
+
+    python -m dflash_jax bench                       # embedded default, all five prompt sets
+    python -m dflash_jax bench --target Qwen/Qwen3-8B-dir --drafter z-lab-dflash-dir \\
+        --max-samples 80 --max-new-tokens 2048 --dtype bfloat16
+
+Per prompt set it prints the speedup (AR wall time / DFlash wall time over the same prompts,
+batch 1, compiles excluded by a warm-up) and tau (mean acceptance length), then their
+averages, the acceptance-length histogram, and writes ``bench.json``, ``bench.md`` and
+``bench.png`` under ``--out``. At temperature 0 it also counts the prompts whose DFlash
+output equals the autoregressive output (it must be all of them). mt-bench is two-turn:
+each method's turn-2 prompt carries the autoregressive answer to turn 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from dflash_jax.bench.env import command_line, environment, new_figure, write_report
+from dflash_jax.datasets import DATASETS, load_prompt_set
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+EMBEDDED_TARGET = os.path.join(ASSETS, "target")
+EMBEDDED_DRAFTER = os.path.join(ASSETS, "drafter")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_jax bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=EMBEDDED_TARGET, help="Hugging Face target directory (default: embedded)")
+    p.add_argument("--drafter", default=None, help="DFlash drafter directory (default: embedded, with the embedded target)")
+    p.add_argument("--datasets", nargs="+", default=None, choices=DATASETS,
+                   help="prompt sets (default: all five; sets that cannot be found are skipped with a warning)")
+    p.add_argument("--data-dir", default=None,
+                   help="local prompt sets (default $DFLASH_DATA_DIR, else ../shared/datasets when present, else the hub)")
+    p.add_argument("--max-samples", type=int, default=8, help="prompts per set (seeded subset)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
+    p.add_argument("--out", default="runs/bench")
+    return p
+
+
+def default_data_dir(given: str | None) -> str | None:
+    if given:
+        return given
+    if os.environ.get("DFLASH_DATA_DIR"):
+        return os.environ["DFLASH_DATA_DIR"]
+    cand = os.path.abspath(os.path.join("..", "shared", "datasets"))
+    return cand if os.path.isdir(cand) else None
+
+
+class Runner:
+    """Runs one method (AR or DFlash) on chat turns with shapes fixed per prompt set."""
+
+    def __init__(self, target, drafter, args):
+        from dflash_jax.training.data import encode_prompt
+
+        self.target, self.drafter, self.args = target, drafter, args
+        self.encode = lambda turns: encode_prompt(turns, target.tokenizer)
+        tok = target.tokenizer
+        stops = set(target.config.eos_token_id)
+        if tok is not None and tok.eos_token_id is not None:
+            stops.add(tok.eos_token_id)
+        self.stops = sorted(stops)
+
+    def run(self, ids, drafter, pad_to):
+        from dflash_jax.api import generate
+
+        a = self.args
+        return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
+                        stop_token_ids=self.stops, seed=a.seed, block_size=a.block_size if drafter else None,
+                        pad_to=pad_to)
+
+
+def chat(turns, answers):
+    out = []
+    for i, u in enumerate(turns):
+        out.append({"role": "user", "content": u})
+        if i < len(answers):
+            out.append({"role": "assistant", "content": answers[i]})
+    return out
+
+
+def bench_dataset(runner: Runner, name: str, samples, bar) -> dict:
+    """Both methods on every sample (and turn) of one prompt set; returns its record."""
+    from dflash_jax.api import round_up
+
+    a, tok = runner.args, runner.target.tokenizer
+    bs = runner.drafter.config.block_size if a.block_size is None else a.block_size
+    # one (prompt width, cache length) for the whole set: an upper bound over all turns
+    bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
+                + (len(s.turns) - 1) * (a.max_new_tokens + 8) for s in samples)
+    pad_to = (round_up(bound, 16), round_up(bound + a.max_new_tokens + bs, 64))
+    first = runner.encode(chat(samples[0].turns[:1], []))
+    for d in (None, runner.drafter):  # warm-up: compile both programs for these shapes
+        runner.run(first, d, pad_to)
+    rec = {"samples": [], "ar_time_s": 0.0, "dflash_time_s": 0.0, "ar_tokens": 0, "dflash_tokens": 0,
+           "acceptance_lengths": [], "same_output": 0, "turns": 0}
+    for s in samples:
+        answers = []
+        for t in range(len(s.turns)):
+            ids = runner.encode(chat(s.turns[:t + 1], answers))
+            ar = runner.run(ids, None, pad_to)
+            df = runner.run(ids, runner.drafter, pad_to)
+            answers.append(tok.decode(ar.sequences[0], skip_special_tokens=True) if tok else "")
+            ar_t, df_t = ar.prefill_time_s + ar.decode_time_s, df.prefill_time_s + df.decode_time_s
+            same = ar.sequences[0] == df.sequences[0]
+            rec["ar_time_s"] += ar_t
+            rec["dflash_time_s"] += df_t
+            rec["ar_tokens"] += len(ar.sequences[0])
+            rec["dflash_tokens"] += len(df.sequences[0])
+            rec["acceptance_lengths"] += df.acceptance_lengths[0]
+            rec["same_output"] += int(same)
+            rec["turns"] += 1
+            rec["samples"].append({"id": s.id, "turn": t + 1, "prompt_tokens": len(ids),
+                                   "ar_tokens": len(ar.sequences[0]), "dflash_tokens": len(df.sequences[0]),
+                                   "ar_time_s": ar_t, "dflash_time_s": df_t, "tau": df.tau,
+                                   "same_output": same})
+            bar.update(1)
+    acc = np.asarray(rec["acceptance_lengths"], int)
+    rec["tau"] = float(acc.mean()) if acc.size else float("nan")
+    rec["ar_tokens_per_s"] = rec["ar_tokens"] / rec["ar_time_s"]
+    rec["dflash_tokens_per_s"] = rec["dflash_tokens"] / rec["dflash_time_s"]
+    rec["speedup"] = rec["dflash_tokens_per_s"] / rec["ar_tokens_per_s"]
+    rec["histogram"] = np.bincount(acc - 1, minlength=bs)[:bs].tolist() if acc.size else [0] * bs
+    del rec["acceptance_lengths"]
+    return rec
+
+
+def markdown(report: dict) -> str:
+    greedy = report["settings"]["temperature"] == 0
+    head = "| dataset | prompts | AR tok/s | DFlash tok/s | speedup | tau |" + (" DFlash == AR |" if greedy else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in report["datasets"].items():
+        row = (f"| {name} | {r['turns']} | {r['ar_tokens_per_s']:.1f} | {r['dflash_tokens_per_s']:.1f} | "
+               f"{r['speedup']:.2f}x | {r['tau']:.2f} |")
+        lines.append(row + (f" {r['same_output']}/{r['turns']} |" if greedy else ""))
+    av = report["average"]
+    lines.append(f"| **average** | | | | **{av['speedup']:.2f}x** | **{av['tau']:.2f}** |" + (" |" if greedy else ""))
+    return "\n".join(lines)
+
+
+def plot(report: dict):
+    names = list(report["datasets"])
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 4))
+    x = np.arange(len(names))
+    sp = [report["datasets"][n]["speedup"] for n in names]
+    tau = [report["datasets"][n]["tau"] for n in names]
+    ax1.bar(x - 0.2, sp, 0.4, label="speedup (x)")
+    ax1.bar(x + 0.2, tau, 0.4, label="tau")
+    ax1.axhline(1.0, color="k", lw=0.8)
+    ax1.set_xticks(x, names)
+    ax1.set_title(f"DFlash vs AR ({report['environment']['device']}, T={report['settings']['temperature']})")
+    ax1.legend()
+    hist = np.sum([report["datasets"][n]["histogram"] for n in names], axis=0)
+    ax2.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
+    ax2.set_xlabel("acceptance length (accepted drafts + 1)")
+    ax2.set_ylabel("fraction of iterations")
+    ax2.set_title("acceptance-length histogram (all sets)")
+    return fig
+
+
+def run(args) -> dict:
+    import jax.numpy as jnp
+
+    from dflash_jax.api import load_drafter, load_target
+
+    if args.max_samples < 1 or args.max_new_tokens < 1:
+        raise SystemExit("--max-samples and --max-new-tokens must be >= 1")
+    drafter_dir = args.drafter or (EMBEDDED_DRAFTER if os.path.abspath(args.target) == EMBEDDED_TARGET else None)
+    if drafter_dir is None:
+        raise SystemExit("--drafter is required with a --target other than the embedded one")
+    for what, d in (("target", args.target), ("drafter", drafter_dir)):
+        if not os.path.isdir(d):
+            raise SystemExit(f"{what} directory {d!r} does not exist")
+    import jax
+
+    dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
+    target = load_target(args.target, dtype=dtype)
+    if target.tokenizer is None:
+        raise SystemExit(f"{args.target} has no tokenizer; the benchmark prompts are text")
+    drafter = load_drafter(drafter_dir, target, dtype=dtype)
+    data_dir = default_data_dir(args.data_dir)
+    sets = {}
+    for n in args.datasets or DATASETS:
+        try:
+            sets[n] = load_prompt_set(n, data_dir, args.max_samples, args.seed)
+        except FileNotFoundError as e:
+            if args.datasets:
+                raise SystemExit(f"prompt set {n!r}: {e}") from None
+            print(f"warning: skipping {n}: {e}", file=sys.stderr)
+    if not sets:
+        raise SystemExit("no prompt set could be loaded; pass --data-dir (see ../shared/datasets/README.md)")
+    runner = Runner(target, drafter, args)
+    t0 = time.perf_counter()
+    total = sum(len(s.turns) for v in sets.values() for s in v)
+    results = {}
+    with tqdm(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
+        for name, samples in sets.items():
+            bar.set_postfix(dataset=name)
+            results[name] = bench_dataset(runner, name, samples, bar)
+    report = {
+        "command": command_line("dflash_jax", None), "environment": environment(),
+        "settings": {k: v for k, v in vars(args).items()} | {"target": os.path.abspath(args.target),
+                                                             "drafter": os.path.abspath(drafter_dir),
+                                                             "data_dir": data_dir,
+                                                             "block_size": args.block_size or drafter.config.block_size},
+        "datasets": results,
+        "average": {"speedup": float(np.mean([r["speedup"] for r in results.values()])),
+                    "tau": float(np.mean([r["tau"] for r in results.values()]))},
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    table = markdown(report)
+    hist = np.sum([r["histogram"] for r in results.values()], axis=0)
+    print("\n" + table + "\n")
+    print("acceptance-length histogram (length: count): "
+          + ", ".join(f"{i + 1}: {c}" for i, c in enumerate(hist)))
+    write_report(report, args.out, "bench", plot)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(f"`{report['command']}` on {report['environment']['device']} "
+                f"(jax {report['environment']['jax']})\n\n{table}\n")
+    return report
+
+
+def main(argv=None):
+    return run(parser().parse_args(argv))

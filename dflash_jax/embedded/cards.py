@@ -1,0 +1,81 @@
+"""Model cards (README.md) of the embedded target and drafter, from their training records
+and a ``bench`` report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def target_card(target_dir: str) -> str:
+    t = _load(os.path.join(target_dir, "training.json"))
+    c = _load(os.path.join(target_dir, "config.json"))
+    tr, corpus = t["train"], t["corpus"]
+    src = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in corpus["train"]["tokens_by_source"].items())
+    return f"""# dflash-jax embedded target (Qwen3 architecture, {t['parameters'] / 1e6:.1f}M parameters)
+
+A small Qwen3-architecture language model trained from scratch by this project's own code
+(`dflash_jax.embedded.pretrain`) so that DFlash can be shown on a real, trained model without
+a GPU or a network. It is weak as a language model; it exists to be drafted for.
+
+- Architecture: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, SwiGLU {c['intermediate_size']},
+  {c['num_attention_heads']} query / {c['num_key_value_heads']} KV heads of {c['head_dim']}, tied embeddings,
+  vocabulary {c['vocab_size']} (byte-level BPE trained on the corpus; `<|endoftext|>` = eos,
+  `<|mask|>` = the drafter's mask token, chat format `<|user|>` / `<|assistant|>`).
+- Weights: bfloat16 safetensors (trained in float32).
+- Corpus (`python -m dflash_jax build-corpus`): Python {corpus['python']} standard library sources
+  (tests excluded, deduplicated) and its documented functions as HumanEval-style tasks, GSM8K
+  train solutions and MBPP non-test tasks (instruction examples repeated twice). Test splits
+  are held out. Training tokens by source: {src}.
+- Training: {t['steps']} steps of {tr['batch_size']} x {corpus['seq_len']} tokens
+  ({t['tokens_seen'] / 1e6:.2f}M tokens seen, {t['tokens_seen'] / corpus['train']['tokens']:.2f} epochs),
+  AdamW lr {tr['learning_rate']} (warmup {tr['warmup_fraction']:.0%}, cosine to 0), weight decay
+  {tr['weight_decay']}, clip {tr['grad_clip']}, float32 on 2 CPU cores.
+- Held-out loss (2 % of documents, {corpus['heldout']['tokens'] / 1e3:.0f}k tokens): {t['heldout_loss']:.3f} nats/token
+  (float32 weights; {t['heldout_loss_bf16']:.3f} with the shipped bfloat16 weights).
+- Command: `{t['command']}` (after `python -m dflash_jax build-corpus --out runs/corpus` and
+  `python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --preset cpu --steps {t['steps']}`).
+"""
+
+
+def drafter_card(drafter_dir: str, recipe: dict, bench: dict | None) -> str:
+    c = _load(os.path.join(drafter_dir, "config.json"))
+    d = c["dflash_config"]
+    lines = [f"""# dflash-jax embedded DFlash drafter
+
+The DFlash block-diffusion drafter of the embedded target (`../target`), in the released
+layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
+
+- {c['num_hidden_layers']} drafter layer(s), block size {c['block_size']}, target taps
+  {d['target_layer_ids']}, mask token {d['mask_token_id']}; embedding and LM head are the target's.
+- Recipe (`dflash_jax.training`): {recipe.get('num_prompts')} training prompts (GSM8K train, MBPP
+  non-test, stdlib functions in the HumanEval format; `python -m dflash_jax embedded-prompts`),
+  answered greedily by the target (up to {recipe.get('max_new_tokens')} new tokens; `train-data`),
+  {recipe.get('steps')} steps of batch {recipe.get('batch_size')} with {recipe.get('num_anchors')} random anchors per
+  sequence, loss decay gamma {recipe.get('gamma')}, AdamW lr {recipe.get('learning_rate')}.
+- Commands: {recipe.get('commands', '')}
+"""]
+    if bench:
+        s = bench["settings"]
+        lines.append(f"## Acceptance (temperature {s['temperature']}, block {s['block_size']}, "
+                     f"{s['max_new_tokens']} new tokens, {s['max_samples']} prompts per set)\n")
+        lines.append("| prompt set | tau | speedup vs AR (CPU) |\n|---|---|---|")
+        for name, r in bench["datasets"].items():
+            lines.append(f"| {name} | {r['tau']:.2f} | {r['speedup']:.2f}x |")
+        lines.append(f"| average | {bench['average']['tau']:.2f} | {bench['average']['speedup']:.2f}x |\n")
+        lines.append(f"Measured by `{bench['command']}` on {bench['environment']['device']} "
+                     f"({bench['environment']['cpu_count']} cores, jax {bench['environment']['jax']}).\n")
+    return "\n".join(lines)
+
+
+def write_cards(assets_dir: str, recipe: dict, bench_json: str | None) -> None:
+    bench = _load(bench_json) if bench_json else None
+    with open(os.path.join(assets_dir, "target", "README.md"), "w") as f:
+        f.write(target_card(os.path.join(assets_dir, "target")))
+    with open(os.path.join(assets_dir, "drafter", "README.md"), "w") as f:
+        f.write(drafter_card(os.path.join(assets_dir, "drafter"), recipe, bench))

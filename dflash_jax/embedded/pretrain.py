@@ -1,0 +1,201 @@
+"""Pretraining of the embedded target: next-token cross-entropy on the packed corpus with the
+drafter trainer's pieces (optax AdamW + warmup/cosine, Orbax checkpoints, exact resume,
+JSONL metrics). The batch of step s depends only on (seed, s), so a killed run resumes
+without repeating or losing a step.
+
+    python -m dflash_jax build-corpus --out runs/corpus
+    python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --preset cpu
+    python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --export DIR
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from dflash_jax.config import TargetConfig
+from dflash_jax.models.target import init_target_params, target_forward
+from dflash_jax.training.trainer import Trainer, make_optimizer, make_schedule
+
+# Model shapes: "cpu" (16.8M parameters, 4 layers: ~1550 tokens/s on 2 CPU cores, so the
+# default 1200 steps of 16 x 256 tokens take about 55 minutes; 2600 steps fit in two hours);
+# "gpu" (~89M parameters) is for a single accelerator.
+MODEL_PRESETS = {
+    "cpu": dict(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
+                num_kv_heads=4, head_dim=64),
+    "gpu": dict(hidden_size=768, intermediate_size=2304, num_layers=12, num_heads=12,
+                num_kv_heads=4, head_dim=64),
+    "tiny": dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                 head_dim=8),  # tests
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    steps: int = 1200
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    warmup_fraction: float = 0.03
+    grad_clip: float = 1.0
+    weight_decay: float = 0.1
+    seed: int = 0
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    eval_every: int = 100
+    eval_rows: int = 64
+
+
+def model_config(preset: str, vocab_size: int, eos_id: int, max_len: int = 2048) -> TargetConfig:
+    if preset not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    return TargetConfig(model_type="qwen3", vocab_size=vocab_size, max_position_embeddings=max_len,
+                        tie_word_embeddings=True, eos_token_id=(eos_id,), **MODEL_PRESETS[preset])
+
+
+def lm_loss(params, cfg: TargetConfig, tokens):
+    """Mean next-token cross-entropy of packed rows tokens [B, L]."""
+    B, L = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(L - 1, dtype=jnp.int32), (B, L - 1))
+    logits, _, _ = target_forward(cfg, params, tokens[:, :-1], pos)
+    logp = jax.nn.log_softmax(logits, -1)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None].astype(jnp.int32), -1))
+
+
+def batch_rows(step: int, n: int, batch: int, seed: int) -> np.ndarray:
+    per_epoch = n // batch
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch, 11]).permutation(n)
+    return np.sort(perm[i * batch:(i + 1) * batch])
+
+
+class Pretrainer:
+    """Trains ``cfg`` on ``corpus_dir`` in ``run_dir`` (run.json, checkpoints/, metrics.jsonl)."""
+
+    def __init__(self, corpus_dir: str, run_dir: str, preset: str, pcfg: PretrainConfig):
+        with open(os.path.join(corpus_dir, "corpus.json")) as f:
+            self.corpus = json.load(f)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.join(corpus_dir, "tokenizer"))
+        self.train = np.load(os.path.join(corpus_dir, "train.npy"))
+        self.heldout = np.load(os.path.join(corpus_dir, "heldout.npy"))
+        if len(self.train) < pcfg.batch_size:
+            raise ValueError(f"the corpus has {len(self.train)} rows, fewer than batch_size {pcfg.batch_size}")
+        self.corpus_dir, self.preset, self.pcfg = os.path.realpath(corpus_dir), preset, pcfg
+        self.cfg = model_config(preset, self.corpus["vocab_size"], self.tokenizer.eos_token_id)
+        self.run_dir = os.path.abspath(run_dir)
+        os.makedirs(self.run_dir, exist_ok=True)
+        Trainer._check_run_file(self)
+        self.tx = make_optimizer(pcfg)
+        self.schedule = make_schedule(pcfg)
+        self.manager = ocp.CheckpointManager(
+            os.path.join(self.run_dir, "checkpoints"),
+            options=ocp.CheckpointManagerOptions(max_to_keep=pcfg.keep_checkpoints, create=True,
+                                                 enable_async_checkpointing=False))
+
+        def step_fn(state, tokens):
+            loss, grads = jax.value_and_grad(lm_loss)(state["params"], self.cfg, tokens)
+            updates, opt = self.tx.update(grads, state["opt_state"], state["params"])
+            m = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state["step"])}
+            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt,
+                    "step": state["step"] + 1}, m
+
+        self._step = jax.jit(step_fn, donate_argnums=0)
+        self._eval = jax.jit(lambda p, t: lm_loss(p, self.cfg, t))
+
+    def _run_record(self) -> dict:
+        return {"preset": self.preset, "model": MODEL_PRESETS[self.preset],
+                "train": dataclasses.asdict(self.pcfg), "corpus": self.corpus_dir}
+
+    def restore_or_init(self) -> dict:
+        params = init_target_params(self.cfg, jax.random.key(self.pcfg.seed), jnp.float32)
+        state = {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
+        latest = self.manager.latest_step()
+        if latest is None:
+            return state
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        return self.manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+
+    def heldout_loss(self, params) -> float:
+        rows = self.heldout[: self.pcfg.eval_rows]
+        losses = [float(self._eval(params, jnp.asarray(rows[i:i + 16], jnp.int32)))
+                  for i in range(0, len(rows) - 15, 16)]
+        return float(np.mean(losses))
+
+    def run(self, stop_after: int | None = None, max_minutes: float | None = None) -> dict:
+        """Trains to ``steps`` (or ``stop_after`` more steps, or until ``max_minutes`` pass,
+        ending on a checkpoint)."""
+        state = self.restore_or_init()
+        start = int(state["step"])
+        metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
+        Trainer._truncate_metrics(metrics_file, start)
+        end = self.pcfg.steps if stop_after is None else min(self.pcfg.steps, start + stop_after)
+        t_start = time.time()
+        L = self.train.shape[1]
+        bar = tqdm(range(start, end), initial=start, total=self.pcfg.steps, desc="pretraining target")
+        with open(metrics_file, "a") as log:
+            for step in bar:
+                t0 = time.perf_counter()
+                rows = batch_rows(step, len(self.train), self.pcfg.batch_size, self.pcfg.seed)
+                state, m = self._step(state, jnp.asarray(self.train[rows], jnp.int32))
+                m = jax.device_get(m)
+                dt = time.perf_counter() - t0
+                done = step + 1
+                row = {"step": done, "loss": float(m["loss"]), "lr": float(m["lr"]),
+                       "grad_norm": float(m["grad_norm"]), "tokens_per_s": self.pcfg.batch_size * L / dt,
+                       "tokens_seen": done * self.pcfg.batch_size * L, "time_s": dt}
+                timeout = max_minutes is not None and time.time() - t_start > 60 * max_minutes
+                if (self.pcfg.eval_every and done % self.pcfg.eval_every == 0) or done == self.pcfg.steps or timeout:
+                    row["heldout_loss"] = self.heldout_loss(state["params"])
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                if done % self.pcfg.checkpoint_every == 0 or done == self.pcfg.steps or timeout:
+                    self.manager.save(done, args=ocp.args.StandardSave(state))
+                if timeout:
+                    break
+        self.manager.wait_until_finished()
+        return state
+
+
+def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat16,
+                  command: str = "") -> dict:
+    """Writes the run's newest target as a Hugging Face directory (config, bf16 safetensors,
+    tokenizer, README model card) and returns the card's facts."""
+    from dflash_jax.api import Target
+
+    with open(os.path.join(run_dir, "run.json")) as f:
+        record = json.load(f)
+    pcfg = PretrainConfig(**record["train"])
+    pre = Pretrainer(corpus_dir, run_dir, record["preset"], pcfg)
+    state = pre.restore_or_init()
+    step = int(state["step"])
+    if step == 0:
+        raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
+    held = pre.heldout_loss(state["params"])
+    params = jax.tree.map(lambda x: x.astype(dtype), state["params"])
+    tmp = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    Target(pre.cfg, params).save(tmp)
+    pre.tokenizer.save_pretrained(tmp)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    facts = {"parameters": n_params, "steps": step, "tokens_seen": step * pcfg.batch_size * pre.train.shape[1],
+             "heldout_loss": round(held, 4), "heldout_loss_bf16": round(pre.heldout_loss(
+                 jax.tree.map(lambda x: x.astype(jnp.float32), params)), 4),
+             "preset": record["preset"], "train": record["train"], "corpus": pre.corpus,
+             "command": command}
+    with open(os.path.join(tmp, "training.json"), "w") as f:
+        json.dump(facts, f, indent=2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return facts

@@ -1,0 +1,60 @@
+"""Prompt formats shared by the benchmark prompt sets and the embedded model's corpus.
+
+The benchmark formats are the DFlash paper's (see ``../shared/datasets/README.md``); the chat
+format is the embedded model's (``<|user|>`` / ``<|assistant|>`` turns, ``<|endoftext|>`` after
+each answer). Targets with their own chat template use theirs (``encode_prompt``).
+"""
+
+from __future__ import annotations
+
+import re
+
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure that it passes the "
+                    "tests:\n```python\n{prompt}\n```")
+
+EOT, MASK, USER, ASSISTANT = "<|endoftext|>", "<|mask|>", "<|user|>", "<|assistant|>"
+SPECIAL_TOKENS = [EOT, MASK, USER, ASSISTANT]
+
+# Jinja template equal to :func:`render_chat` (what AutoTokenizer.apply_chat_template uses).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '\\n' }}"
+    "{% else %}{{ '<|assistant|>\\n' + m['content'] + '<|endoftext|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+
+
+def math_prompt(question: str) -> str:
+    return question.strip() + MATH_SUFFIX
+
+
+def humaneval_prompt(code_prompt: str) -> str:
+    return HUMANEVAL_FORMAT.format(prompt=code_prompt.strip("\n"))
+
+
+def render_chat(turns, add_generation_prompt: bool = True) -> str:
+    """The embedded model's chat format as text (same as its tokenizer's chat template)."""
+    out = []
+    for t in turns:
+        if t["role"] == "user":
+            out.append(f"{USER}\n{t['content']}\n")
+        else:
+            out.append(f"{ASSISTANT}\n{t['content']}{EOT}\n")
+    if add_generation_prompt:
+        out.append(f"{ASSISTANT}\n")
+    return "".join(out)
+
+
+_CALC = re.compile(r"<<[^>]*>>")
+
+
+def gsm8k_solution(answer: str) -> str:
+    """A GSM8K reference answer as a step-by-step solution ending in ``\\boxed{}``:
+    calculator annotations removed, ``#### N`` turned into the boxed final answer."""
+    body, _, final = answer.rpartition("####")
+    if not _:
+        body, final = answer, ""
+    body = _CALC.sub("", body).strip()
+    final = final.strip()
+    return f"{body}\nThe final answer is \\boxed{{{final}}}." if final else body

