@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from dflash_jax.datasets import DATASETS, load_prompt_set
+from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
 from dflash_jax.prompts import CHAT_TEMPLATE, gsm8k_solution, humaneval_prompt, math_prompt, render_chat
 
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "datasets"))

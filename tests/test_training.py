@@ -269,3 +269,10 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
     r = dj.generate(target, held, 32, drafter=drafter)
     assert r.sequences == dj.generate(target, held, 32).sequences
     assert r.tau == pytest.approx(trained)
+    # continued training starts from the exported weights; a different config is refused
+    cont = Trainer(target, dcfg, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"))
+    for x, y in zip(jax.tree.leaves(cont.init_state()["params"]), jax.tree.leaves(state["params"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    other = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
+    with pytest.raises(ValueError, match="another config"):
+        Trainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))

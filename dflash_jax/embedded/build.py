@@ -36,7 +36,7 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--drafter-layers", type=int, default=1)
     p.add_argument("--taps", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--drafter-steps", type=int, default=600)
+    p.add_argument("--drafter-steps", type=int, default=2200)
     p.add_argument("--drafter-batch", type=int, default=8)
     p.add_argument("--num-anchors", type=int, default=32)
     p.add_argument("--drafter-lr", type=float, default=1e-3)
@@ -72,7 +72,7 @@ def main(argv=None):
     with open(os.path.join(drafter, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=2)
     bench_out = os.path.join(w, "bench")
-    _run(["bench", "--out", bench_out, *data, *a.bench_args.split()])
+    _run(["bench", "--target", target, "--drafter", drafter, "--out", bench_out, *data, *a.bench_args.split()])
     from dflash_jax.embedded.cards import write_cards
 
     write_cards(a.assets, recipe, os.path.join(bench_out, "bench.json"))

@@ -71,6 +71,8 @@ def train(argv):
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
     p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
+    p.add_argument("--init-from", help="start from this drafter directory (released layout; its config "
+                   "replaces --drafter-layers/--block-size/--taps) instead of random weights")
     p.add_argument("--dtype")
     for name in ("steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed",
                  "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_new_tokens",
@@ -92,15 +94,18 @@ def train(argv):
         if mask is None:
             p.error("the target's tokenizer has no mask token: pass --mask-token-id (a row of the "
                     "target's embedding that is not pad or eos)")
-    dcfg = DrafterConfig.for_target(target.config, a.drafter_layers, a.block_size, mask,
-                                    tuple(a.taps) if a.taps else None)
+    if a.init_from:
+        dcfg = DrafterConfig.from_pretrained(a.init_from)
+    else:
+        dcfg = DrafterConfig.for_target(target.config, a.drafter_layers, a.block_size, mask,
+                                        tuple(a.taps) if a.taps else None)
     data = TokenDataset(a.data)
     eval_prompts = data.hold_out(a.eval_prompts) if a.eval_prompts else None
     cfg = TrainConfig(**{k: getattr(a, k) for k in (
         "steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed", "checkpoint_every",
         "keep_checkpoints", "eval_every", "eval_max_new_tokens", "weight_decay", "warmup_fraction")})
     feats = FeatureStore(a.features, dcfg.target_layer_ids) if a.features else None
-    Trainer(target, dcfg, data, a.run, cfg, feats, eval_prompts).run(stop_after=a.stop_after)
+    Trainer(target, dcfg, data, a.run, cfg, feats, eval_prompts, init_from=a.init_from).run(stop_after=a.stop_after)
 
 
 def export(argv):

@@ -78,8 +78,16 @@ class Trainer:
 
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
-                 eval_prompts: Sequence[Sequence[int]] | None = None):
+                 eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None):
+        """``init_from``: a drafter directory (released layout) to start from instead of random
+        weights (continued training / fine-tuning); its config must equal ``drafter_config``."""
         drafter_config.check_target(target.config)
+        self.init_from = None if init_from is None else os.path.abspath(init_from)
+        if init_from is not None:
+            loaded = DrafterConfig.from_pretrained(init_from)
+            if loaded != drafter_config:
+                raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
+                                 f"expected {drafter_config}")
         if len(data) < cfg.batch_size:
             raise ValueError(f"the dataset has {len(data)} sequences, fewer than batch_size {cfg.batch_size}")
         if features is not None and len(features) != len(data):
@@ -104,7 +112,8 @@ class Trainer:
     def _run_record(self) -> dict:
         return {"drafter": self.dcfg.to_hf_dict(), "train": dataclasses.asdict(self.cfg),
                 "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
-                "features": None if self.features is None else "offline"}
+                "features": None if self.features is None else "offline"} | (
+            {"init_from": self.init_from} if self.init_from else {})
 
     def _check_run_file(self):
         path = os.path.join(self.run_dir, "run.json")
@@ -122,8 +131,13 @@ class Trainer:
             os.replace(path + ".tmp", path)
 
     def init_state(self, seed: int | None = None) -> dict:
-        params = init_drafter_params(self.dcfg, jax.random.key(self.cfg.seed if seed is None else seed),
-                                     jnp.float32)
+        if self.init_from is not None:
+            from dflash_jax.checkpoints import load_drafter_params
+
+            params = load_drafter_params(self.init_from, self.dcfg, dtype=jnp.float32)
+        else:
+            params = init_drafter_params(self.dcfg, jax.random.key(self.cfg.seed if seed is None else seed),
+                                         jnp.float32)
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
 
     def restore_or_init(self) -> dict:
