@@ -47,6 +47,15 @@ class Target:
     def dtype(self):
         return self.params["embed_tokens"]["embedding"].dtype
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The config's eos ids, plus the tokenizer's eos when it is another id."""
+        stops = list(self.config.eos_token_id)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None and eos not in stops:
+            stops.append(eos)
+        return stops
+
     @classmethod
     def random(cls, config: TargetConfig, seed: int = 0, dtype=jnp.float32,
                max_len: int | None = None, init_scale: float = 0.02) -> "Target":

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dflash_jax.bench.env import command_line, environment, new_figure, write_report
-from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
+from dflash_jax.bench.prompt_sets import DATASETS, default_data_dir, load_prompt_set
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 EMBEDDED_TARGET = os.path.join(ASSETS, "target")
@@ -51,15 +51,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_data_dir(given: str | None) -> str | None:
-    if given:
-        return given
-    if os.environ.get("DFLASH_DATA_DIR"):
-        return os.environ["DFLASH_DATA_DIR"]
-    cand = os.path.abspath(os.path.join("..", "shared", "datasets"))
-    return cand if os.path.isdir(cand) else None
-
-
 class Runner:
     """Runs one method (AR or DFlash) on chat turns with shapes fixed per prompt set."""
 
@@ -68,11 +59,7 @@ class Runner:
 
         self.target, self.drafter, self.args = target, drafter, args
         self.encode = lambda turns: encode_prompt(turns, target.tokenizer)
-        tok = target.tokenizer
-        stops = set(target.config.eos_token_id)
-        if tok is not None and tok.eos_token_id is not None:
-            stops.add(tok.eos_token_id)
-        self.stops = sorted(stops)
+        self.stops = target.stop_token_ids
 
     def run(self, ids, drafter, pad_to):
         from dflash_jax.api import generate
@@ -92,7 +79,7 @@ def chat(turns, answers):
     return out
 
 
-def bench_dataset(runner: Runner, name: str, samples, bar) -> dict:
+def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
     from dflash_jax.api import round_up
 
@@ -199,7 +186,7 @@ def run(args) -> dict:
     if target.tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the benchmark prompts are text")
     drafter = load_drafter(drafter_dir, target, dtype=dtype)
-    data_dir = default_data_dir(args.data_dir)
+    data_dir = args.data_dir or default_data_dir()
     sets = {}
     for n in args.datasets or DATASETS:
         try:
@@ -217,10 +204,10 @@ def run(args) -> dict:
     with tqdm(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
         for name, samples in sets.items():
             bar.set_postfix(dataset=name)
-            results[name] = bench_dataset(runner, name, samples, bar)
+            results[name] = bench_dataset(runner, samples, bar)
     report = {
         "command": command_line("dflash_jax", None), "environment": environment(),
-        "settings": {k: v for k, v in vars(args).items()} | {"target": os.path.abspath(args.target),
+        "settings": vars(args) | {"target": os.path.abspath(args.target),
                                                              "drafter": os.path.abspath(drafter_dir),
                                                              "data_dir": data_dir,
                                                              "block_size": args.block_size or drafter.config.block_size},

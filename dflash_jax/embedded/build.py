@@ -67,8 +67,7 @@ def main(argv=None):
           "--num-anchors", str(a.num_anchors), "--learning-rate", str(a.drafter_lr),
           "--checkpoint-every", "50", "--eval-prompts", "16", "--eval-every", "200"])
     _run(["export", "--run", drun, "--out", drafter, "--dtype", "bfloat16"])
-    for name in ("metrics.jsonl",):
-        shutil.copy(os.path.join(drun, name), os.path.join(drafter, "training_metrics.jsonl"))
+    shutil.copy(os.path.join(drun, "metrics.jsonl"), os.path.join(drafter, "training_metrics.jsonl"))
     with open(os.path.join(drafter, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=2)
     bench_out = os.path.join(w, "bench")

@@ -11,7 +11,8 @@ from dflash_jax.bench.env import command_line
 
 
 def build_corpus(argv):
-    from dflash_jax.embedded.corpus import build_corpus as build, default_data_dir
+    from dflash_jax.bench.prompt_sets import default_data_dir
+    from dflash_jax.embedded.corpus import build_corpus as build
 
     p = argparse.ArgumentParser(prog="python -m dflash_jax build-corpus")
     p.add_argument("--out", required=True, help="corpus directory to write")
@@ -58,7 +59,8 @@ def export_target(argv):
 
 
 def training_prompts(argv):
-    from dflash_jax.embedded.corpus import default_data_dir, training_prompts as make
+    from dflash_jax.bench.prompt_sets import default_data_dir
+    from dflash_jax.embedded.corpus import training_prompts as make
 
     p = argparse.ArgumentParser(prog="python -m dflash_jax embedded-prompts",
                                 description="Write the embedded drafter's training prompts (jsonl).")

@@ -22,22 +22,13 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax.bench.prompt_sets import MBPP_TEST_IDS, read_records
 from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, MASK, SPECIAL_TOKENS, gsm8k_solution,
                                 humaneval_prompt, math_prompt, render_chat)
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "turtledemo", "lib2to3", "idlelib", "ensurepip", "config-3.11-x86_64-linux-gnu"}
-MBPP_TEST_IDS = range(11, 511)
 MAX_FILE_BYTES = 200_000
-
-
-def default_data_dir() -> str | None:
-    """``DFLASH_DATA_DIR``, else ``../shared/datasets`` (from the working directory) when present."""
-    env = os.environ.get("DFLASH_DATA_DIR")
-    if env:
-        return env
-    cand = os.path.join(os.getcwd(), "..", "shared", "datasets")
-    return os.path.abspath(cand) if os.path.isdir(cand) else None
 
 
 def stdlib_files(root: str | None = None) -> list[tuple[str, str]]:
@@ -90,21 +81,14 @@ def function_examples(files: list[tuple[str, str]], max_lines: int = 40) -> Iter
             yield head, full
 
 
-def read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def gsm8k_train(data_dir: str) -> list[tuple[str, str]]:
     path = os.path.join(data_dir, "gsm8k", "train.jsonl")
-    return [(math_prompt(r["question"]), gsm8k_solution(r["answer"])) for r in read_jsonl(path)]
+    return [(math_prompt(r["question"]), gsm8k_solution(r["answer"])) for r in read_records(path)]
 
 
 def mbpp_train(data_dir: str) -> list[tuple[str, str]]:
     path = os.path.join(data_dir, "mbpp", "sanitized-mbpp.json")
-    with open(path) as f:
-        rows = json.load(f)
-    return [(r["prompt"], f"```python\n{r['code'].strip()}\n```") for r in rows
+    return [(r["prompt"], f"```python\n{r['code'].strip()}\n```") for r in read_records(path)
             if int(r["task_id"]) not in MBPP_TEST_IDS]
 
 

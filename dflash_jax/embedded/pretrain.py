@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from dflash_jax.config import TargetConfig
 from dflash_jax.models.target import init_target_params, target_forward
-from dflash_jax.training.trainer import Trainer, make_optimizer, make_schedule
+from dflash_jax.training.trainer import (check_run_file, checkpoint_manager, make_optimizer,
+                                        make_schedule, restore_latest, truncate_metrics)
 
 # Model shapes: "cpu" (16.8M parameters, 4 layers: ~1550 tokens/s on 2 CPU cores, so the
 # default 1200 steps of 16 x 256 tokens take about 55 minutes; 2600 steps fit in two hours);
@@ -95,13 +96,10 @@ class Pretrainer:
         self.cfg = model_config(preset, self.corpus["vocab_size"], self.tokenizer.eos_token_id)
         self.run_dir = os.path.abspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
-        Trainer._check_run_file(self)
+        check_run_file(self.run_dir, self._run_record())
         self.tx = make_optimizer(pcfg)
         self.schedule = make_schedule(pcfg)
-        self.manager = ocp.CheckpointManager(
-            os.path.join(self.run_dir, "checkpoints"),
-            options=ocp.CheckpointManagerOptions(max_to_keep=pcfg.keep_checkpoints, create=True,
-                                                 enable_async_checkpointing=False))
+        self.manager = checkpoint_manager(self.run_dir, pcfg.keep_checkpoints)
 
         def step_fn(state, tokens):
             loss, grads = jax.value_and_grad(lm_loss)(state["params"], self.cfg, tokens)
@@ -119,12 +117,8 @@ class Pretrainer:
 
     def restore_or_init(self) -> dict:
         params = init_target_params(self.cfg, jax.random.key(self.pcfg.seed), jnp.float32)
-        state = {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
-        latest = self.manager.latest_step()
-        if latest is None:
-            return state
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        return self.manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        return restore_latest(self.manager, {"params": params, "opt_state": self.tx.init(params),
+                                             "step": jnp.int32(0)})
 
     def heldout_loss(self, params) -> float:
         rows = self.heldout[: self.pcfg.eval_rows]
@@ -138,7 +132,7 @@ class Pretrainer:
         state = self.restore_or_init()
         start = int(state["step"])
         metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
-        Trainer._truncate_metrics(metrics_file, start)
+        truncate_metrics(metrics_file, start)
         end = self.pcfg.steps if stop_after is None else min(self.pcfg.steps, start + stop_after)
         t_start = time.time()
         L = self.train.shape[1]

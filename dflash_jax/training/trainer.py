@@ -69,6 +69,57 @@ def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
     return ids, anchors, valid
 
 
+def check_run_file(run_dir: str, record: dict) -> None:
+    """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings."""
+    path = os.path.join(run_dir, "run.json")
+    record = json.loads(json.dumps(record))
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old != record:
+            diff = sorted(k for k in record if record[k] != old.get(k))
+            raise ValueError(f"{run_dir} belongs to a run with other settings (differs in "
+                             f"{', '.join(diff)}); resume with the same settings or use a new run directory")
+    else:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+
+def checkpoint_manager(run_dir: str, keep: int) -> ocp.CheckpointManager:
+    """Synchronous Orbax checkpoints in ``run_dir/checkpoints`` (a kill never leaves half a step)."""
+    return ocp.CheckpointManager(
+        os.path.join(run_dir, "checkpoints"),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False))
+
+
+def restore_latest(manager: ocp.CheckpointManager, fresh: dict) -> dict:
+    """The newest checkpoint restored into the structure of ``fresh``, or ``fresh`` if none."""
+    latest = manager.latest_step()
+    if latest is None:
+        return fresh
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
+    return manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+
+
+def truncate_metrics(path: str, step: int) -> None:
+    """Drops metric lines of steps after the restored checkpoint (they will run again)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip()]
+    keep = []
+    for line in rows:
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break  # a line cut by a kill: everything after it is stale
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
 class Trainer:
     """Trains a drafter for ``target`` on a token dataset, in ``run_dir``.
 
@@ -96,16 +147,13 @@ class Trainer:
         self.features, self.eval_prompts = features, eval_prompts
         self.run_dir = os.path.abspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
-        self._check_run_file()
+        check_run_file(self.run_dir, self._run_record())
         self.tx = make_optimizer(cfg)
         self.schedule = make_schedule(cfg)
         self.weights = jnp.asarray(loss_weights(drafter_config.block_size,
                                                 cfg.gamma or default_gamma(drafter_config.block_size)))
         self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
-        self.manager = ocp.CheckpointManager(
-            os.path.join(self.run_dir, "checkpoints"),
-            options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep_checkpoints, create=True,
-                                                 enable_async_checkpointing=False))
+        self.manager = checkpoint_manager(self.run_dir, cfg.keep_checkpoints)
         self._step_fn = jax.jit(self._train_step)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -114,21 +162,6 @@ class Trainer:
                 "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
                 "features": None if self.features is None else "offline"} | (
             {"init_from": self.init_from} if self.init_from else {})
-
-    def _check_run_file(self):
-        path = os.path.join(self.run_dir, "run.json")
-        record = json.loads(json.dumps(self._run_record()))
-        if os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
-            if old != record:
-                diff = sorted(k for k in record if record[k] != old.get(k))
-                raise ValueError(f"{self.run_dir} belongs to a run with other settings (differs in "
-                                 f"{', '.join(diff)}); resume with the same settings or use a new run directory")
-        else:
-            with open(path + ".tmp", "w") as f:
-                json.dump(record, f, indent=2)
-            os.replace(path + ".tmp", path)
 
     def init_state(self, seed: int | None = None) -> dict:
         if self.init_from is not None:
@@ -141,12 +174,7 @@ class Trainer:
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
 
     def restore_or_init(self) -> dict:
-        state = self.init_state()
-        latest = self.manager.latest_step()
-        if latest is None:
-            return state
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        return self.manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        return restore_latest(self.manager, self.init_state())
 
     # ------------------------------------------------------------------ the step
     def _train_step(self, state, tparams, tokens, loss_mask, taps, anchors, valid):
@@ -184,7 +212,7 @@ class Trainer:
         state = self.restore_or_init()
         start = int(state["step"])
         metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
-        self._truncate_metrics(metrics_file, start)
+        truncate_metrics(metrics_file, start)
         end = self.cfg.steps if stop_after is None else min(self.cfg.steps, start + stop_after)
         bar = tqdm(range(start, end), initial=start, total=self.cfg.steps, desc="training drafter")
         with open(metrics_file, "a") as log:
@@ -208,24 +236,6 @@ class Trainer:
                     self.manager.save(done, args=ocp.args.StandardSave(state))
         self.manager.wait_until_finished()
         return state
-
-    @staticmethod
-    def _truncate_metrics(path: str, step: int) -> None:
-        """Drops metric lines of steps after the restored checkpoint (they will run again)."""
-        if not os.path.exists(path):
-            return
-        with open(path) as f:
-            rows = [line for line in f if line.strip()]
-        keep = []
-        for line in rows:
-            try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                break  # a line cut by a kill: everything after it is stale
-        with open(path + ".tmp", "w") as f:
-            f.writelines(keep)
-        os.replace(path + ".tmp", path)
 
 
 def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
