@@ -1,15 +1,29 @@
 """dflash-jax: DFlash block-diffusion speculative decoding in JAX."""
 
-from dflash_jax.api import (Drafter, GenerateResult, StreamChunk, Target, generate, generate_stream,
-                            load_drafter, load_target, save_drafter)
-from dflash_jax.checkpoints import CheckpointError
-from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
-from dflash_jax.models.cache import KVCache
+import logging as _logging
+
+
+class _DropTorchMissingNotice(_logging.Filter):
+    """transformers logs "PyTorch was not found ..." at import when torch is absent: noise for
+    a JAX user (we use its tokenizers and configs only); every other message passes."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+_logging.getLogger("transformers").addFilter(_DropTorchMissingNotice())
+
+from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter,  # noqa: E402
+                            GenerateResult, StreamChunk, Target, generate, generate_stream,
+                            load_drafter, load_embedded, load_target, save_drafter)
+from dflash_jax.checkpoints import CheckpointError  # noqa: E402
+from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig  # noqa: E402
+from dflash_jax.models.cache import KVCache  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointError", "Drafter", "DrafterConfig", "GenerateResult", "KVCache", "RopeConfig",
-    "StreamChunk", "Target", "TargetConfig", "generate", "generate_stream", "load_drafter",
-    "load_target", "save_drafter", "__version__",
+    "CheckpointError", "Drafter", "DrafterConfig", "EMBEDDED_DRAFTER_DIR", "EMBEDDED_TARGET_DIR",
+    "GenerateResult", "KVCache", "RopeConfig", "StreamChunk", "Target", "TargetConfig", "generate",
+    "generate_stream", "load_drafter", "load_embedded", "load_target", "save_drafter", "__version__",
 ]

@@ -1,101 +1,65 @@
-"""Command line: ``python -m dflash_jax <command>``.
-
-  bench          AR vs DFlash on the paper's prompt sets (default: the embedded model)
-  generate       generate from a Hugging Face target directory (text or token ids)
-  decode-speed   autoregressive decode benchmark on a random-weight target
-  spec-speed     DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup
-  train-data     regenerate responses to prompt files with the target (token shards)
-  features       write offline target features for a data directory
-  train          train a DFlash drafter (optax + Orbax, resumable)
-  export         write a training run's drafter in the released layout
-  train-speed    drafter training throughput benchmark
-  build-corpus   the embedded model's offline corpus and BPE tokenizer
-  pretrain       pretrain the embedded target on that corpus (resumable)
-  export-target  write a pretraining run as a Hugging Face directory
-  embedded-prompts  the embedded drafter's training prompts (jsonl)
-  build-embedded the whole embedded-default recipe (resumable)
-"""
+"""Command line: ``python -m dflash_jax <command> [options]`` (``<command> --help`` for each)."""
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 
+from dflash_jax.cli import PROG, run_cli
 
-def _generate(argv):
-    p = argparse.ArgumentParser(prog="python -m dflash_jax generate")
-    p.add_argument("--target", required=True, help="Hugging Face checkpoint directory")
-    p.add_argument("--prompt", action="append", required=True,
-                   help="prompt text (needs a tokenizer in the directory) or comma-separated ids; repeatable")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"])
-    args = p.parse_args(argv)
-    import jax.numpy as jnp
+# name -> (module, function, one line of help); modules are imported only when their command runs
+COMMANDS = {
+    "bench": ("dflash_jax.bench.harness", "main",
+              "AR vs DFlash on the paper's prompt sets (default: the embedded model)"),
+    "generate": ("dflash_jax.decoding.cli", "generate",
+                 "generate from a target (default: the embedded one), optionally with a drafter"),
+    "decode-speed": ("dflash_jax.bench.decode_speed", "main",
+                     "autoregressive decode benchmark on a random-weight target"),
+    "spec-speed": ("dflash_jax.bench.spec_speed", "main",
+                   "DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup"),
+    "train-speed": ("dflash_jax.bench.train_speed", "main", "drafter training throughput benchmark"),
+    "train-data": ("dflash_jax.training.cli", "train_data",
+                   "regenerate responses to prompt files with the target (token shards)"),
+    "features": ("dflash_jax.training.cli", "features", "write offline target features for a data directory"),
+    "train": ("dflash_jax.training.cli", "train", "train a DFlash drafter (optax + Orbax, resumable)"),
+    "export": ("dflash_jax.training.cli", "export", "write a training run's drafter in the released layout"),
+    "build-corpus": ("dflash_jax.embedded.cli", "build_corpus", "the embedded model's offline corpus and BPE tokenizer"),
+    "pretrain": ("dflash_jax.embedded.cli", "pretrain", "pretrain the embedded target on that corpus (resumable)"),
+    "export-target": ("dflash_jax.embedded.cli", "export_target", "write a pretraining run as a Hugging Face directory"),
+    "embedded-prompts": ("dflash_jax.embedded.cli", "training_prompts", "the embedded drafter's training prompts (jsonl)"),
+    "build-embedded": ("dflash_jax.embedded.build", "main", "the whole embedded-default recipe (resumable)"),
+}
 
-    from dflash_jax import generate, load_target
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None)
-    tok = target.tokenizer
-    prompts = []
-    for text in args.prompt:
-        if all(part.strip().isdigit() for part in text.split(",")):
-            prompts.append([int(x) for x in text.split(",")])
-        elif tok is None:
-            p.error(f"{args.target} has no tokenizer: pass prompts as comma-separated token ids")
-        else:
-            prompts.append(tok.encode(text))
-    stops = list(target.config.eos_token_id)
-    r = generate(target, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                 top_p=args.top_p, stop_token_ids=stops, seed=args.seed)
-    for seq in r.sequences:
-        print(tok.decode(seq) if tok is not None else ",".join(map(str, seq)))
-    print(f"[prefill {1e3 * r.prefill_time_s:.1f} ms, decode {1e3 * r.decode_time_s:.1f} ms "
-          f"for {r.num_steps} steps]", file=sys.stderr)
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {PROG} [--version] <command> [options] [--debug]", "",
+             "DFlash block-diffusion speculative decoding in JAX.", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", f"'{PROG} <command> --help' describes a command's options.",
+              "--debug (or DFLASH_DEBUG=1) shows the Python traceback of an error."]
+    return "\n".join(lines)
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    from dflash_jax.embedded import cli as embedded_cli
-    from dflash_jax.training import cli as training_cli
-
-    commands = {"generate": _generate, "train-data": training_cli.train_data,
-                "features": training_cli.features, "train": training_cli.train,
-                "export": training_cli.export, "build-corpus": embedded_cli.build_corpus,
-                "pretrain": embedded_cli.pretrain, "export-target": embedded_cli.export_target,
-                "embedded-prompts": embedded_cli.training_prompts}
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = [a for a in argv if a != "--debug"]
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
         return
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "build-embedded":
-        from dflash_jax.embedded.build import main as build_embedded
+    if args[0] == "--version":
+        from dflash_jax import __version__
 
-        build_embedded(rest)
-    elif cmd == "bench":
-        from dflash_jax.bench.harness import main as bench
-
-        bench(rest)
-    elif cmd == "decode-speed":
-        from dflash_jax.bench.decode_speed import main as decode_speed
-
-        decode_speed(rest)
-    elif cmd == "train-speed":
-        from dflash_jax.bench.train_speed import main as train_speed
-
-        train_speed(rest)
-    elif cmd == "spec-speed":
-        from dflash_jax.bench.spec_speed import main as spec_speed
-
-        spec_speed(rest)
-    elif cmd in commands:
-        commands[cmd](rest)
-    else:
-        print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+        print(f"dflash-jax {__version__}")
+        return
+    name = args[0]
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}; the commands are {', '.join(COMMANDS)} "
+              f"({PROG} --help describes them)", file=sys.stderr)
         sys.exit(2)
+    module, function, _ = COMMANDS[name]
+    command = getattr(importlib.import_module(module), function)
+    run_cli(command, argv[argv.index(name) + 1:], debug="--debug" in argv)
 
 
 if __name__ == "__main__":

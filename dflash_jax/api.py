@@ -1,18 +1,19 @@
-"""The public entry points: ``load_target`` and ``generate``."""
+"""The public entry points: ``load_target``, ``load_drafter``, ``load_embedded`` and ``generate``."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.checkpoints import (load_drafter_params, load_target_params, save_drafter_params,
-                                    save_target_params)
+                                    save_target_params, save_tokenizer)
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
@@ -21,6 +22,11 @@ from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.models.target import init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_ASSETS = os.fspath(importlib.resources.files("dflash_jax") / "assets")
+EMBEDDED_TARGET_DIR = os.path.join(_ASSETS, "target")
+"""The embedded default target shipped in the package (a Hugging Face Qwen3 directory)."""
+EMBEDDED_DRAFTER_DIR = os.path.join(_ASSETS, "drafter")
+"""Its DFlash drafter (the released drafter layout)."""
 
 
 @dataclasses.dataclass
@@ -28,7 +34,8 @@ class Target:
     """A loaded target LM: static config, parameter pytree, optional tokenizer.
 
     ``max_len`` is the largest KV cache a ``generate`` call may allocate (prompt plus new
-    tokens, per row); it defaults to the model's ``max_position_embeddings``.
+    tokens, per row); it defaults to the model's ``max_position_embeddings`` and may exceed it
+    only with ``allow_extrapolation=True`` (positions the model was not trained on).
     """
 
     config: TargetConfig
@@ -36,12 +43,21 @@ class Target:
     tokenizer: Any = None
     max_len: int | None = None
     path: str | None = None
+    allow_extrapolation: bool = False
 
     def __post_init__(self):
+        limit = self.config.max_position_embeddings
         if self.max_len is None:
-            self.max_len = self.config.max_position_embeddings
+            self.max_len = limit
+        if isinstance(self.max_len, bool) or not isinstance(self.max_len, (int, np.integer)):
+            raise ValueError(f"max_len must be an integer, got {self.max_len!r}")
         if self.max_len < 2:
             raise ValueError(f"max_len must be at least 2, got {self.max_len}")
+        if self.max_len > limit and not self.allow_extrapolation:
+            raise ValueError(
+                f"max_len={self.max_len} is above the model's max_position_embeddings={limit} "
+                "(the longest context it was trained for): use max_len <= "
+                f"{limit}, or pass allow_extrapolation=True to use positions beyond it knowingly")
 
     @property
     def dtype(self):
@@ -67,29 +83,70 @@ class Target:
         """Writes config.json + safetensors (and the tokenizer, when there is one)."""
         save_target_params(path, self.config, self.params, max_shard_bytes)
         if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(os.fspath(path))
+            save_tokenizer(self.tokenizer, path)
 
 
-def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None) -> Target:
+def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
+                allow_extrapolation: bool = False) -> Target:
     """Loads a Hugging Face Qwen3 / Llama-3.x checkpoint directory.
 
     Args:
       path: directory with config.json and model.safetensors (or a sharded index).
       dtype: cast the weights (e.g. ``jnp.bfloat16``); None keeps the stored dtype.
       max_len: KV cache capacity limit; default the config's max_position_embeddings.
+      allow_extrapolation: allow ``max_len`` above max_position_embeddings.
     """
     path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"target directory {path!r} does not exist")
     config, params = load_target_params(path, dtype=dtype)
     tokenizer = None
     if any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    return Target(config, params, tokenizer, max_len, path)
+    return Target(config, params, tokenizer, max_len, path, allow_extrapolation)
+
+
+def load_embedded(dtype=None, max_len: int | None = None) -> tuple["Target", "Drafter"]:
+    """The embedded default pair shipped in the package: ``(target, drafter)``.
+
+    ``dtype`` casts both (None keeps the stored bfloat16; ``jnp.float32`` is faster on most
+    CPUs); the directories are :data:`EMBEDDED_TARGET_DIR` and :data:`EMBEDDED_DRAFTER_DIR`.
+    """
+    target = load_target(EMBEDDED_TARGET_DIR, dtype=dtype, max_len=max_len)
+    return target, load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------- input checks
+def _unpack_encoding(prompts):
+    """Token-id rows of what a tokenizer returns (``tokenizer(...)``,
+    ``apply_chat_template(..., tokenize=True)``: a ``BatchEncoding`` or dict with
+    ``input_ids``): a flat list is one prompt; padding is removed with ``attention_mask``."""
+    if "input_ids" not in prompts:
+        raise ValueError("prompts is a mapping without 'input_ids': pass token-id lists, or what "
+                         "the tokenizer returns (tokenizer(text) / apply_chat_template(..., tokenize=True))")
+    ids, mask = prompts["input_ids"], prompts.get("attention_mask")
+    if hasattr(ids, "numpy") and not isinstance(ids, np.ndarray):  # torch / tf tensors
+        ids, mask = ids.numpy(), (mask.numpy() if mask is not None else None)
+    ids_arr = np.asarray(ids, dtype=object if _ragged(ids) else None)
+    if ids_arr.dtype != object and ids_arr.ndim == 1:  # one prompt
+        ids, mask = [ids], ([mask] if mask is not None else None)
+    rows = [list(np.asarray(r).tolist()) for r in ids]
+    if mask is not None:
+        rows = [[t for t, m in zip(r, np.asarray(mr).tolist()) if m] for r, mr in zip(rows, mask)]
+    return rows
+
+
+def _ragged(rows) -> bool:
+    return (isinstance(rows, (list, tuple)) and len(rows) > 0
+            and all(isinstance(r, (list, tuple)) for r in rows) and len({len(r) for r in rows}) > 1)
+
+
 def _as_prompt_list(prompts, vocab_size: int) -> list[np.ndarray]:
+    if isinstance(prompts, Mapping) or (hasattr(prompts, "keys") and hasattr(prompts, "__getitem__")
+                                        and not isinstance(prompts, (np.ndarray, jax.Array))):
+        prompts = _unpack_encoding(prompts)
     if isinstance(prompts, (np.ndarray, jax.Array)):
         arr = np.asarray(prompts)
         if arr.ndim != 2:
@@ -131,7 +188,9 @@ def _per_row(value, batch: int, name: str) -> list:
 
 
 def _stop_array(stop_token_ids, batch: int, vocab_size: int) -> np.ndarray:
-    """int32[B, S] stop ids, -1 padded; accepts one shared list or one list per row."""
+    """int32[B, S] stop ids, -1 padded; accepts one id, one shared list or one list per row."""
+    if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
+        stop_token_ids = [stop_token_ids]
     ids = list(stop_token_ids) if stop_token_ids is not None else []
     per_row = ids and all(isinstance(x, (list, tuple, np.ndarray)) for x in ids)
     rows = [list(x) for x in ids] if per_row else [ids] * batch
@@ -166,7 +225,8 @@ def plan_lengths(target: Target, prompt_lens: Sequence[int], max_new: Sequence[i
         raise ValueError(
             f"prompt {worst} has {prompt_lens[worst]} tokens and max_new_tokens is "
             f"{max_new[worst]}: {need[worst]} > the cache length max_len={target.max_len}. "
-            "Shorten the prompt, lower max_new_tokens, or load the target with a larger max_len.")
+            "Shorten the prompt, lower max_new_tokens, or load the target with a larger max_len "
+            "(load_target(..., max_len=N); --max-len N on the command line).")
     cache_len = min(round_up(max(need) + extra, 64), target.max_len + extra)
     prompt_width = min(round_up(max(prompt_lens), 16), cache_len)
     if pad_to is not None:
@@ -323,6 +383,11 @@ def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter 
         bs = drafter.config.block_size if block_size is None else int(block_size)
         if bs < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if bs > target.max_len:
+            raise ValueError(f"block_size={bs} is larger than the target's cache (max_len="
+                             f"{target.max_len}): a block must fit in the cache; use a block size "
+                             f"up to {target.max_len} (the drafter was trained with "
+                             f"{drafter.config.block_size})")
         dcfg, dparams = drafter.config, drafter.params
     if int(num_denoise_steps) != num_denoise_steps or num_denoise_steps < 1:
         raise ValueError(f"num_denoise_steps must be a positive integer, got {num_denoise_steps!r}")

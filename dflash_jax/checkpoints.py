@@ -15,7 +15,7 @@ from typing import Any, Iterable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from dflash_jax.config import TargetConfig
@@ -96,7 +96,7 @@ def checkpoint_files(path: str | os.PathLike) -> dict[str, str]:
             weight_map = json.load(f)["weight_map"]
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
     if os.path.exists(single):
-        with safe_open(single, framework="numpy") as f:
+        with open_safetensors(single) as f:
             return {name: single for name in f.keys()}
     raise FileNotFoundError(
         f"no {SINGLE_FILE} or {INDEX_FILE} in {path!r}: pass a Hugging Face checkpoint directory")
@@ -111,10 +111,25 @@ def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) ->
         by_file.setdefault(files[name], []).append(name)
     out = {}
     for file, file_names in by_file.items():
-        with safe_open(file, framework="numpy") as f:
+        with open_safetensors(file) as f:
             for name in file_names:
-                out[name] = f.get_tensor(name)
+                try:
+                    out[name] = f.get_tensor(name)
+                except SafetensorError as e:
+                    raise CheckpointError(f"{file}: tensor {name!r} cannot be read ({e}); the file is "
+                                          "damaged: download or export it again") from None
     return out
+
+
+def open_safetensors(file: str):
+    """``safe_open`` with an error that names the file when it is truncated or not safetensors."""
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"{file} does not exist (it is listed in the checkpoint's index)")
+    try:
+        return safe_open(file, framework="numpy")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file} is damaged or not a safetensors file ({e}): download or "
+                              "export it again") from None
 
 
 def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpec],
@@ -287,3 +302,30 @@ def save_drafter_params(path: str | os.PathLike, cfg, params) -> None:
     write_safetensors(path, tensors)
     config = {**cfg.to_hf_dict(), "dtype": _dtype_name(tensors.values())}
     _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
+
+
+# ---------------------------------------------------------------------------- tokenizers
+def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
+    """``tokenizer.save_pretrained(path)``, with a ``tokenizer_config.json`` that transformers
+    4.x reads too.
+
+    transformers 5 names a plain ``tokenizers``-backed tokenizer ``TokenizersBackend`` (a class
+    4.x does not have) and lists extra special tokens as ``extra_special_tokens``; 4.x knows the
+    same tokenizer as ``PreTrainedTokenizerFast`` with ``additional_special_tokens``, and 5.x
+    reads that form as well. Load-time fields (``is_local``, ``local_files_only``) are dropped.
+    """
+    path = os.fspath(path)
+    tokenizer.save_pretrained(path)
+    file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.exists(file):
+        return
+    with open(file) as f:
+        cfg = json.load(f)
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = cfg.get("extra_special_tokens")
+    if isinstance(extra, list):
+        cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens")
+    for key in ("is_local", "local_files_only", "backend"):
+        cfg.pop(key, None)
+    _atomic_write_json(file, cfg)

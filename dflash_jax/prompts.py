@@ -15,6 +15,7 @@ HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure tha
 
 EOT, MASK, USER, ASSISTANT = "<|endoftext|>", "<|mask|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = [EOT, MASK, USER, ASSISTANT]
+PLAIN_FORMAT = "User: {prompt}\nAssistant:"  # for a tokenizer without a chat template
 
 # Jinja template equal to :func:`render_chat` (what AutoTokenizer.apply_chat_template uses).
 CHAT_TEMPLATE = (
@@ -58,3 +59,19 @@ def gsm8k_solution(answer: str) -> str:
     body = _CALC.sub("", body).strip()
     final = final.strip()
     return f"{body}\nThe final answer is \\boxed{{{final}}}." if final else body
+
+
+def encode_prompt(prompt, tokenizer) -> list[int]:
+    """Token ids of one prompt: chat template when the tokenizer has one, else a plain format."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return prompt
+    if tokenizer is None:
+        raise ValueError("text prompts need a tokenizer in the target directory; "
+                         "or give prompts as {\"prompt_ids\": [...]}")
+    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    text = "\n".join(PLAIN_FORMAT.format(prompt=t["content"]) if t["role"] == "user" else str(t["content"])
+                     for t in turns)
+    return tokenizer.encode(text)

@@ -27,13 +27,21 @@ def test_decode_speed_writes_json_and_plot(tmp_path):
 
 
 def test_generate_command_with_token_ids(tmp_path):
+    """The command's ids are the library's (a target without a tokenizer takes --token-ids)."""
+    import dflash_jax as dj
+
     model = make_hf_model("qwen3")
     model.save_pretrained(tmp_path)
     out = subprocess.run([sys.executable, "-m", "dflash_jax", "generate", "--target", str(tmp_path),
-                          "--prompt", "1,2,3", "--prompt", "7,8", "--max-new-tokens", "6"],
+                          "--prompt", "1,2,3", "--prompt", "7 8", "--token-ids", "--max-new-tokens", "6"],
                          capture_output=True, text=True, check=True)
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 2 and all(len(line.split(",")) == 6 for line in lines)
+    target = dj.load_target(tmp_path)
+    ref = dj.generate(target, [[1, 2, 3], [7, 8]], 6, stop_token_ids=target.stop_token_ids)
+    assert lines == [",".join(map(str, s)) for s in ref.sequences]
+    out = subprocess.run([sys.executable, "-m", "dflash_jax", "generate", "--target", str(tmp_path),
+                          "--prompt", "1,2,3"], capture_output=True, text=True)
+    assert out.returncode == 2 and "has no tokenizer: pass --token-ids" in out.stderr
 
 
 def test_unknown_command_fails():

@@ -9,8 +9,6 @@ import pytest
 
 from dflash_jax.bench import harness
 
-SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "datasets"))
-
 
 @pytest.fixture(scope="module")
 def pair():
@@ -59,11 +57,11 @@ def test_transformers_agrees_with_the_shipped_target(pair):
 def test_greedy_dflash_equals_autoregressive_on_the_embedded_pair(pair):
     from dflash_jax import generate
     from dflash_jax.bench.prompt_sets import load_prompt_set
-    from dflash_jax.training.data import encode_prompt
+    from dflash_jax.prompts import encode_prompt
 
     target, drafter = pair
     turns = [s.turns[0] for name in ("gsm8k", "humaneval", "math500")
-             for s in load_prompt_set(name, SHARED, max_samples=2, seed=1, hub=False)]
+             for s in load_prompt_set(name, max_samples=2, seed=1)]
     prompts = [encode_prompt(t, target.tokenizer) for t in turns]
     stops = list(target.config.eos_token_id)
     ar = generate(target, prompts, 96, stop_token_ids=stops)
@@ -73,8 +71,7 @@ def test_greedy_dflash_equals_autoregressive_on_the_embedded_pair(pair):
 
 
 def test_bench_on_two_prompts_per_set(tmp_path):
-    report = harness.main(["--max-samples", "2", "--max-new-tokens", "24", "--data-dir", SHARED,
-                           "--out", str(tmp_path)])
+    report = harness.main(["--max-samples", "2", "--max-new-tokens", "24", "--out", str(tmp_path)])
     assert set(report["datasets"]) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}
     for name, r in report["datasets"].items():
         assert r["turns"] == (4 if name == "mt-bench" else 2)
@@ -86,11 +83,11 @@ def test_bench_on_two_prompts_per_set(tmp_path):
 
 
 def test_bench_rejects_bad_arguments(tmp_path):
-    with pytest.raises(SystemExit, match="--drafter is required"):
+    with pytest.raises(ValueError, match="--drafter is required"):
         harness.main(["--target", str(tmp_path), "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         harness.main(["--target", str(tmp_path / "none"), "--drafter", str(tmp_path), "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="prompt set 'gsm8k'.*--data-dir"):
+    with pytest.raises(FileNotFoundError, match="prompt set 'gsm8k'.*--data-dir"):
         harness.main(["--datasets", "gsm8k", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="must be >= 1"):
+    with pytest.raises(ValueError, match="must be >= 1"):
         harness.main(["--max-samples", "0", "--out", str(tmp_path)])

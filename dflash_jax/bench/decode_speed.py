@@ -113,7 +113,7 @@ def plot(report: dict):
 
 
 def main(argv=None) -> dict:
-    p = bench_parser(__doc__, PRESETS)
+    p = bench_parser("decode-speed", __doc__, PRESETS)
     p.add_argument("--config", help="a Hugging Face config.json (overrides --preset)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--prompt-len", type=int, default=128)
@@ -136,4 +136,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from dflash_jax.cli import run_cli
+
+    run_cli(main)

@@ -81,25 +81,31 @@ def new_figure(*args, **kwargs):
     return plt.subplots(*args, **kwargs)
 
 
-def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any]) -> str:
+def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any],
+                 quiet: bool = False) -> str:
     """Writes ``out_dir/stem.json`` and ``out_dir/stem.png`` (the figure that ``plot(report)``
-    returns); returns the path stem."""
+    returns), each atomically (a temporary file renamed into place); returns the path stem."""
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, stem)
-    with open(path + ".json", "w") as f:
+    with open(path + ".json.tmp", "w") as f:
         json.dump(report, f, indent=2)
+    os.replace(path + ".json.tmp", path + ".json")
     fig = plot(report)
     fig.tight_layout()
-    fig.savefig(path + ".png", dpi=120)
+    fig.savefig(path + ".tmp.png", dpi=120)
     plt.close(fig)
-    print(f"wrote {path}.json and {path}.png")
+    os.replace(path + ".tmp.png", path + ".png")
+    if not quiet:
+        print(f"wrote {path}.json and {path}.png")
     return path
 
 
-def bench_parser(doc: str, presets) -> argparse.ArgumentParser:
+def bench_parser(command: str, doc: str, presets) -> argparse.ArgumentParser:
     """The argument parser the model benchmarks start from (with ``--preset``)."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from dflash_jax.cli import command_parser
+
+    p = command_parser(command, doc)
     p.add_argument("--preset", choices=sorted(presets), default="small")
     return p

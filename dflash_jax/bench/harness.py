@@ -23,23 +23,24 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax.api import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
+from dflash_jax.api import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
 from dflash_jax.bench.env import command_line, environment, new_figure, write_report
-from dflash_jax.bench.prompt_sets import DATASETS, default_data_dir, load_prompt_set
-
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
-EMBEDDED_TARGET = os.path.join(ASSETS, "target")
-EMBEDDED_DRAFTER = os.path.join(ASSETS, "drafter")
+from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, locate_prompt_set
+from dflash_jax.cli import command_parser, run_cli, status
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_jax bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=EMBEDDED_TARGET, help="Hugging Face target directory (default: embedded)")
-    p.add_argument("--drafter", default=None, help="DFlash drafter directory (default: embedded, with the embedded target)")
-    p.add_argument("--datasets", nargs="+", default=None, choices=DATASETS,
-                   help="prompt sets (default: all five; sets that cannot be found are skipped with a warning)")
+    p = command_parser("bench", __doc__)
+    p.add_argument("--target", default=EMBEDDED_TARGET, help="Hugging Face target directory (default: the embedded one)")
+    p.add_argument("--drafter", default=None,
+                   help="DFlash drafter directory (default: the embedded drafter, with the embedded target)")
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
     p.add_argument("--data-dir", default=None,
-                   help="local prompt sets (default $DFLASH_DATA_DIR, else ../shared/datasets when present, else the hub)")
+                   help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
+                        "instead of the copies shipped with the package; also $DFLASH_DATA_DIR")
+    p.add_argument("--hub", action="store_true",
+                   help="read the prompt sets from the Hugging Face hub (needs `datasets` and a network)")
     p.add_argument("--max-samples", type=int, default=8, help="prompts per set (seeded subset)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -55,7 +56,7 @@ class Runner:
     """Runs one method (AR or DFlash) on chat turns with shapes fixed per prompt set."""
 
     def __init__(self, target, drafter, args):
-        from dflash_jax.training.data import encode_prompt
+        from dflash_jax.prompts import encode_prompt
 
         self.target, self.drafter, self.args = target, drafter, args
         self.encode = lambda turns: encode_prompt(turns, target.tokenizer)
@@ -90,6 +91,8 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
                 + (len(s.turns) - 1) * (a.max_new_tokens + 8) for s in samples)
     pad_to = (round_up(bound, 16), round_up(bound + a.max_new_tokens + bs, 64))
     first = runner.encode(chat(samples[0].turns[:1], []))
+    bar.write(f"compiling the AR and DFlash programs (prompt width {pad_to[0]}, cache {pad_to[1]}) "
+              "and warming up; the timings exclude this", file=sys.stderr)
     for d in (None, runner.drafter):  # warm-up: compile both programs for these shapes
         runner.run(first, d, pad_to)
     rec = {"samples": [], "ar_time_s": 0.0, "dflash_time_s": 0.0, "ar_decode_s": 0.0, "dflash_decode_s": 0.0,
@@ -167,69 +170,90 @@ def plot(report: dict):
 
 
 def run(args) -> dict:
+    import jax
     import jax.numpy as jnp
 
     from dflash_jax.api import load_drafter, load_target
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
-        raise SystemExit("--max-samples and --max-new-tokens must be >= 1")
+        raise ValueError("--max-samples and --max-new-tokens must be >= 1")
     drafter_dir = args.drafter or (EMBEDDED_DRAFTER if os.path.abspath(args.target) == EMBEDDED_TARGET else None)
     if drafter_dir is None:
-        raise SystemExit("--drafter is required with a --target other than the embedded one")
+        raise ValueError("--drafter is required with a --target other than the embedded one")
     for what, d in (("target", args.target), ("drafter", drafter_dir)):
         if not os.path.isdir(d):
-            raise SystemExit(f"{what} directory {d!r} does not exist")
-    import jax
-
+            raise FileNotFoundError(f"{what} directory {d!r} does not exist")
+    sources = {n: locate_prompt_set(n, args.data_dir, args.hub) for n in args.datasets}
+    sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub) for n in args.datasets}
     dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
+    status(f"loading {args.target} and {drafter_dir} ...")
     target = load_target(args.target, dtype=dtype)
     if target.tokenizer is None:
-        raise SystemExit(f"{args.target} has no tokenizer; the benchmark prompts are text")
+        raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
     drafter = load_drafter(drafter_dir, target, dtype=dtype)
-    data_dir = args.data_dir or default_data_dir()
-    sets = {}
-    for n in args.datasets or DATASETS:
-        try:
-            sets[n] = load_prompt_set(n, data_dir, args.max_samples, args.seed)
-        except FileNotFoundError as e:
-            if args.datasets:
-                raise SystemExit(f"prompt set {n!r}: {e}") from None
-            print(f"warning: skipping {n}: {e}", file=sys.stderr)
-    if not sets:
-        raise SystemExit("no prompt set could be loaded; pass --data-dir (see ../shared/datasets/README.md)")
     runner = Runner(target, drafter, args)
+    report = {
+        "command": command_line("dflash_jax", None), "environment": environment(),
+        "settings": vars(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
+                                  "prompt_sources": {n: _portable(w) for n, w in sources.items()},
+                                  "block_size": args.block_size or drafter.config.block_size},
+        "datasets": {}, "complete": False,
+    }
     t0 = time.perf_counter()
     total = sum(len(s.turns) for v in sets.values() for s in v)
-    results = {}
     with tqdm(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
         for name, samples in sets.items():
             bar.set_postfix(dataset=name)
-            results[name] = bench_dataset(runner, samples, bar)
-    report = {
-        "command": command_line("dflash_jax", None), "environment": environment(),
-        "settings": vars(args) | {"target": os.path.abspath(args.target),
-                                                             "drafter": os.path.abspath(drafter_dir),
-                                                             "data_dir": data_dir,
-                                                             "block_size": args.block_size or drafter.config.block_size},
-        "datasets": results,
-        "average": {"speedup": float(np.mean([r["speedup"] for r in results.values()])),
-                    "decode_speedup": float(np.mean([r["decode_speedup"] for r in results.values()])),
-                    "tau": float(np.mean([r["tau"] for r in results.values()]))},
-        "wall_time_s": time.perf_counter() - t0,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
-    }
-    table = markdown(report)
-    hist = np.sum([r["histogram"] for r in results.values()], axis=0)
+            try:
+                report["datasets"][name] = bench_dataset(runner, samples, bar)
+            except KeyboardInterrupt:
+                bar.close()
+                if report["datasets"]:
+                    _write(report, args.out, t0)
+                    kept = f"kept the finished sets ({', '.join(report['datasets'])}) in {args.out}"
+                else:
+                    kept = "no set had finished"
+                print(f"interrupted during {name}: {kept}", file=sys.stderr)
+                sys.exit(130)
+            _write(report, args.out, t0, quiet=True)  # each set is kept as soon as it finishes
+    report["complete"] = True
+    table = _write(report, args.out, t0)
+    hist = np.sum([r["histogram"] for r in report["datasets"].values()], axis=0)
     print("\n" + table + "\n")
     print("acceptance-length histogram (length: count): "
           + ", ".join(f"{i + 1}: {c}" for i, c in enumerate(hist)))
-    print(f"{report['wall_time_s']:.0f} s for the runs, peak resident memory {report['peak_rss_mib']:.0f} MiB")
-    write_report(report, args.out, "bench", plot)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
+    print(f"{report['wall_time_s']:.0f} s for the runs (compilation and warm-up included; the "
+          f"per-set timings exclude them), peak resident memory {report['peak_rss_mib']:.0f} MiB")
+    return report
+
+
+def _portable(path: str) -> str:
+    """A path for the report: relative to the package for shipped files, else as given."""
+    import dflash_jax
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(dflash_jax.__file__)))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
+
+
+def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
+    """Writes bench.json / .md / .png for the sets finished so far; returns the table."""
+    results = report["datasets"]
+    report["average"] = {k: float(np.mean([r[k] for r in results.values()]))
+                         for k in ("speedup", "decode_speedup", "tau")}
+    report["wall_time_s"] = time.perf_counter() - t0
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    table = markdown(report)
+    write_report(report, out, "bench", plot, quiet=quiet)
+    with open(os.path.join(out, "bench.md"), "w") as f:
         f.write(f"`{report['command']}` on {report['environment']['device']} "
                 f"(jax {report['environment']['jax']})\n\n{table}\n")
-    return report
+    return table
 
 
 def main(argv=None):
     return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    run_cli(main)

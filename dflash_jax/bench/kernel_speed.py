@@ -19,6 +19,7 @@ import numpy as np
 
 from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, new_figure,
                                   time_fn, write_report)
+from dflash_jax.cli import HelpFormatter
 from kernels.block_attention import block_attention, block_attention_reference
 
 
@@ -47,7 +48,8 @@ def _group(rows):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m dflash_jax.bench.kernel_speed", description=__doc__,
+                                formatter_class=HelpFormatter)
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--block", type=int, default=16)
@@ -100,4 +102,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from dflash_jax.cli import run_cli
+
+    run_cli(main)

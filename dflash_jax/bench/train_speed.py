@@ -33,7 +33,7 @@ def plot(report: dict):
 
 
 def main(argv=None) -> dict:
-    p = bench_parser(__doc__, PRESETS)
+    p = bench_parser("train-speed", __doc__, PRESETS)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
@@ -82,4 +82,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from dflash_jax.cli import run_cli
+
+    run_cli(main)

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dflash_jax.bench.prompt_sets import MBPP_TEST_IDS, read_records
+from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, MASK, SPECIAL_TOKENS, gsm8k_solution,
                                 humaneval_prompt, math_prompt, render_chat)
 
@@ -129,7 +130,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, pad_token=EOT,
                                    mask_token=MASK, additional_special_tokens=SPECIAL_TOKENS[2:])
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out_dir)
+    save_tokenizer(fast, out_dir)
     return fast
 
 

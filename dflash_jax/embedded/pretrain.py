@@ -23,6 +23,7 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
+from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.config import TargetConfig
 from dflash_jax.models.target import init_target_params, target_forward
 from dflash_jax.training.trainer import (check_run_file, checkpoint_manager, make_optimizer,
@@ -181,7 +182,7 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
     tmp = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     Target(pre.cfg, params).save(tmp)
-    pre.tokenizer.save_pretrained(tmp)
+    save_tokenizer(pre.tokenizer, tmp)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     facts = {"parameters": n_params, "steps": step, "tokens_seen": step * pcfg.batch_size * pre.train.shape[1],
              "heldout_loss": round(held, 4), "heldout_loss_bf16": round(pre.heldout_loss(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import jax.numpy as jnp
+
+from dflash_jax.cli import command_parser
 
 
 def _dtype(name):
@@ -13,8 +14,7 @@ def _dtype(name):
 
 
 def train_data(argv):
-    p = argparse.ArgumentParser(prog="python -m dflash_jax train-data",
-                                description="Regenerate responses to prompts with the target.")
+    p = command_parser("train-data", "Regenerate responses to prompts with the target.")
     p.add_argument("--target", required=True)
     p.add_argument("--prompts", required=True, nargs="+", help="jsonl prompt files")
     p.add_argument("--out", required=True)
@@ -27,7 +27,7 @@ def train_data(argv):
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
     a = p.parse_args(argv)
     from dflash_jax.api import load_target
     from dflash_jax.training.data import read_prompt_file, regenerate
@@ -41,14 +41,13 @@ def train_data(argv):
 
 
 def features(argv):
-    p = argparse.ArgumentParser(prog="python -m dflash_jax features",
-                                description="Write offline target features for a data directory.")
+    p = command_parser("features", "Write offline target features for a data directory.")
     p.add_argument("--target", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtype")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
     a = p.parse_args(argv)
     from dflash_jax.api import load_target
     from dflash_jax.training.features import write_features
@@ -59,7 +58,7 @@ def features(argv):
 def train(argv):
     d = dict((f.name, f.default) for f in dataclasses.fields(__import__(
         "dflash_jax.training.trainer", fromlist=["TrainConfig"]).TrainConfig))
-    p = argparse.ArgumentParser(prog="python -m dflash_jax train", description="Train a DFlash drafter.")
+    p = command_parser("train", "Train a DFlash drafter.")
     p.add_argument("--target", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
@@ -92,8 +91,8 @@ def train(argv):
         tok = target.tokenizer
         mask = getattr(tok, "mask_token_id", None) if tok is not None else None
         if mask is None:
-            p.error("the target's tokenizer has no mask token: pass --mask-token-id (a row of the "
-                    "target's embedding that is not pad or eos)")
+            raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
+                             "of the target's embedding that is not pad or eos)")
     if a.init_from:
         dcfg = DrafterConfig.from_pretrained(a.init_from)
     else:
@@ -109,11 +108,11 @@ def train(argv):
 
 
 def export(argv):
-    p = argparse.ArgumentParser(prog="python -m dflash_jax export",
-                                description="Write a run's latest drafter in the released layout.")
+    p = command_parser("export", "Write a run's latest drafter in the released layout.")
     p.add_argument("--run", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--dtype", help="cast the weights (e.g. bfloat16); default: fp32 masters")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="cast the weights (default: the float32 master weights)")
     a = p.parse_args(argv)
     from dflash_jax.training.trainer import export_run
 

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-PLAIN_FORMAT = "User: {prompt}\nAssistant:"
+from dflash_jax.prompts import encode_prompt
+
 
 
 def read_prompt_file(path: str) -> list[Any]:
@@ -54,22 +55,6 @@ def read_prompt_file(path: str) -> list[Any]:
     if not out:
         raise ValueError(f"{path}: no prompts found")
     return out
-
-
-def encode_prompt(prompt, tokenizer) -> list[int]:
-    """Token ids of one prompt: chat template when the tokenizer has one, else a plain format."""
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return prompt
-    if tokenizer is None:
-        raise ValueError("text prompts need a tokenizer in the target directory; "
-                         "or give prompts as {\"prompt_ids\": [...]}")
-    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    text = "\n".join(PLAIN_FORMAT.format(prompt=t["content"]) if t["role"] == "user" else str(t["content"])
-                     for t in turns)
-    return tokenizer.encode(text)
 
 
 def pack_rows(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], max_len: int):

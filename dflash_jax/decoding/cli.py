@@ -1,0 +1,83 @@
+"""``python -m dflash_jax generate``: text (or token-id) prompts in, continuations out."""
+
+from __future__ import annotations
+
+import sys
+
+from dflash_jax.cli import command_parser, run_cli, status
+
+
+def _parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"--token-ids: {text!r} is not a list of integers (e.g. '12,7,99')") from None
+    if not ids:
+        raise ValueError("--token-ids: empty prompt")
+    return ids
+
+
+def generate(argv):
+    from dflash_jax.api import EMBEDDED_TARGET_DIR
+
+    p = command_parser("generate", "Generate continuations of text prompts (or token ids) with a target, "
+                       "autoregressively or with a DFlash drafter.")
+    p.add_argument("--target", default=EMBEDDED_TARGET_DIR, help="Hugging Face checkpoint directory")
+    p.add_argument("--drafter", help="DFlash drafter directory (speculative decoding; default: none, "
+                                     "autoregressive)")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeatable")
+    p.add_argument("--token-ids", action="store_true",
+                   help="read each --prompt as comma- or space-separated token ids instead of text")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-len", type=int, help="KV cache length (default: the model's max_position_embeddings)")
+    p.add_argument("--allow-extrapolation", action="store_true",
+                   help="allow --max-len above the model's max_position_embeddings")
+    p.add_argument("--block-size", type=int, help="speculative block size (default: the drafter's)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+    args = p.parse_args(argv)
+    import jax.numpy as jnp
+
+    from dflash_jax.api import generate as run_generate, load_drafter, load_target
+    from dflash_jax.prompts import encode_prompt
+
+    dtype = jnp.dtype(args.dtype) if args.dtype else None
+    target = load_target(args.target, dtype=dtype, max_len=args.max_len,
+                         allow_extrapolation=args.allow_extrapolation)
+    drafter = load_drafter(args.drafter, target, dtype=dtype) if args.drafter else None
+    if args.block_size is not None and drafter is None:
+        raise ValueError("--block-size needs --drafter (autoregressive decoding has block size 1)")
+    tok = target.tokenizer
+    if tok is None and not args.token_ids:
+        raise ValueError(f"{args.target} has no tokenizer: pass --token-ids and prompts as token ids")
+    if args.chat and (tok is None or not getattr(tok, "chat_template", None)):
+        raise ValueError(f"--chat: the tokenizer in {args.target} has no chat template")
+    prompts = []
+    for text in args.prompt:
+        if args.token_ids:
+            prompts.append(_parse_token_ids(text))
+        elif args.chat:
+            prompts.append(encode_prompt(text, tok))
+        else:
+            prompts.append(tok.encode(text))
+    status(f"compiling and running {'DFlash' if drafter else 'autoregressive'} generation for "
+           f"{len(prompts)} prompt(s) ...")
+    r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
+                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 stop_token_ids=target.stop_token_ids, seed=args.seed)
+    for seq in r.sequences:
+        print(tok.decode(seq) if tok is not None and not args.token_ids else ",".join(map(str, seq)))
+    line = (f"[{sum(r.num_generated)} tokens; prefill {1e3 * r.prefill_time_s:.1f} ms, decode "
+            f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps, both including compilation")
+    if drafter is not None:
+        line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
+    print(line + "]", file=sys.stderr)
+    return r
+
+
+if __name__ == "__main__":
+    run_cli(generate)
