@@ -1,6 +1,7 @@
 """Prompt formats shared by the benchmark prompt sets and the embedded model's corpus.
 
-The benchmark formats are the DFlash paper's (see ``../shared/datasets/README.md``); the chat
+The benchmark formats are the DFlash paper's (``MATH_SUFFIX``, ``HUMANEVAL_FORMAT``; mbpp and
+mt-bench prompts are used as they are); the chat
 format is the embedded model's (``<|user|>`` / ``<|assistant|>`` turns, ``<|endoftext|>`` after
 each answer). Targets with their own chat template use theirs (``encode_prompt``).
 """

@@ -138,6 +138,8 @@ class Pretrainer:
         t_start = time.time()
         L = self.train.shape[1]
         bar = tqdm(range(start, end), initial=start, total=self.pcfg.steps, desc="pretraining target")
+        if start < end:
+            bar.write("compiling the training step (the first step's time includes it) ...")
         with open(metrics_file, "a") as log:
             for step in bar:
                 t0 = time.perf_counter()

@@ -116,6 +116,7 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
     num_shards = -(-len(encoded) // shard_size)
     counts = {"sequences": 0, "response_tokens": 0, "stopped": 0}
     bar = tqdm(total=len(encoded), desc="regenerating responses", unit="prompt")
+    bar.write("compiling generation for the first batch (later batches of the same shape reuse it) ...")
     for s in range(num_shards):
         lo, hi = s * shard_size, min((s + 1) * shard_size, len(encoded))
         path = shard_path(out_dir, s)

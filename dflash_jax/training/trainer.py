@@ -215,6 +215,8 @@ class Trainer:
         truncate_metrics(metrics_file, start)
         end = self.cfg.steps if stop_after is None else min(self.cfg.steps, start + stop_after)
         bar = tqdm(range(start, end), initial=start, total=self.cfg.steps, desc="training drafter")
+        if start < end:
+            bar.write("compiling the training step (the first step's time includes it) ...")
         with open(metrics_file, "a") as log:
             for step in bar:
                 t0 = time.perf_counter()
