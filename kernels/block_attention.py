@@ -73,6 +73,15 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+def _dot(a, b, *, trans_b: bool = False, exact: bool):
+    """a @ b (or a @ b.T) of 2-D tiles with float32 accumulation, as the removed ``pl.dot`` did
+    (jax 0.12 dropped it; ``lax.dot_general`` lowers to ``tt.dot`` in every version we support).
+    ``exact`` asks for full float32 products (no TF32 on the GPU)."""
+    return jax.lax.dot_general(
+        a, b, dimension_numbers=(((1,), (1 if trans_b else 0,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST if exact else None, preferred_element_type=jnp.float32)
+
+
 def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, scale, block_k,
             tiles_per_split, group, num_queries, exact):
     if has_blk:
@@ -87,7 +96,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
     t = jnp.arange(rows) // group  # query index of each row (rows past T*G are padding)
     limit = kv_len + (t + 1 if causal else jnp.zeros_like(t))  # [rows]: slots < limit are visible
     max_limit = kv_len + (num_queries if causal else 0)
-    dot = functools.partial(pl.dot, trans_b=True, allow_tf32=False if exact else None)
+    dot = functools.partial(_dot, trans_b=True, exact=exact)
 
     def update(scores, mask, vals, carry):
         acc, m, l = carry
@@ -95,8 +104,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
         m_new = jnp.maximum(m, jnp.max(scores, axis=1))
         corr = jnp.exp(m - m_new)
         p = jnp.where(mask, jnp.exp(scores - m_new[:, None]), 0.0)
-        acc = acc * corr[:, None] + pl.dot(p.astype(vals.dtype), vals,
-                                           allow_tf32=False if exact else None)
+        acc = acc * corr[:, None] + _dot(p.astype(vals.dtype), vals, exact=exact)
         return acc, m_new, l * corr + jnp.sum(p, axis=1)
 
     first = split * tiles_per_split
