@@ -22,10 +22,11 @@ from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.models.target import init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-_ASSETS = os.fspath(importlib.resources.files("dflash_jax") / "assets")
-EMBEDDED_TARGET_DIR = os.path.join(_ASSETS, "target")
+ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
+"""The package's shipped assets: the embedded pair (``target/``, ``drafter/``)."""
+EMBEDDED_TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 """The embedded default target shipped in the package (a Hugging Face Qwen3 directory)."""
-EMBEDDED_DRAFTER_DIR = os.path.join(_ASSETS, "drafter")
+EMBEDDED_DRAFTER_DIR = os.path.join(ASSETS_DIR, "drafter")
 """Its DFlash drafter (the released drafter layout)."""
 
 

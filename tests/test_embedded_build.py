@@ -130,3 +130,194 @@ def test_pretrain_learns_resumes_exactly_and_exports(built, tmp_path):
         ref = model(torch.tensor(ids)).logits.numpy()
     ours, _, _ = target_forward(target.config, target.params, ids, np.arange(6)[None])
     np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------- build-embedded
+def _tree_digest(root):
+    """{relative path: sha256} of every file under root."""
+    import hashlib
+
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+class FakeStages:
+    """Stands in for the pipeline's subprocess runner (`build._run`): the expensive stages
+    (corpus, pretraining, regeneration, drafter training) write placeholders, the exports copy
+    the shipped pair, and `bench` runs for real, in process, on the exported pair."""
+
+    def __init__(self, fail_at=None):
+        self.calls, self.fail_at = [], fail_at
+
+    def __call__(self, args, cwd):
+        import shutil
+        import subprocess
+
+        from dflash_jax.api import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
+        from dflash_jax.bench import harness
+
+        cmd = args[0]
+        self.calls.append(cmd)
+        if cmd == self.fail_at:
+            raise subprocess.CalledProcessError(1, ["python", "-m", "dflash_jax", *args])
+        opt = {args[i]: os.path.join(cwd, args[i + 1]) for i in range(1, len(args) - 1) if args[i].startswith("--")}
+        if cmd == "build-corpus":
+            os.makedirs(opt["--out"])
+            open(os.path.join(opt["--out"], "corpus.json"), "w").write("{}")
+        elif cmd in ("pretrain", "train-data"):
+            os.makedirs(opt.get("--run") or opt["--out"], exist_ok=True)
+        elif cmd == "train":
+            os.makedirs(opt["--run"], exist_ok=True)
+            open(os.path.join(opt["--run"], "metrics.jsonl"), "w").write('{"step": 1}\n')
+        elif cmd == "embedded-prompts":
+            open(opt["--out"], "w").write('{"prompt": "hi"}\n')
+        elif cmd in ("export-target", "export"):
+            shutil.rmtree(opt["--out"], ignore_errors=True)
+            shutil.copytree(EMBEDDED_TARGET_DIR if cmd == "export-target" else EMBEDDED_DRAFTER_DIR, opt["--out"])
+        elif cmd == "bench":
+            here = os.getcwd()
+            os.chdir(cwd)
+            try:
+                harness.main(args[1:])
+            finally:
+                os.chdir(here)
+        else:
+            raise AssertionError(f"unexpected stage {cmd}")
+
+
+BENCH_ARGS = ["--bench-args", "--datasets gsm8k --max-samples 1 --max-new-tokens 4"]
+
+
+@pytest.fixture
+def fake_stages(monkeypatch, tmp_path_factory):
+    """Installs FakeStages as the stage runner; the build's idea of the package's assets
+    directory points to a scratch copy, so that no bug under test can touch the real one."""
+    from dflash_jax.embedded import build
+
+    scratch = tmp_path_factory.mktemp("package") / "assets"
+    (scratch / "target").mkdir(parents=True)
+    monkeypatch.setattr(build, "PACKAGE_ASSETS", str(scratch))
+
+    def install(fail_at=None):
+        stages = FakeStages(fail_at)
+        monkeypatch.setattr(build, "_run", stages)
+        return stages
+
+    return install
+
+
+def test_build_embedded_installs_into_the_work_dir_never_the_package(tmp_path, sources, fake_stages):
+    from dflash_jax.api import load_drafter, load_target
+    from dflash_jax.embedded import build
+
+    from dflash_jax.api import ASSETS_DIR as real_package_assets
+
+    _, data = sources
+    package_before = _tree_digest(real_package_assets)
+    stages = fake_stages()
+    work = str(tmp_path / "work")
+    build.main(["--work", work, "--data-dir", data, *BENCH_ARGS])
+    assert stages.calls == ["build-corpus", "pretrain", "export-target", "embedded-prompts", "train-data",
+                            "train", "export", "bench"]
+    assert _tree_digest(real_package_assets) == package_before
+    assert os.listdir(build.PACKAGE_ASSETS) == ["target"]
+    assets = os.path.join(work, "assets")
+    target = load_target(os.path.join(assets, "target"))
+    load_drafter(os.path.join(assets, "drafter"), target)  # a matching pair, with its cards
+    for d in ("target", "drafter"):
+        card = open(os.path.join(assets, d, "README.md")).read()
+        assert str(tmp_path) not in card and "/root/" not in card
+    recipe = json.load(open(os.path.join(assets, "drafter", "recipe.json")))
+    assert recipe["commands"].startswith("`python -m dflash_jax build-embedded --work")
+    assert [n for n in os.listdir(work) if n.startswith(".")] == []  # no staging leftovers
+    # an existing assets directory is replaced only when asked, and the refusal comes first
+    stages.calls.clear()
+    with pytest.raises(ValueError, match="exists and is not empty: pass --overwrite"):
+        build.main(["--work", work, "--data-dir", data, *BENCH_ARGS])
+    assert stages.calls == []
+    build.main(["--work", work, "--data-dir", data, "--overwrite", *BENCH_ARGS])
+    assert stages.calls[-1] == "bench"
+
+
+@pytest.mark.parametrize("stage", ["train", "export", "bench"])
+def test_a_failed_stage_leaves_the_installed_pair_as_it_was(tmp_path, sources, fake_stages, stage):
+    import subprocess
+
+    from dflash_jax.embedded import build
+
+    _, data = sources
+    assets = tmp_path / "assets"
+    (assets / "target").mkdir(parents=True)
+    (assets / "target" / "config.json").write_text('{"old": true}')
+    before = _tree_digest(assets)
+    fake_stages(fail_at=stage)
+    with pytest.raises(subprocess.CalledProcessError):
+        build.main(["--work", str(tmp_path / "work"), "--assets", str(assets), "--overwrite",
+                    "--data-dir", data, *BENCH_ARGS])
+    assert _tree_digest(assets) == before
+    assert sorted(os.listdir(tmp_path)) == ["assets", "work"]
+
+
+def test_install_keeps_the_old_pair_when_copying_the_new_one_fails(tmp_path, monkeypatch):
+    import shutil
+
+    from dflash_jax.embedded import build
+
+    staged, assets = tmp_path / "staged", tmp_path / "assets"
+    for d, text in ((staged, "new"), (assets, "old")):
+        (d / "target").mkdir(parents=True)
+        (d / "target" / "w").write_text(text)
+    real = shutil.copytree
+
+    def copy_half(src, dst, **kw):
+        os.makedirs(dst)
+        open(os.path.join(dst, "partial"), "w").close()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(shutil, "copytree", copy_half)
+    with pytest.raises(OSError, match="disk full"):
+        build.install(str(staged), str(assets))
+    assert (assets / "target" / "w").read_text() == "old" and not (assets / "partial").exists()
+    monkeypatch.setattr(shutil, "copytree", real)
+    build.install(str(staged), str(assets))
+    assert (assets / "target" / "w").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["assets", "staged"]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--taps", "1", "4"], "taps must be distinct layer ids in 0..3"),
+    (["--num-prompts", "16"], "--num-prompts 16 is too few"),
+    (["--drafter-steps", "0"], "--drafter-steps must be >= 1"),
+    (["--assets", "PACKAGE"], "is the package's shipped embedded default: pass --into-package"),
+    (["--into-package", "--assets", "elsewhere"], "leave --assets unset"),
+    (["--data-dir", "MISSING"], r"gsm8k/train.jsonl.*not found.*github.com/openai/grade-school-math"),
+])
+def test_bad_settings_are_refused_before_any_stage_runs(tmp_path, sources, fake_stages, argv, match):
+    from dflash_jax.embedded import build
+
+    _, data = sources
+    argv = [build.PACKAGE_ASSETS if a == "PACKAGE" else str(tmp_path / "none") if a == "MISSING" else a
+            for a in argv]
+    if "--data-dir" not in argv:
+        argv += ["--data-dir", data]
+    stages = fake_stages()
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        build.main(["--work", str(tmp_path / "work"), *argv])
+    assert stages.calls == [] and not (tmp_path / "work").exists()
+
+
+def test_training_data_commands_say_where_to_get_the_data(tmp_path, monkeypatch, capsys):
+    from dflash_jax.__main__ import main
+
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    for cmd in (["build-corpus", "--out", str(tmp_path / "c")], ["embedded-prompts", "--out", str(tmp_path / "p")]):
+        with pytest.raises(SystemExit) as e:
+            main(cmd + ["--data-dir", str(tmp_path / "none")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+        assert "mbpp/sanitized-mbpp.json" in err and "google-research" in err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "p").exists()

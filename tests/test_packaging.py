@@ -178,3 +178,17 @@ def test_stream_after_generate_reuses_the_compiled_loop():
     chunks = list(dj.generate_stream(target, [ids], 24, drafter=drafter, iterations_per_chunk=2))
     assert (engine.decode._cache_size(), engine.prefill._cache_size()) == sizes
     assert [t for c in chunks for t in c.tokens[0]] == full.sequences[0]
+
+
+def test_shipped_cards_record_no_machine_paths():
+    """Model cards and training records name commands and sources portably (no absolute paths
+    of the machine that built them)."""
+    import dflash_jax as dj
+
+    found = []
+    for d in (dj.EMBEDDED_TARGET_DIR, dj.EMBEDDED_DRAFTER_DIR):
+        for f in os.listdir(d):
+            if f.endswith((".md", ".json")) and f != "tokenizer.json":
+                text = open(os.path.join(d, f)).read()
+                found += [(f, m) for m in re.findall(r"(?<![\w.:])/(?:work|root|home|tmp|Users|opt)/\S*", text)]
+    assert not found, found

@@ -93,12 +93,37 @@ def mbpp_train(data_dir: str) -> list[tuple[str, str]]:
             if int(r["task_id"]) not in MBPP_TEST_IDS]
 
 
+TRAINING_FILES = {
+    "gsm8k/train.jsonl": "GSM8K train: https://github.com/openai/grade-school-math "
+                         "(grade_school_math/data/train.jsonl), or the hub's openai/gsm8k, config main, "
+                         "split train, saved as jsonl",
+    "mbpp/sanitized-mbpp.json": "MBPP sanitized: https://github.com/google-research/google-research/"
+                                "tree/master/mbpp (sanitized-mbpp.json), or the hub's "
+                                "google-research-datasets/mbpp, config sanitized, all splits as one JSON list",
+}
+
+
+def check_training_data(data_dir: str | None) -> str:
+    """The data directory the embedded build trains from, checked: it must hold the files of
+    :data:`TRAINING_FILES` (the benchmark's test splits, shipped in the package, are never
+    trained on). Raises FileNotFoundError saying what is missing and where to get it."""
+    if data_dir is None:
+        missing = list(TRAINING_FILES)
+        where = "no data directory was given (--data-dir), $DFLASH_DATA_DIR is unset and there is no ../shared/datasets beside the checkout"
+    else:
+        missing = [f for f in TRAINING_FILES if not os.path.exists(os.path.join(data_dir, f))]
+        where = ", ".join(f"{os.path.join(data_dir, f)} not found" for f in missing)
+    if missing:
+        raise FileNotFoundError(
+            f"{where}. The embedded build trains on {', '.join(missing)} from a data directory "
+            f"(--data-dir DIR or $DFLASH_DATA_DIR) laid out as DIR/{' and DIR/'.join(missing)}. "
+            "Get them from: " + "; ".join(TRAINING_FILES[f] for f in missing) + ".")
+    return data_dir
+
+
 def build_documents(data_dir: str, stdlib_root: str | None = None, instruct_repeats: int = 2) -> dict:
     """All documents as text, tagged by source. Instruction examples use the chat format."""
-    for sub in ("gsm8k/train.jsonl", "mbpp/sanitized-mbpp.json"):
-        if not os.path.exists(os.path.join(data_dir, sub)):
-            raise FileNotFoundError(f"{os.path.join(data_dir, sub)} not found: pass --data-dir with the "
-                                    "offline datasets (see ../shared/datasets/README.md) or set DFLASH_DATA_DIR")
+    check_training_data(data_dir)
     files = stdlib_files(stdlib_root)
     chat = lambda u, a: render_chat([{"role": "user", "content": u}, {"role": "assistant", "content": a}],
                                     add_generation_prompt=False)
@@ -155,18 +180,26 @@ def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: i
         rows = np.asarray(ids[:n * seq_len], np.uint16).reshape(n, seq_len)
         np.save(os.path.join(out_dir, f"{name}.npy"), rows)
         stats[name] = {"documents": len(part), "tokens": len(ids), "rows": n, "tokens_by_source": counts}
-    meta = {"vocab_size": len(tok), "seq_len": seq_len, "data_dir": os.path.abspath(data_dir),
-            "stdlib": stdlib_root or sysconfig.get_paths()["stdlib"],
+    # sources by content, not by this machine's paths
+    data_files = {f: _sha256(os.path.join(data_dir, f)) for f in TRAINING_FILES}
+    meta = {"vocab_size": len(tok), "seq_len": seq_len, "data_files_sha256": data_files,
+            "stdlib": "given directory" if stdlib_root else "the running Python's standard library",
             "python": ".".join(map(str, __import__("sys").version_info[:3])), **stats}
     with open(os.path.join(out_dir, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=2)
     return meta
 
 
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def training_prompts(data_dir: str, num: int, seed: int = 0, stdlib_root: str | None = None) -> list[str]:
     """Drafter-training prompts (user texts, benchmark formats): GSM8K train questions, MBPP
     non-test tasks and documented stdlib functions in the HumanEval format, mixed in equal
     parts where they have enough rows, shuffled with ``seed``. No test split is used."""
+    check_training_data(data_dir)
     files = stdlib_files(stdlib_root)
     pools = [[u for u, _ in gsm8k_train(data_dir)], [u for u, _ in mbpp_train(data_dir)],
              [humaneval_prompt(h) for h, _ in function_examples(files)]]
