@@ -120,33 +120,25 @@ def load_embedded(dtype=None, max_len: int | None = None) -> tuple["Target", "Dr
 
 
 # ---------------------------------------------------------------------------- input checks
-def _unpack_encoding(prompts):
+def _unpack_encoding(prompts) -> list[list[int]]:
     """Token-id rows of what a tokenizer returns (``tokenizer(...)``,
     ``apply_chat_template(..., tokenize=True)``: a ``BatchEncoding`` or dict with
     ``input_ids``): a flat list is one prompt; padding is removed with ``attention_mask``."""
     if "input_ids" not in prompts:
         raise ValueError("prompts is a mapping without 'input_ids': pass token-id lists, or what "
                          "the tokenizer returns (tokenizer(text) / apply_chat_template(..., tokenize=True))")
-    ids, mask = prompts["input_ids"], prompts.get("attention_mask")
-    if hasattr(ids, "numpy") and not isinstance(ids, np.ndarray):  # torch / tf tensors
-        ids, mask = ids.numpy(), (mask.numpy() if mask is not None else None)
-    ids_arr = np.asarray(ids, dtype=object if _ragged(ids) else None)
-    if ids_arr.dtype != object and ids_arr.ndim == 1:  # one prompt
+    as_list = lambda x: x.tolist() if hasattr(x, "tolist") else x  # numpy / torch arrays
+    ids, mask = as_list(prompts["input_ids"]), prompts.get("attention_mask")
+    mask = as_list(mask) if mask is not None else None
+    if len(ids) and isinstance(ids[0], int):  # one prompt
         ids, mask = [ids], ([mask] if mask is not None else None)
-    rows = [list(np.asarray(r).tolist()) for r in ids]
-    if mask is not None:
-        rows = [[t for t, m in zip(r, np.asarray(mr).tolist()) if m] for r, mr in zip(rows, mask)]
-    return rows
-
-
-def _ragged(rows) -> bool:
-    return (isinstance(rows, (list, tuple)) and len(rows) > 0
-            and all(isinstance(r, (list, tuple)) for r in rows) and len({len(r) for r in rows}) > 1)
+    if mask is None:
+        return [list(r) for r in ids]
+    return [[t for t, m in zip(r, mr) if m] for r, mr in zip(ids, mask)]
 
 
 def _as_prompt_list(prompts, vocab_size: int) -> list[np.ndarray]:
-    if isinstance(prompts, Mapping) or (hasattr(prompts, "keys") and hasattr(prompts, "__getitem__")
-                                        and not isinstance(prompts, (np.ndarray, jax.Array))):
+    if isinstance(prompts, Mapping):  # BatchEncoding is a Mapping too
         prompts = _unpack_encoding(prompts)
     if isinstance(prompts, (np.ndarray, jax.Array)):
         arr = np.asarray(prompts)
