@@ -150,8 +150,8 @@ class FakeStages:
     (corpus, pretraining, regeneration, drafter training) write placeholders, the exports copy
     the shipped pair, and `bench` runs for real, in process, on the exported pair."""
 
-    def __init__(self, fail_at=None):
-        self.calls, self.fail_at = [], fail_at
+    def __init__(self, fail_at=None, real_bench=True):
+        self.calls, self.fail_at, self.real_bench = [], fail_at, real_bench
 
     def __call__(self, args, cwd):
         import shutil
@@ -178,6 +178,8 @@ class FakeStages:
         elif cmd in ("export-target", "export"):
             shutil.rmtree(opt["--out"], ignore_errors=True)
             shutil.copytree(EMBEDDED_TARGET_DIR if cmd == "export-target" else EMBEDDED_DRAFTER_DIR, opt["--out"])
+        elif cmd == "bench" and not self.real_bench:
+            pass
         elif cmd == "bench":
             here = os.getcwd()
             os.chdir(cwd)
@@ -189,7 +191,8 @@ class FakeStages:
             raise AssertionError(f"unexpected stage {cmd}")
 
 
-BENCH_ARGS = ["--bench-args", "--datasets gsm8k --max-samples 1 --max-new-tokens 4"]
+# small enough for the test data (43 prompts) and a bench of seconds
+FAST_ARGS = ["--num-prompts", "40", "--bench-args", "--datasets gsm8k --max-samples 1 --max-new-tokens 4"]
 
 
 @pytest.fixture
@@ -202,8 +205,8 @@ def fake_stages(monkeypatch, tmp_path_factory):
     (scratch / "target").mkdir(parents=True)
     monkeypatch.setattr(build, "PACKAGE_ASSETS", str(scratch))
 
-    def install(fail_at=None):
-        stages = FakeStages(fail_at)
+    def install(fail_at=None, real_bench=True):
+        stages = FakeStages(fail_at, real_bench)
         monkeypatch.setattr(build, "_run", stages)
         return stages
 
@@ -220,7 +223,7 @@ def test_build_embedded_installs_into_the_work_dir_never_the_package(tmp_path, s
     package_before = _tree_digest(real_package_assets)
     stages = fake_stages()
     work = str(tmp_path / "work")
-    build.main(["--work", work, "--data-dir", data, *BENCH_ARGS])
+    build.main(["--work", work, "--data-dir", data, *FAST_ARGS])
     assert stages.calls == ["build-corpus", "pretrain", "export-target", "embedded-prompts", "train-data",
                             "train", "export", "bench"]
     assert _tree_digest(real_package_assets) == package_before
@@ -237,9 +240,9 @@ def test_build_embedded_installs_into_the_work_dir_never_the_package(tmp_path, s
     # an existing assets directory is replaced only when asked, and the refusal comes first
     stages.calls.clear()
     with pytest.raises(ValueError, match="exists and is not empty: pass --overwrite"):
-        build.main(["--work", work, "--data-dir", data, *BENCH_ARGS])
+        build.main(["--work", work, "--data-dir", data, *FAST_ARGS])
     assert stages.calls == []
-    build.main(["--work", work, "--data-dir", data, "--overwrite", *BENCH_ARGS])
+    build.main(["--work", work, "--data-dir", data, "--overwrite", *FAST_ARGS])
     assert stages.calls[-1] == "bench"
 
 
@@ -257,7 +260,7 @@ def test_a_failed_stage_leaves_the_installed_pair_as_it_was(tmp_path, sources, f
     fake_stages(fail_at=stage)
     with pytest.raises(subprocess.CalledProcessError):
         build.main(["--work", str(tmp_path / "work"), "--assets", str(assets), "--overwrite",
-                    "--data-dir", data, *BENCH_ARGS])
+                    "--data-dir", data, *FAST_ARGS])
     assert _tree_digest(assets) == before
     assert sorted(os.listdir(tmp_path)) == ["assets", "work"]
 
@@ -295,6 +298,17 @@ def test_install_keeps_the_old_pair_when_copying_the_new_one_fails(tmp_path, mon
     (["--assets", "PACKAGE"], "is the package's shipped embedded default: pass --into-package"),
     (["--into-package", "--assets", "elsewhere"], "leave --assets unset"),
     (["--data-dir", "MISSING"], r"gsm8k/train.jsonl.*not found.*github.com/openai/grade-school-math"),
+    (["--taps", "1", "1"], "taps must be distinct"),
+    (["--num-prompts", "16"], "cannot hold out 16 of 16 sequences"),  # the trainer's own check
+    (["--num-prompts", "23"], "7 sequences are left to train on, fewer than --drafter-batch 8.*--num-prompts 24"),
+    (["--max-new-tokens", "512"], "--max-new-tokens 512"),
+    (["--drafter-lr", "0"], "--drafter-lr must be > 0"),
+    (["--bench-args", "--out elsewhere"], "leave out --out"),
+    (["--bench-args", "--targ x"], "leave out --target"),  # an abbreviation too
+    (["--bench-args=--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["--bench-args", "--max-samples many"], "invalid int value"),
+    (["--bench-args=--help"], "asks for help"),
+    (["--bench-args", "'unclosed"], "No closing quotation"),
 ])
 def test_bad_settings_are_refused_before_any_stage_runs(tmp_path, sources, fake_stages, argv, match):
     from dflash_jax.embedded import build
@@ -321,3 +335,177 @@ def test_training_data_commands_say_where_to_get_the_data(tmp_path, monkeypatch,
         assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
         assert "mbpp/sanitized-mbpp.json" in err and "google-research" in err
     assert not (tmp_path / "c").exists() and not (tmp_path / "p").exists()
+
+
+
+def test_the_shipped_package_assets_are_never_a_destination_by_accident(tmp_path, sources, monkeypatch):
+    """Not patched here: the build's idea of the package directory is the real one, and every
+    way of pointing --assets at it (or around it) is refused before any stage runs."""
+    from dflash_jax.api import ASSETS_DIR
+    from dflash_jax.embedded import build
+
+    _, data = sources
+    assert build.PACKAGE_ASSETS == ASSETS_DIR
+    before = _tree_digest(ASSETS_DIR)
+    calls = []
+    monkeypatch.setattr(build, "_run", lambda args, cwd: calls.append(args))
+    work = str(tmp_path / "work")
+    for assets, match in ((ASSETS_DIR, "shipped embedded default: pass --into-package"),
+                          (os.path.join(ASSETS_DIR, "target"), "overlaps the package's shipped"),
+                          (os.path.dirname(ASSETS_DIR), "overlaps the package's shipped"),
+                          (os.path.relpath(ASSETS_DIR), "shipped embedded default")):
+        for extra in ([], ["--overwrite"]):
+            with pytest.raises(ValueError, match=match):
+                build.main(["--work", work, "--assets", assets, "--data-dir", data, *extra, *FAST_ARGS])
+    # the default destination is WORK/assets, whatever the current directory
+    monkeypatch.chdir(os.path.dirname(ASSETS_DIR))
+    a = build.parser().parse_args([])
+    assert not a.into_package and a.assets is None and a.work == os.path.join("runs", "embedded")
+    assert calls == [] and not os.path.exists(work) and _tree_digest(ASSETS_DIR) == before
+
+
+def test_the_destination_may_not_swallow_the_work_directory(tmp_path, sources, fake_stages):
+    from dflash_jax.embedded import build
+
+    _, data = sources
+    work = tmp_path / "work"
+    (work / "export").mkdir(parents=True)
+    stages = fake_stages()
+    for assets, match in ((work, "would replace the work directory"),
+                          (tmp_path, "would replace the work directory"),
+                          (work / "export" / "pair", "inside the stage output"),
+                          (work / "corpus", "inside the stage output")):
+        with pytest.raises(ValueError, match=match):
+            build.main(["--work", str(work), "--assets", str(assets), "--overwrite", "--data-dir", data,
+                        *FAST_ARGS])
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        build.main(["--work", str(work), "--assets", str(tmp_path / "a-file"), "--overwrite",
+                    "--data-dir", data, *FAST_ARGS])
+    assert stages.calls == [] and os.listdir(work) == ["export"]
+
+
+def test_a_work_directory_resumes_only_with_its_settings(tmp_path, sources, fake_stages):
+    from dflash_jax.embedded import build
+
+    _, data = sources
+    work = tmp_path / "work"
+    work.mkdir()
+    first = build.parser().parse_args(["--work", str(work), *FAST_ARGS])
+    (work / build.SETTINGS).write_text(json.dumps(build.recipe_settings(first)))
+    stages = fake_stages()
+    with pytest.raises(ValueError, match=r"other settings: --taps 1 2 3 \(now 1 2\), "
+                                         r"--drafter-steps 2200 \(now 3000\); rerun with those"):
+        build.main(["--work", str(work), "--data-dir", data, "--drafter-steps", "3000", "--taps", "1", "2",
+                    *FAST_ARGS])
+    assert stages.calls == [] and os.listdir(work) == [build.SETTINGS]
+
+
+def test_num_prompts_is_checked_against_the_training_data(tmp_path, sources, fake_stages, monkeypatch):
+    from dflash_jax.embedded import build
+
+    lib, data = sources
+    real = corpus.stdlib_files
+    monkeypatch.setattr(corpus, "stdlib_files", lambda root=None: real(root or lib))  # 1 function
+    for n in (10, 43, 44, 100):  # the same count as the stage that draws them
+        assert build.available_prompts(data, n) == len(corpus.training_prompts(data, n)) == min(n, 44)
+    stages = fake_stages()
+    with pytest.raises(ValueError, match=r"--num-prompts 100: the training data .* give only 44 prompts"):
+        build.main(["--work", str(tmp_path / "work"), "--data-dir", data, "--num-prompts", "100"])
+    assert stages.calls == [] and not (tmp_path / "work").exists()
+    # the stage itself refuses to write fewer prompts than asked for
+    from dflash_jax.embedded.cli import training_prompts
+
+    with pytest.raises(ValueError, match="--num 100: .* give only 44 prompts"):
+        training_prompts(["--out", str(tmp_path / "p.jsonl"), "--num", "100", "--data-dir", data])
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("old_pair", [True, False])
+def test_a_failure_after_the_last_stage_installs_nothing(tmp_path, sources, fake_stages, monkeypatch, old_pair):
+    """The model cards are the last step before the install: when they fail, the destination
+    holds the old complete pair, or nothing at all."""
+    from dflash_jax.embedded import build, cards
+
+    _, data = sources
+    assets = tmp_path / "assets"
+    if old_pair:
+        for d in ("target", "drafter"):
+            (assets / d).mkdir(parents=True)
+            (assets / d / "config.json").write_text(f'{{"old": "{d}"}}')
+    before = _tree_digest(assets) if old_pair else None
+
+    def broken(*args):
+        raise OSError("cards: disk full")
+
+    monkeypatch.setattr(cards, "write_cards", broken)
+    stages = fake_stages(real_bench=False)
+    with pytest.raises(OSError, match="disk full"):
+        build.main(["--work", str(tmp_path / "work"), "--assets", str(assets), "--overwrite",
+                    "--data-dir", data, *FAST_ARGS])
+    assert stages.calls[-1] == "bench"  # every stage ran
+    if old_pair:
+        assert _tree_digest(assets) == before
+    else:
+        assert not assets.exists()
+    assert sorted(os.listdir(tmp_path)) == (["assets", "work"] if old_pair else ["work"])
+
+
+def test_the_recorded_rebuild_command_is_portable(tmp_path):
+    from dflash_jax.embedded import build
+
+    p = build.parser()
+    a = p.parse_args(["--work", str(tmp_path / "w"), "--ass", str(tmp_path / "a"), "--data", "/data/x",
+                      "--overwrite", "--into-package", "--drafter-st", "300", "--taps", "0", "2",
+                      "--bench-args", "--datasets gsm8k --data-dir /srv/data"])
+    cmd = build.portable_command(a, p)
+    assert cmd == ("`python -m dflash_jax build-embedded --work WORK --assets ASSETS --into-package "
+                   "--data-dir DATA_DIR --taps 0 2 --drafter-steps 300 "
+                   "--bench-args '--datasets gsm8k --data-dir PATH'`")
+    a = p.parse_args(["--work", "runs/e", "--data-dir", "../shared/datasets"])  # relative: as given
+    assert build.portable_command(a, p) == ("`python -m dflash_jax build-embedded --work runs/e "
+                                            "--data-dir ../shared/datasets`")
+    assert build.portable_command(p.parse_args([]), p) == "`python -m dflash_jax build-embedded`"
+
+
+def test_shipped_cards_record_no_machine_paths():
+    import re
+
+    from dflash_jax.api import ASSETS_DIR
+
+    for name in ("target/README.md", "target/training.json", "drafter/README.md", "drafter/recipe.json"):
+        text = open(os.path.join(ASSETS_DIR, name)).read()
+        assert not re.search(r"(^|[\s`'\"(=])/(root|home|work|tmp|usr|opt|mnt|srv|Users)\b", text), name
+
+
+def test_build_embedded_without_any_data_dir_says_what_to_get(tmp_path, monkeypatch, capsys):
+    from dflash_jax.__main__ import main
+    from dflash_jax.bench import prompt_sets
+
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    monkeypatch.setattr(prompt_sets, "default_data_dir", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        main(["build-embedded", "--work", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    for needed in ("no data directory was given", "DIR/gsm8k/train.jsonl", "DIR/mbpp/sanitized-mbpp.json",
+                   "github.com/openai/grade-school-math", "grade_school_math/data/train.jsonl",
+                   "openai/gsm8k, config main, split train", "google-research/google-research",
+                   "google-research-datasets/mbpp, config sanitized"):
+        assert needed in err, needed
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_held_out_split_check_is_the_trainers(tmp_path):
+    """build-embedded checks --num-prompts with the function TokenDataset.hold_out itself calls."""
+    from dflash_jax.training.data import TokenDataset, check_hold_out
+
+    np.savez(tmp_path / "shard-00000.npz", tokens=np.ones((3, 4), np.int32),
+             loss_mask=np.array([[0, 1, 1, 0]] * 3, bool), lengths=np.full(3, 3, np.int32))
+    for n in (3, 4, -1):
+        with pytest.raises(ValueError, match=f"^cannot hold out {n} of 3 sequences$"):
+            check_hold_out(n, 3)
+        with pytest.raises(ValueError, match=f"^cannot hold out {n} of 3 sequences$"):
+            TokenDataset(str(tmp_path)).hold_out(n)
+    data = TokenDataset(str(tmp_path))
+    assert data.hold_out(2) == [[1], [1]] and len(data) == 1

@@ -1,25 +1,45 @@
 """The whole embedded-default recipe in one resumable command:
 
-    python -m dflash_jax build-embedded --work runs/embedded
+    python -m dflash_jax build-embedded --work runs/embedded --data-dir DIR
 
 corpus + tokenizer -> pretrain the target -> export it (bf16, Hugging Face layout) -> training
 prompts -> target-regenerated responses -> train the drafter -> export it (released layout)
--> bench -> model cards. Every stage works inside --work and skips work already done (the two
-training stages resume from their last Orbax checkpoint), so the command can be rerun after a
-kill. Only when every stage has succeeded is the finished pair installed, as one unit, into
---assets (default: WORK/assets): a new directory is written beside it and renamed into place,
-so a failed or interrupted build never leaves a half-replaced or mismatched target/drafter.
+-> bench -> model cards. Every stage runs as ``python -m dflash_jax <stage>`` in the work
+directory, with paths relative to it, and skips work already done (the two training stages
+resume from their last Orbax checkpoint), so the command can be rerun after a kill with the
+same settings (WORK/build.json records them; other settings are refused up front).
 
-An existing --assets directory is replaced only with --overwrite; the package's own shipped
-assets (dflash_jax/assets) only with --into-package (which implies it). Every stage's settings
-are checked before the first stage runs. The training data (GSM8K train, MBPP) comes from
---data-dir, $DFLASH_DATA_DIR or ../shared/datasets beside the checkout.
+Where things go (WORK is --work):
+
+    WORK/build.json            the settings of this work directory
+    WORK/corpus, target-run, prompts.jsonl, drafter-data, drafter-run, bench
+                               the stages' results (kept for resuming)
+    WORK/export/{target,drafter}  the pair as the stages write it (with its model cards)
+    ASSETS/{target,drafter}    the installed pair: --assets, default WORK/assets
+
+Nothing is lost by a default:
+  * every stage's settings, the install destination and the training data are checked before
+    the first stage runs; a mistake is a one-line error and nothing is written;
+  * the pair is installed only when every stage (model cards included) has succeeded, as one
+    unit: it is copied into a new directory beside ASSETS and renamed into place (the old pair
+    stays until the new one is complete), so a failed or interrupted build never leaves a
+    half-replaced or mismatched target/drafter;
+  * an existing, non-empty ASSETS directory is replaced only with --overwrite;
+  * the package's own shipped embedded default (dflash_jax/assets) is never written unless
+    --into-package is given (it implies --overwrite for that directory); --assets may not
+    point into, or contain, the package's assets directory or the work directory.
+
+The training data (GSM8K train, MBPP sanitized) comes from --data-dir, $DFLASH_DATA_DIR or
+../shared/datasets beside the checkout, laid out as DIR/gsm8k/train.jsonl and
+DIR/mbpp/sanitized-mbpp.json. The model cards record the rebuild command without this
+machine's absolute paths (they become WORK, ASSETS, DATA_DIR).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,6 +49,8 @@ from dflash_jax.cli import command_parser
 
 EVAL_PROMPTS = 16  # held-out sequences the drafter trainer evaluates tau on
 BLOCK_SIZE = 16
+REGEN_MAX_LEN = 512  # train-data --max-len
+VOCAB_SIZE = 8192  # build-corpus's default vocabulary
 
 
 def _run(args: list[str], cwd: str) -> None:
@@ -42,74 +64,221 @@ def _run(args: list[str], cwd: str) -> None:
 CORPUS, TARGET_RUN, PROMPTS, REGEN = "corpus", "target-run", "prompts.jsonl", "drafter-data"
 DRAFTER_RUN, BENCH, EXPORT = "drafter-run", "bench", "export"  # EXPORT: the pair before it is installed
 TARGET, DRAFTER = os.path.join(EXPORT, "target"), os.path.join(EXPORT, "drafter")
+SETTINGS = "build.json"
+STAGE_OUTPUTS = (CORPUS, TARGET_RUN, PROMPTS, REGEN, DRAFTER_RUN, BENCH, EXPORT, SETTINGS)
+# the build's options that decide what the stages make (a resume must keep them)
+RECIPE_OPTIONS = ("preset", "target_steps", "num_prompts", "max_new_tokens", "drafter_layers", "taps",
+                  "drafter_steps", "drafter_batch", "num_anchors", "drafter_lr")
+# bench options the build sets itself
+BENCH_OWN = ("target", "drafter", "out")
 
 
 def parser():
     p = command_parser("build-embedded", __doc__)
     p.add_argument("--work", default=os.path.join("runs", "embedded"),
                    help="working directory: corpus, runs, data, exports (resumed when it exists)")
-    p.add_argument("--assets", default=None, help="where the finished pair is installed (default: WORK/assets)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --assets directory")
+    p.add_argument("--assets", default=None,
+                   help="where the finished pair is installed, as ASSETS/target and ASSETS/drafter "
+                        "(default: WORK/assets)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing non-empty --assets directory (without it, one is refused)")
     p.add_argument("--into-package", action="store_true",
-                   help="install into the package's shipped dflash_jax/assets (replaces the embedded default)")
+                   help="install into the package's shipped dflash_jax/assets, replacing the embedded "
+                        "default (the only way to write there)")
     p.add_argument("--data-dir", default=None,
                    help="training data: DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json (default: "
                         "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "gpu", "tiny"], help="target size")
     p.add_argument("--target-steps", type=int, default=1200, help="pretraining steps")
-    p.add_argument("--num-prompts", type=int, default=4000, help="drafter training prompts")
+    p.add_argument("--num-prompts", type=int, default=4000,
+                   help=f"drafter training prompts ({EVAL_PROMPTS} of them held out to measure tau)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="response length when regenerating")
     p.add_argument("--drafter-layers", type=int, default=1)
-    p.add_argument("--taps", type=int, nargs="+", default=[1, 2, 3], help="target layers the drafter reads")
+    p.add_argument("--taps", type=int, nargs="+", default=[1, 2, 3],
+                   help="target layers the drafter reads (distinct, below the preset's layer count)")
     p.add_argument("--drafter-steps", type=int, default=2200)
     p.add_argument("--drafter-batch", type=int, default=8)
     p.add_argument("--num-anchors", type=int, default=32, help="anchors per training sequence")
     p.add_argument("--drafter-lr", type=float, default=1e-3)
-    p.add_argument("--bench-args", default="", help="extra arguments for the final bench run")
+    p.add_argument("--bench-args", default="",
+                   help="extra arguments for the final bench run, checked up front (not --target/--drafter/"
+                        "--out), e.g. --bench-args='--datasets gsm8k --max-samples 4'")
     return p
 
 
-def validate(a, assets: str) -> str | None:
-    """Checks every stage's settings before any runs; returns the training data directory (None
-    when the stages that read it are done). Raises ValueError / FileNotFoundError."""
-    from dflash_jax.bench.prompt_sets import default_data_dir
-    from dflash_jax.embedded.corpus import check_training_data
-    from dflash_jax.embedded.pretrain import MODEL_PRESETS
+# ------------------------------------------------------------------------------- checks
+def _inside(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies under it (both real paths)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_model(a) -> None:
+    """The drafter's shape against the preset's target: the trainer's own check
+    (``DrafterConfig.check_target``) on the configs the stages will build."""
+    from dflash_jax.config import DrafterConfig
+    from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
 
     layers = MODEL_PRESETS[a.preset]["num_layers"]
     bad = [t for t in a.taps if not 0 <= t < layers]
     if bad or len(set(a.taps)) != len(a.taps):
         raise ValueError(f"--taps {' '.join(map(str, a.taps))}: the {a.preset} preset's target has "
                          f"{layers} layers, so taps must be distinct layer ids in 0..{layers - 1}")
+    target = model_config(a.preset, VOCAB_SIZE, eos_id=0)
+    DrafterConfig.for_target(target, a.drafter_layers, BLOCK_SIZE, 1, tuple(a.taps)).check_target(target)
+
+
+def check_numbers(a) -> None:
+    """The stages' numeric settings, including the drafter trainer's held-out split."""
+    from dflash_jax.training.data import check_hold_out
+
     for name in ("target_steps", "drafter_steps", "drafter_batch", "drafter_layers", "num_anchors",
                  "max_new_tokens"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if a.num_prompts <= EVAL_PROMPTS + a.drafter_batch:
-        raise ValueError(f"--num-prompts {a.num_prompts} is too few: the drafter trainer holds out "
-                         f"{EVAL_PROMPTS} sequences for tau and needs at least --drafter-batch "
-                         f"({a.drafter_batch}) to train on; use at least {EVAL_PROMPTS + a.drafter_batch + 1}")
     if not a.drafter_lr > 0:
         raise ValueError(f"--drafter-lr must be > 0, got {a.drafter_lr}")
-    given, assets = assets, os.path.abspath(assets)
-    package = os.path.abspath(PACKAGE_ASSETS)
+    need = EVAL_PROMPTS + a.drafter_batch  # one sequence per prompt
+    try:
+        check_hold_out(EVAL_PROMPTS, a.num_prompts)  # what `train --eval-prompts` does with the data
+        if a.num_prompts - EVAL_PROMPTS < a.drafter_batch:
+            raise ValueError(f"{a.num_prompts - EVAL_PROMPTS} sequences are left to train on, fewer "
+                             f"than --drafter-batch {a.drafter_batch}")
+    except ValueError as e:
+        raise ValueError(f"--num-prompts {a.num_prompts} is too few: the drafter trainer holds out "
+                         f"{EVAL_PROMPTS} sequences to measure tau and trains on the rest in batches of "
+                         f"--drafter-batch ({a.drafter_batch}) ({e}); use --num-prompts {need} or more") from None
+    if a.max_new_tokens >= REGEN_MAX_LEN:
+        raise ValueError(f"--max-new-tokens {a.max_new_tokens}: regenerated sequences are at most "
+                         f"{REGEN_MAX_LEN} tokens, prompt included; use fewer than {REGEN_MAX_LEN}")
+
+
+def bench_arguments(a) -> list[str]:
+    """--bench-args split and parsed by bench's own parser (a mistake is found now, not after
+    training); the options the build sets itself are refused."""
+    from dflash_jax.bench import harness
+
+    try:
+        extra = shlex.split(a.bench_args)
+    except ValueError as e:
+        raise ValueError(f"--bench-args {a.bench_args!r}: {e}") from None
+    p = harness.parser()
+    unset = object()
+    p.set_defaults(**{k: unset for k in BENCH_OWN})
+
+    def refuse(*args):
+        raise ValueError(f"--bench-args {a.bench_args!r}: {args[-1] if args else 'asks for help'}")
+
+    p.error, p.exit, p.print_help = refuse, refuse, lambda *args: refuse()
+    given = p.parse_args(extra)
+    own = [k for k in BENCH_OWN if getattr(given, k) is not unset]
+    if own:
+        raise ValueError(f"--bench-args {a.bench_args!r}: leave out --{' and --'.join(own)} (the build "
+                         "benches the pair it built, into WORK/bench)")
+    return extra
+
+
+def check_destination(a, assets: str) -> None:
+    """Where the pair will be installed: never into the package or the work directory by
+    accident, never over an existing pair without --overwrite."""
+    given = assets
+    assets, package = os.path.realpath(assets), os.path.realpath(PACKAGE_ASSETS)
+    work = os.path.realpath(a.work)
+    if a.into_package and a.assets is not None and os.path.realpath(a.assets) != package:
+        raise ValueError("--into-package installs into dflash_jax/assets: leave --assets unset with it")
     if assets == package and not a.into_package:
         raise ValueError(f"--assets {given} is the package's shipped embedded default: pass "
                          "--into-package to replace it, or choose another directory")
-    if a.into_package and a.assets is not None and os.path.abspath(a.assets) != package:
-        raise ValueError("--into-package installs into dflash_jax/assets: leave --assets unset with it")
+    if assets != package and (_inside(assets, package) or _inside(package, assets)):
+        raise ValueError(f"--assets {given} overlaps the package's shipped embedded default "
+                         f"({PACKAGE_ASSETS}); choose a directory outside it (or --into-package)")
+    if _inside(work, assets):
+        raise ValueError(f"--assets {given} would replace the work directory {a.work}: choose another "
+                         "directory (the default is WORK/assets)")
+    for name in STAGE_OUTPUTS:
+        if _inside(assets, os.path.join(work, name)):
+            raise ValueError(f"--assets {given} is inside the stage output {os.path.join(a.work, name)}: "
+                             "choose another directory (the default is WORK/assets)")
+    if os.path.lexists(assets) and not os.path.isdir(assets):
+        raise ValueError(f"--assets {given} exists and is not a directory")
     if os.path.isdir(assets) and os.listdir(assets) and not (a.overwrite or a.into_package):
         raise ValueError(f"--assets {given} exists and is not empty: pass --overwrite to replace "
                          "it (or another --assets)")
+    parent = os.path.dirname(assets)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot install into {given}: {parent} is not writable")
+
+
+def recipe_settings(a) -> dict:
+    return {k: getattr(a, k) for k in RECIPE_OPTIONS} | {"block_size": BLOCK_SIZE,
+                                                        "eval_prompts": EVAL_PROMPTS}
+
+
+def check_resume(a) -> None:
+    """A work directory is resumed only with the settings it was started with."""
+    path = os.path.join(a.work, SETTINGS)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f)
+    new = json.loads(json.dumps(recipe_settings(a)))
+    diff = [k for k in new if old.get(k) != new[k]]
+    if diff:
+        said = ", ".join(f"--{k.replace('_', '-')} {_show(old.get(k))} (now {_show(new[k])})" for k in diff)
+        raise ValueError(f"{a.work} was started with other settings: {said}; rerun with those to "
+                         "resume it, or use a new --work")
+
+
+def _show(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def available_prompts(data_dir: str, num: int) -> int:
+    """How many of ``num`` training prompts ``embedded-prompts`` can draw from ``data_dir``
+    (``corpus.training_prompts`` returns min(num, prompts available)); the standard library
+    is scanned only when the data files alone fall short."""
+    from dflash_jax.embedded import corpus
+
+    n = len(corpus.gsm8k_train(data_dir)) + len(corpus.mbpp_train(data_dir))
+    if n < num:
+        n += sum(1 for _ in corpus.function_examples(corpus.stdlib_files(None)))
+    return min(n, num)
+
+
+def check_data(a) -> str | None:
+    """The training data directory, checked, when a stage still needs it (None otherwise)."""
+    from dflash_jax.bench.prompt_sets import default_data_dir
+    from dflash_jax.embedded.corpus import check_training_data
+
     work = a.work
-    need_data = not (os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
-                     and os.path.exists(os.path.join(work, PROMPTS)))
+    need_corpus = not os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
+    need_prompts = not os.path.exists(os.path.join(work, PROMPTS))
     data_dir = a.data_dir or default_data_dir()
-    if need_data:
-        check_training_data(data_dir)
-    return os.path.abspath(data_dir) if data_dir else None
+    if not (need_corpus or need_prompts):
+        return os.path.abspath(data_dir) if data_dir else None
+    check_training_data(data_dir)
+    if need_prompts:
+        have = available_prompts(data_dir, a.num_prompts)
+        if have < a.num_prompts:
+            raise ValueError(f"--num-prompts {a.num_prompts}: the training data in {data_dir} and the "
+                             f"standard library give only {have} prompts; use --num-prompts {have} or fewer")
+    return os.path.abspath(data_dir)
 
 
+def validate(a, assets: str) -> tuple[str | None, list[str]]:
+    """Checks every stage's settings before any runs; returns the training data directory (None
+    when the stages that read it are done) and the bench stage's extra arguments. Raises
+    ValueError / OSError; writes nothing."""
+    check_model(a)
+    check_numbers(a)
+    bench_extra = bench_arguments(a)
+    check_destination(a, assets)
+    check_resume(a)
+    return check_data(a), bench_extra
+
+
+# ------------------------------------------------------------------------------- install
 def install(staged: str, assets: str) -> None:
     """Replaces the ``assets`` directory by ``staged`` (a finished target/ + drafter/ pair) with
     renames: the old pair stays in place until the new one is complete beside it."""
@@ -118,49 +287,71 @@ def install(staged: str, assets: str) -> None:
     new = os.path.join(parent, f".{os.path.basename(assets)}.new-{os.getpid()}")
     old = os.path.join(parent, f".{os.path.basename(assets)}.old-{os.getpid()}")
     shutil.rmtree(new, ignore_errors=True)
-    shutil.copytree(staged, new)
+    try:
+        shutil.copytree(staged, new)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
     if os.path.exists(assets):
         os.replace(assets, old)
         try:
             os.replace(new, assets)
-        except OSError:
+        except BaseException:
             os.replace(old, assets)
+            shutil.rmtree(new, ignore_errors=True)
             raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, assets)
 
 
-PATH_OPTIONS = ("--work", "--assets", "--data-dir")
+# ------------------------------------------------------------------------------- cards
+PATH_OPTIONS = {"work": "WORK", "assets": "ASSETS", "data_dir": "DATA_DIR"}
 
 
-def _portable_command(argv) -> str:
-    """The rebuild command for the model cards: the options as given, but paths of this machine
-    (work, assets and data directories) written as placeholders."""
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
+def _portable(value: str, placeholder: str) -> str:
+    return placeholder if os.path.isabs(os.path.expanduser(value)) else value
+
+
+def portable_command(a, p=None) -> str:
+    """The rebuild command for the model cards, from the parsed options: those that differ from
+    their defaults, absolute paths of this machine written as WORK / ASSETS / DATA_DIR
+    (relative ones as given), without --overwrite (a permission, not part of the recipe)."""
+    p = p or parser()
+    out = []
+    for act in p._actions:
+        if not act.option_strings or act.dest in ("help", "overwrite"):
             continue
-        name = arg.split("=", 1)[0]
-        if name in PATH_OPTIONS:
-            out.append(f"{name} {name[2:].replace('-', '_').upper()}")
-            skip = "=" not in arg
-        elif arg in ("--overwrite", "--into-package"):
+        value = getattr(a, act.dest)
+        if value == act.default or value is None:
             continue
+        opt = max(act.option_strings, key=len)
+        if act.dest in PATH_OPTIONS:
+            out += [opt, _portable(value, PATH_OPTIONS[act.dest])]
+        elif act.nargs == 0:
+            out.append(opt)
+        elif act.dest == "bench_args":
+            out += [opt, " ".join(_portable(t, "PATH") for t in shlex.split(value))]
+        elif isinstance(value, list):
+            out += [opt, *map(str, value)]
         else:
-            out.append(f"'{arg}'" if " " in arg else arg)
-    return "`python -m dflash_jax build-embedded " + " ".join(out) + "`"
+            out += [opt, str(value)]
+    return "`" + shlex.join(["python", "-m", "dflash_jax", "build-embedded", *out]) + "`"
 
 
+# ------------------------------------------------------------------------------- the build
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
     assets = PACKAGE_ASSETS if a.into_package else (a.assets or os.path.join(a.work, "assets"))
-    data_dir = validate(a, assets)
+    data_dir, bench_extra = validate(a, assets)  # nothing has been written before this returns
     data = ["--data-dir", data_dir] if data_dir else []
     w = a.work
     os.makedirs(w, exist_ok=True)
+    with open(os.path.join(w, SETTINGS + ".tmp"), "w") as f:
+        json.dump(recipe_settings(a), f, indent=2)
+    os.replace(os.path.join(w, SETTINGS + ".tmp"), os.path.join(w, SETTINGS))
     if not os.path.exists(os.path.join(w, CORPUS, "corpus.json")):
         _run(["build-corpus", "--out", CORPUS, *data], w)
     _run(["pretrain", "--corpus", CORPUS, "--run", TARGET_RUN, "--preset", a.preset,
@@ -169,10 +360,10 @@ def main(argv=None):
     if not os.path.exists(os.path.join(w, PROMPTS)):
         _run(["embedded-prompts", "--out", PROMPTS, "--num", str(a.num_prompts), *data], w)
     _run(["train-data", "--target", TARGET, "--prompts", PROMPTS, "--out", REGEN, "--dtype", "float32",
-          "--max-new-tokens", str(a.max_new_tokens), "--max-len", "512", "--batch-size", "32"], w)
+          "--max-new-tokens", str(a.max_new_tokens), "--max-len", str(REGEN_MAX_LEN), "--batch-size", "32"], w)
     recipe = {"num_prompts": a.num_prompts, "max_new_tokens": a.max_new_tokens, "steps": a.drafter_steps,
               "batch_size": a.drafter_batch, "num_anchors": a.num_anchors, "learning_rate": a.drafter_lr,
-              "gamma": 7.0, "commands": _portable_command(argv)}
+              "gamma": 7.0, "commands": portable_command(a, p)}
     _run(["train", "--target", TARGET, "--data", REGEN, "--run", DRAFTER_RUN, "--dtype", "float32",
           "--drafter-layers", str(a.drafter_layers), "--block-size", str(BLOCK_SIZE), "--taps", *map(str, a.taps),
           "--steps", str(a.drafter_steps), "--batch-size", str(a.drafter_batch), "--num-anchors",
@@ -182,7 +373,7 @@ def main(argv=None):
     shutil.copy(os.path.join(w, DRAFTER_RUN, "metrics.jsonl"), os.path.join(w, DRAFTER, "training_metrics.jsonl"))
     with open(os.path.join(w, DRAFTER, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=2)
-    _run(["bench", "--target", TARGET, "--drafter", DRAFTER, "--out", BENCH, *a.bench_args.split()], w)
+    _run(["bench", "--target", TARGET, "--drafter", DRAFTER, "--out", BENCH, *bench_extra], w)
     from dflash_jax.embedded.cards import write_cards
 
     write_cards(os.path.join(w, EXPORT), recipe, os.path.join(w, BENCH, "bench.json"))

@@ -1,5 +1,6 @@
 """Model cards (README.md) of the embedded target and drafter, from their training records
-and a ``bench`` report."""
+and a ``bench`` report. They record commands as the build gives them: its own command without
+this machine's absolute paths, its stages' with paths relative to the work directory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ def _load(path):
         return json.load(f)
 
 
-def target_card(target_dir: str) -> str:
+def target_card(target_dir: str, recipe: dict | None = None) -> str:
+    """``recipe``: the build's recipe (``recipe.json`` of the drafter), whose ``commands`` is the
+    portable rebuild command."""
     t = _load(os.path.join(target_dir, "training.json"))
     c = _load(os.path.join(target_dir, "config.json"))
     tr, corpus = t["train"], t["corpus"]
@@ -38,9 +41,19 @@ a GPU or a network. It is weak as a language model; it exists to be drafted for.
   {tr['weight_decay']}, clip {tr['grad_clip']}, float32 on 2 CPU cores.
 - Held-out loss (2 % of documents, {corpus['heldout']['tokens'] / 1e3:.0f}k tokens): {t['heldout_loss']:.3f} nats/token
   (float32 weights; {t['heldout_loss_bf16']:.3f} with the shipped bfloat16 weights).
-- Command: `{t['command']}` (after `python -m dflash_jax build-corpus --out runs/corpus` and
-  `python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --preset cpu --steps {t['steps']}`).
+- Commands: {_commands(t, recipe)}.
 """
+
+
+def _commands(t: dict, recipe: dict | None) -> str:
+    """How the target was made: the build command and its stages (paths relative to the
+    build's work directory, as the stages record them)."""
+    stages = (f"`python -m dflash_jax build-corpus --out corpus`, `python -m dflash_jax pretrain --corpus "
+              f"corpus --run target-run --preset {t.get('preset', 'cpu')} --steps {t['train']['steps']}` "
+              f"and `{t['command']}`")
+    if recipe and recipe.get("commands"):
+        return f"{recipe['commands']}, whose stages (in its work directory) were {stages}"
+    return stages
 
 
 def drafter_card(drafter_dir: str, recipe: dict, bench: dict | None) -> str:
@@ -76,6 +89,6 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
 def write_cards(assets_dir: str, recipe: dict, bench_json: str | None) -> None:
     bench = _load(bench_json) if bench_json else None
     with open(os.path.join(assets_dir, "target", "README.md"), "w") as f:
-        f.write(target_card(os.path.join(assets_dir, "target")))
+        f.write(target_card(os.path.join(assets_dir, "target"), recipe))
     with open(os.path.join(assets_dir, "drafter", "README.md"), "w") as f:
         f.write(drafter_card(os.path.join(assets_dir, "drafter"), recipe, bench))

@@ -23,6 +23,8 @@ def build_corpus(argv):
     check_training_data(args.data_dir)
     if not 1024 <= args.vocab_size <= 65535:
         raise ValueError("--vocab-size must be within 1024..65535 (tokens are stored as uint16)")
+    if args.seq_len < 2:
+        raise ValueError(f"--seq-len must be >= 2 (a row predicts its next tokens), got {args.seq_len}")
     meta = build(args.out, args.data_dir, args.vocab_size, args.seq_len)
     print(json.dumps({k: meta[k] for k in ("vocab_size", "train", "heldout")}, indent=2))
 
@@ -66,7 +68,13 @@ def training_prompts(argv):
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     _data_dir_argument(p)
     args = p.parse_args(argv)
-    rows = make(check_training_data(args.data_dir), args.num, args.seed)
+    data_dir = check_training_data(args.data_dir)
+    if args.num < 1:
+        raise ValueError(f"--num must be >= 1, got {args.num}")
+    rows = make(data_dir, args.num, args.seed)
+    if len(rows) < args.num:
+        raise ValueError(f"--num {args.num}: the training data in {data_dir} and the standard library "
+                         f"give only {len(rows)} prompts; ask for {len(rows)} or fewer")
     with open(args.out + ".tmp", "w") as f:
         for r in rows:
             f.write(json.dumps({"prompt": r}) + "\n")

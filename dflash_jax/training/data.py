@@ -147,6 +147,13 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
     return meta
 
 
+def check_hold_out(n: int, num_sequences: int) -> None:
+    """The check of :meth:`TokenDataset.hold_out`: ``n`` held-out sequences must leave at least
+    one of ``num_sequences`` to train on (callers can check their settings before any data exists)."""
+    if not 0 <= n < num_sequences:
+        raise ValueError(f"cannot hold out {n} of {num_sequences} sequences")
+
+
 class TokenDataset:
     """All shards of a data directory in memory: tokens [n, L], loss_mask [n, L], lengths [n]."""
 
@@ -177,8 +184,7 @@ class TokenDataset:
 
     def hold_out(self, n: int) -> list[list[int]]:
         """Removes the last n rows from training and returns their prompts (for tau evaluation)."""
-        if not 0 <= n < len(self):
-            raise ValueError(f"cannot hold out {n} of {len(self)} sequences")
+        check_hold_out(n, len(self))
         prompts = [self.prompt(i) for i in range(len(self) - n, len(self))]
         keep = len(self) - n
         self.tokens, self.loss_mask, self.lengths = self.tokens[:keep], self.loss_mask[:keep], self.lengths[:keep]
