@@ -151,12 +151,26 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
     Returns:
       [B, T, H, Dh] in q's dtype.
     """
-    from jax.experimental.pallas import triton as plgpu
-
     if k.ndim == 4:
         k, v, layer = k[None], v[None], 0
     elif layer is None:
         raise ValueError("a stacked [L, B, S, Hkv, Dh] cache needs layer=")
+    # Under jit so that tracing sees one removable call: jax <= 0.11 never dead-code-eliminates
+    # a bare pallas_call, and flax >= 0.12.9 (which needs jax >= 0.11.1) DCEs the body of
+    # nn.scan to check its broadcast inputs, so a bare kernel in a scanned layer fails there
+    # ("broadcasted variable has a data dependency on the scan body"); a jit call is removable.
+    return _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, causal=causal,
+                            scale=None if scale is None else float(scale), block_k=block_k,
+                            num_splits=num_splits, interpret=interpret, num_warps=num_warps,
+                            num_stages=num_stages)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "block_k", "num_splits", "interpret",
+                                             "num_warps", "num_stages"))
+def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, block_k, num_splits,
+                     interpret, num_warps, num_stages):
+    from jax.experimental.pallas import triton as plgpu
+
     _check(q, k[0], v[0], kv_lens, k_blk, v_blk, causal)
     B, T, H, Dh = q.shape
     S, Hkv = k.shape[2], k.shape[3]

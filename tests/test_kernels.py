@@ -79,6 +79,27 @@ def test_bad_arguments():
         dj.generate(dj.Target.random(CFG), [[1]], 2, attention_impl="cuda")
 
 
+def test_an_unused_kernel_call_is_dead_code():
+    """flax >= 0.12.9 checks nn.scan's broadcast inputs by dead-code elimination of the scanned
+    body, and jax <= 0.11 never removes a bare pallas_call: the kernel must be removable as a
+    whole, or every scanned model with attention_impl="pallas" fails on jax 0.11 with new flax.
+    (Tested here on every jax; the models' test below is the same check on jax 0.11.)"""
+    import jax
+    from jax.interpreters import partial_eval as pe
+
+    q, k, v, kb, vb, lens = _inputs(4, 64, 2, 2, 16, jnp.float32)
+
+    def unused(q, k, v, kb, vb, lens):
+        block_attention(q, k, v, lens, kb, vb, causal=False, interpret=True)
+        block_attention(q, k, v, lens, causal=True, interpret=True)
+        return jnp.zeros(())
+
+    jaxpr = jax.make_jaxpr(unused)(q, k, v, kb, vb, lens).jaxpr
+    assert "pallas_call" in str(jaxpr)
+    dced, used_inputs = pe.dce_jaxpr(jaxpr, [True])
+    assert not any(used_inputs) and "pallas_call" not in str(dced)
+
+
 CFG = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=64, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
 
