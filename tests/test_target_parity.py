@@ -30,31 +30,41 @@ def test_full_forward_logits_and_taps(hf_checkpoint):
     np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=TOL, rtol=0)
     D = cfg.hidden_size
     for j, i in enumerate(taps_ids):
-        # tap of layer i == hidden_states[i + 1] (hidden_states[0] is the embedding output);
-        # the last layer's hidden state in transformers has the final norm applied
-        if i == cfg.num_layers - 1:
-            continue
+        # tap of layer i == hidden_states[i + 1] (hidden_states[0] is the embedding output),
+        # the last layer included: there transformers returns the output after the final norm
         np.testing.assert_allclose(np.asarray(taps[..., j * D:(j + 1) * D]), ref_hidden[i + 1],
                                    atol=TOL, rtol=0)
 
 
-def test_last_layer_tap_is_pre_norm_output(hf_checkpoint):
-    """transformers applies the final norm to hidden_states[-1]; the tap is the raw output."""
+def test_last_layer_tap_is_transformers_post_norm_hidden_state(hf_checkpoint):
+    """The last layer's tap is hidden_states[-1] (final norm applied), not the raw layer output
+    (the convention this project used before, which the reference and serving engines reject),
+    on the cached path the engine uses too, and whatever the order of the requested taps."""
     name, model, path = hf_checkpoint
     target = dj.load_target(path)
     cfg = target.config
-    ids = np.arange(12)[None] % cfg.vocab_size
+    N, D = cfg.num_layers, cfg.hidden_size
+    ids = (np.arange(12)[None] * 7 + 3) % cfg.vocab_size
     captured = {}
 
     def hook(module, inputs, output):
-        captured["h"] = (output[0] if isinstance(output, tuple) else output).detach().numpy()
+        captured["raw"] = (output[0] if isinstance(output, tuple) else output).detach().numpy()
 
     handle = model.model.layers[-1].register_forward_hook(hook)
-    torch_forward(model, ids)
+    _, ref_hidden = torch_forward(model, ids)
     handle.remove()
-    _, taps, _ = target_forward(cfg, target.params, jnp.asarray(ids), jnp.arange(12)[None],
-                                tap_layer_ids=(cfg.num_layers - 1,))
-    np.testing.assert_allclose(np.asarray(taps), captured["h"], atol=TOL, rtol=0)
+    assert np.abs(captured["raw"] - ref_hidden[N]).max() > 10 * TOL  # the two conventions differ here
+    cache = KVCache.for_config(cfg, 1, 32)
+    taps_ids = (N - 1, N // 2, N - 1)
+    got = []
+    for lo, hi in [(0, 7), (7, 12)]:  # a prompt chunk, then a block, through the cache
+        pos = jnp.arange(lo, hi)[None]
+        _, taps, cache = target_forward(cfg, target.params, jnp.asarray(ids[:, lo:hi]), pos, cache,
+                                        tap_layer_ids=taps_ids)
+        got.append(np.asarray(taps))
+    taps = np.concatenate(got, axis=1)
+    for j, i in enumerate(taps_ids):
+        np.testing.assert_allclose(taps[..., j * D:(j + 1) * D], ref_hidden[i + 1], atol=TOL, rtol=0)
 
 
 def test_token_by_token_through_cache(hf_checkpoint):

@@ -94,8 +94,9 @@ class DecoderLayer(nn.Module):
 class TargetModel(nn.Module):
     """Decoder-only LM returning logits, tapped hidden states and the updated cache.
 
-    ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is that layer's
-    output, i.e. transformers' ``hidden_states[i + 1]`` (SPEC.md section 2).
+    ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is exactly
+    transformers' ``hidden_states[i + 1]`` (SPEC.md section 2): layer i's output, and for the
+    last layer that output after the model's final norm (as transformers returns it).
     ``attention_impl``: "xla" (dense reference) or "pallas" (``kernels.block_attention``) for
     attention through the cache; the cache-less path always uses XLA.
     """
@@ -162,6 +163,12 @@ class TargetModel(nn.Module):
                                              (cos, sin, positions, mask))
         if cache is not None:
             cache = cache.crop(positions[:, -1] + 1)
+        last = cfg.num_layers - 1
+        if last in self.tap_layer_ids:
+            # transformers' hidden_states[-1] is the last layer's output after the final norm;
+            # the reference, vLLM and SGLang feed that to the drafter (SPEC.md section 2)
+            is_last = (jnp.asarray(self.tap_layer_ids) == last)[:, None, None, None]
+            taps = jnp.where(is_last, self.norm(h)[None].astype(taps.dtype), taps)
         if taps is not None:
             taps = jnp.moveaxis(taps, 0, 2).reshape(B, T, K * cfg.hidden_size)
         if not compute_logits:
@@ -170,7 +177,9 @@ class TargetModel(nn.Module):
             h = jnp.take_along_axis(h, logit_index.astype(jnp.int32)[:, None, None], axis=1)
         h = self.norm(h)
         if cfg.tie_word_embeddings:
-            logits = self.embed_tokens.attend(h)
+            # one dot_general, as in lm_head(): flax's attend, jnp.dot(h, E.T), becomes a loop fusion
+            # that XLA:CPU of jaxlib >= 0.11 leaves unvectorized (a decode step 1.7x slower)
+            logits = jnp.einsum("...d,vd->...v", h, self.embed_tokens.embedding)
         else:
             logits = self.lm_head(h)
         return logits.astype(jnp.float32), taps, cache

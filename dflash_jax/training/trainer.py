@@ -38,7 +38,7 @@ class TrainConfig:
     learning_rate: float = 6e-4
     warmup_fraction: float = 0.04
     grad_clip: float = 1.0
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0  # the paper is silent; SpecForge's default
     num_anchors: int = 512
     gamma: float | None = None
     seed: int = 0
