@@ -202,6 +202,13 @@ def test_online_and_offline_features_give_the_same_loss(pair, regenerated, tmp_p
     assert abs(float(l_on) - float(l_off)) < 1e-5 * abs(float(l_on))
     with pytest.raises(ValueError, match="tap layers"):
         FeatureStore(str(tmp_path / "f"), (0,))
+    # a cache from before the tap convention (no tap_convention recorded) is refused
+    meta_file = tmp_path / "f" / "features.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["tap_convention"]
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="hidden_states\\[i \\+ 1\\]"):
+        FeatureStore(str(tmp_path / "f"), drafter.config.target_layer_ids)
 
 
 def _train_cmd(data_dir, regenerated, run, steps):

@@ -1,7 +1,10 @@
 """Offline target features: computed once per data shard, reused by many drafters.
 
 ``features-00000.npy`` ... hold taps [n, L, k*D] of the matching data shard (float32, or
-bfloat16 stored as uint16); ``features.json`` records the target, the tap ids and the dtype.
+bfloat16 stored as uint16); ``features.json`` records the target, the tap ids, the dtype and the
+tap convention (``TAP_CONVENTION``: the tap of layer i is transformers' ``hidden_states[i + 1]``,
+the last layer's after the final norm). Caches without it predate that convention and are
+refused: their last-layer features are the raw layer output.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from tqdm import tqdm
 
 from dflash_jax.training.loss import target_features
 
+TAP_CONVENTION = "hf_hidden_states[i+1]"
+
 
 def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8) -> dict:
     """Runs the frozen target over every sequence of ``data_dir`` and stores the taps."""
@@ -25,15 +30,16 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
     os.makedirs(out_dir, exist_ok=True)
     taps = tuple(int(i) for i in tap_layer_ids)
     meta = {"target": target.path, "tap_layer_ids": list(taps), "data_dir": os.path.abspath(data_dir),
-            "dtype": jnp.dtype(target.dtype).name}
+            "dtype": jnp.dtype(target.dtype).name, "tap_convention": TAP_CONVENTION}
     meta_file = os.path.join(out_dir, "features.json")
     if os.path.exists(meta_file):
         with open(meta_file) as f:
             old = json.load(f)
         if old != meta:
             raise ValueError(f"{out_dir} holds features made with other settings ({old}); use a new directory")
-    with open(meta_file, "w") as f:
+    with open(meta_file + ".tmp", "w") as f:
         json.dump(meta, f, indent=2)
+    os.replace(meta_file + ".tmp", meta_file)
     fn = jax.jit(lambda p, t: target_features(target.config, p, t, taps))
     shards = sorted(f for f in glob.glob(os.path.join(data_dir, "shard-*.npz")) if not f.endswith(".tmp.npz"))
     for shard in tqdm(shards, desc="target features", unit="shard"):
@@ -61,6 +67,13 @@ class FeatureStore:
     def __init__(self, features_dir: str, tap_layer_ids=None):
         with open(os.path.join(features_dir, "features.json")) as f:
             self.meta = json.load(f)
+        if self.meta.get("tap_convention") != TAP_CONVENTION:
+            raise ValueError(
+                f"features in {features_dir} were written before the tap convention became "
+                f"transformers' hidden_states[i + 1] (the last layer's tap after the final norm); "
+                f"recompute them with `python -m dflash_jax features` (a cache whose taps exclude "
+                f"the target's last layer is unaffected: add \"tap_convention\": \"{TAP_CONVENTION}\" "
+                f"to its features.json)")
         if tap_layer_ids is not None and list(tap_layer_ids) != self.meta["tap_layer_ids"]:
             raise ValueError(f"features in {features_dir} tap layers {self.meta['tap_layer_ids']}, but the "
                              f"drafter needs {list(tap_layer_ids)}: compute features for these taps")
