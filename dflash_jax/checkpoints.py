@@ -229,10 +229,13 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
         os.remove(stale)
 
 
-def _dtype_name(tensors) -> str:
-    """The ``dtype`` field of config.json: "float32", "bfloat16" or "float16" when uniform."""
+def _dtype_fields(tensors) -> dict:
+    """config.json's dtype of the stored weights ("float32", "bfloat16" or "float16" when
+    uniform, else "float32"), under both names: ``dtype`` (transformers 5) and ``torch_dtype``
+    (transformers 4.x, which does not know ``dtype``)."""
     names = {str(t.dtype) for t in tensors}
-    return names.pop() if len(names) == 1 else "float32"
+    name = names.pop() if len(names) == 1 else "float32"
+    return {"dtype": name, "torch_dtype": name}
 
 
 def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
@@ -267,10 +270,11 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
 
 def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
                        max_shard_bytes: int | None = None, extra_config: dict | None = None) -> None:
-    """Saves config.json + safetensors in the Hugging Face layout that transformers loads."""
+    """Saves config.json (:meth:`TargetConfig.to_hf_dict` + dtype) and safetensors in the
+    Hugging Face layout that transformers 4.x and 5.x load as the same model."""
     tensors = params_to_tensors(params, target_tensor_specs(cfg))
     write_safetensors(path, tensors, max_shard_bytes)
-    config = {**cfg.to_hf_dict(), "dtype": _dtype_name(tensors.values()), **(extra_config or {})}
+    config = {**cfg.to_hf_dict(), **_dtype_fields(tensors.values()), **(extra_config or {})}
     _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
 
 
@@ -298,9 +302,11 @@ def load_drafter_params(path: str | os.PathLike, cfg, dtype=None) -> dict:
 
 
 def save_drafter_params(path: str | os.PathLike, cfg, params) -> None:
+    """Saves config.json (:meth:`DrafterConfig.to_hf_dict` + dtype) and model.safetensors in
+    the released DFlash layout."""
     tensors = params_to_tensors(params, drafter_tensor_specs(cfg))
     write_safetensors(path, tensors)
-    config = {**cfg.to_hf_dict(), "dtype": _dtype_name(tensors.values())}
+    config = {**cfg.to_hf_dict(), **_dtype_fields(tensors.values())}
     _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
 
 

@@ -2,16 +2,34 @@
 
 Configs are frozen, hashable dataclasses so they can be passed to ``jax.jit`` as static
 arguments. Field names describe dimensions in the notation of SPEC.md section 1.
+
+Every ``config.json`` this module writes reads the same in transformers 4.x, transformers 5.x
+and the DFlash serving engines: RoPE is written both as the hub's top-level ``rope_theta`` +
+``rope_scaling`` (what 4.x, vLLM's and tpu-inference's DFlash drafters read; 4.x silently
+falls back to theta 10000 without it, tpu-inference to 1e6) and as transformers 5's
+``rope_parameters``; the dtype as ``torch_dtype`` (4.x) beside ``dtype`` (5.x); Qwen3 configs
+spell out full attention (``use_sliding_window: false``, ``sliding_window: null``,
+``layer_types``). The readers accept either generation's layout, refuse a file whose two
+spellings disagree (the two transformers generations would build different models from it), and
+refuse features this project does not implement (sliding-window or causal drafter attention,
+biases in the drafter, partial or interleaved rotary, ...) with the field named, instead of
+silently ignoring them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Mapping
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+LLAMA3_ROPE_FIELDS = ("factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings")
+QWEN3_DEFAULT_MAX_WINDOW_LAYERS = 28
+"""transformers' ``Qwen3Config`` default: with ``use_sliding_window``, layers from here on slide."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,15 +49,25 @@ class RopeConfig:
     original_max_position_embeddings: int = 8192
 
     def to_hf(self) -> dict:
+        """transformers 5's ``rope_parameters``: ``{"rope_theta", "rope_type"}`` (+ the four
+        llama3 fields)."""
         out: dict[str, Any] = {"rope_theta": self.theta, "rope_type": self.rope_type}
         if self.rope_type == "llama3":
-            out.update(
-                factor=self.factor,
-                low_freq_factor=self.low_freq_factor,
-                high_freq_factor=self.high_freq_factor,
-                original_max_position_embeddings=self.original_max_position_embeddings,
-            )
+            out.update(self._llama3_fields())
         return out
+
+    def to_hf_scaling(self) -> dict | None:
+        """The hub's top-level ``rope_scaling`` (what transformers 4.x reads): None for plain
+        RoPE, else the Llama-3.1 layout ``{"rope_type": "llama3", "factor", "low_freq_factor",
+        "high_freq_factor", "original_max_position_embeddings"}``."""
+        if self.rope_type == "default":
+            return None
+        return {"rope_type": self.rope_type, **self._llama3_fields()}
+
+    def _llama3_fields(self) -> dict:
+        return dict(factor=self.factor, low_freq_factor=self.low_freq_factor,
+                    high_freq_factor=self.high_freq_factor,
+                    original_max_position_embeddings=self.original_max_position_embeddings)
 
 
 def _decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
@@ -59,7 +87,11 @@ def _decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
 
 
 def _decoder_fields_to_hf(cfg) -> dict:
-    """Inverse of :func:`_decoder_fields_from_hf` (transformers-5 ``rope_parameters``)."""
+    """Inverse of :func:`_decoder_fields_from_hf`, readable by transformers 4.x and 5.x alike.
+
+    RoPE goes in both layouts: top-level ``rope_theta`` + ``rope_scaling`` (hub, 4.x) and
+    ``rope_parameters`` (5.x); the two always carry the same values.
+    """
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -70,9 +102,136 @@ def _decoder_fields_to_hf(cfg) -> dict:
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope.theta,
+        "rope_scaling": cfg.rope.to_hf_scaling(),
         "rope_parameters": cfg.rope.to_hf(),
         "max_position_embeddings": cfg.max_position_embeddings,
     }
+
+
+def _qwen3_full_attention_to_hf(num_layers: int) -> dict:
+    """Qwen3's attention-layout fields, spelled out as full attention in every layer (what the
+    hub's Qwen3 files and transformers 5 write; 4.x reads ``use_sliding_window``, 5.x and the
+    serving engines ``layer_types``)."""
+    return {"use_sliding_window": False, "sliding_window": None, "max_window_layers": num_layers,
+            "layer_types": ["full_attention"] * num_layers}
+
+
+# ---------------------------------------------------------------------------- refusals
+def _unsupported_decoder_features(d: Mapping[str, Any], qwen3_attention: bool) -> list[str]:
+    """Fields of a target or drafter config that ask for something this project does not
+    implement, each as ``"field=value: why / what to do"``.
+
+    ``qwen3_attention``: apply Qwen3's sliding-window fields (transformers' Llama ignores them).
+    """
+    problems = []
+    act = d.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        problems.append(f"hidden_act={act!r}: only the SwiGLU MLP with silu is implemented")
+    if d.get("mlp_bias", False):
+        problems.append("mlp_bias=true: MLP biases are not implemented (no Qwen3/Llama-3 "
+                        "checkpoint uses them)")
+    rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), Mapping) else {}
+    for where, value in (("partial_rotary_factor", d.get("partial_rotary_factor")),
+                         ("rope_parameters.partial_rotary_factor",
+                          rope_params.get("partial_rotary_factor"))):
+        if value is not None and float(value) != 1.0:
+            problems.append(f"{where}={value}: rotary embedding of part of each head is not "
+                            "implemented (only the whole head, as Qwen3 and Llama 3)")
+    for key in ("is_neox_style", "rope_is_neox_style"):
+        if d.get(key, True) is False:
+            problems.append(f"{key}=false: the interleaved (GPT-J) rotary layout is not "
+                            "implemented; dflash-jax rotates halves, as transformers' Qwen3/Llama")
+    if qwen3_attention:
+        problems += _sliding_window_problems(d)
+    return problems
+
+
+def _sliding_window_problems(d: Mapping[str, Any]) -> list[str]:
+    """Sliding-window attention that transformers (4.x or 5.x) would apply to a Qwen3 config.
+
+    transformers 4.x slides layer i when ``use_sliding_window`` and ``sliding_window`` is set and
+    ``i >= max_window_layers`` (default 28); 5.x reads ``layer_types`` (derived by the same
+    rule when absent). Hub Qwen3 files have ``use_sliding_window: false`` (with
+    ``sliding_window`` null or a number): full attention everywhere, accepted.
+    """
+    problems = []
+    n = int(d.get("num_hidden_layers") or 0)
+    layer_types = d.get("layer_types")
+    if layer_types is not None:
+        other = sorted({str(t) for t in layer_types if t != "full_attention"})
+        if other:
+            problems.append(f"layer_types contains {', '.join(map(repr, other))}: only "
+                            "'full_attention' layers are implemented (no sliding-window or other "
+                            "attention variants)")
+        elif len(layer_types) != n:
+            problems.append(f"layer_types has {len(layer_types)} entries for {n} layers")
+    window = d.get("sliding_window")
+    first = d.get("max_window_layers", QWEN3_DEFAULT_MAX_WINDOW_LAYERS)
+    if d.get("use_sliding_window", False) and window is not None and int(first) < n:
+        problems.append(
+            f"use_sliding_window=true with sliding_window={window}: layers {int(first)}..{n - 1} "
+            f"would attend to a window of {window} tokens (transformers 4.x), which dflash-jax does "
+            "not implement; set use_sliding_window to false if the model was trained with full "
+            "attention")
+    return problems
+
+
+# Drafter fields that the public DFlash implementations (the reference, vLLM, SGLang,
+# tpu-inference) read and that this project does not implement: (section, name, the values that
+# are fine, why). Section "" is the top level, "dflash_config" the nested dict.
+_OFF = lambda v: not v                                   # absent, null, false or 0
+_ON = lambda v: v is None or v is True                   # absent, null or true
+_ONE = lambda v: v is None or (not isinstance(v, bool) and float(v) == 1.0)
+_DRAFTER_VARIANTS = (
+    ("", "attention_bias", _OFF, "the drafter has no attention biases (SPEC section 3)"),
+    ("", "is_causal", _OFF, "the drafter's block attention is non-causal"),
+    ("dflash_config", "causal", _OFF, "the drafter's block attention is non-causal"),
+    ("dflash_config", "use_swa", _OFF, "sliding-window drafter attention is not implemented"),
+    ("dflash_config", "attention_sink_bias", _OFF, "attention sinks are not implemented"),
+    ("", "add_swa_attention_sink_bias", _OFF, "attention sinks are not implemented"),
+    ("dflash_config", "attention_value_scale", _ONE, "value scaling is not implemented"),
+    ("dflash_config", "output_multiplier", _ONE, "output scaling is not implemented"),
+    ("", "logit_scale", _ONE, "logit scaling is not implemented"),
+    ("dflash_config", "final_logit_softcapping", _OFF, "logit soft-capping is not implemented"),
+    ("dflash_config", "projector_type", _OFF,
+     "only the released projector (fc + hidden_norm) is implemented"),
+    ("dflash_config", "conv_kernel_size", _OFF, "convolutional drafters are not implemented"),
+    ("dflash_config", "conv_group_size", _OFF, "convolutional drafters are not implemented"),
+    ("dflash_config", "selector_rank", _OFF, "feature selectors are not implemented"),
+    ("dflash_config", "selector_top_k", _OFF, "feature selectors are not implemented"),
+    ("", "has_embed_tokens", _OFF, "the drafter uses the target's embedding, never its own"),
+    ("", "has_lm_head", _OFF, "the drafter uses the target's LM head, never its own"),
+    ("", "use_aux_hidden_state", _ON, "the drafter is conditioned on the target's taps"),
+    ("dflash_config", "use_aux_hidden_state", _ON, "the drafter is conditioned on the target's taps"),
+    ("", "sample_from_anchor", _ON, "block row 0 is the anchor token (SPEC section 3)"),
+    ("dflash_config", "sample_from_anchor", _ON, "block row 0 is the anchor token (SPEC section 3)"),
+)
+
+
+def _unsupported_drafter_features(d: Mapping[str, Any]) -> list[str]:
+    """:func:`_unsupported_decoder_features` plus the DFlash-specific variants above."""
+    problems = _unsupported_decoder_features(d, qwen3_attention=True)
+    dflash = d.get("dflash_config") or {}
+    for section, key, fine, why in _DRAFTER_VARIANTS:
+        src = dflash if section else d
+        if key in src and not fine(src[key]):
+            name = f"{section}.{key}" if section else key
+            problems.append(f"{name}={json.dumps(src[key])}: {why}")
+    for key, ours in (("draft_vocab_size", "vocab_size"), ("target_hidden_size", "hidden_size")):
+        if d.get(key) is not None and d.get(key) != d.get(ours):
+            problems.append(f"{key}={d[key]} differs from {ours}={d.get(ours)}: the drafter works in "
+                            "the target's vocabulary and hidden size")
+    return problems
+
+
+def _refuse(problems: list[str], what: str) -> None:
+    if problems:
+        raise ValueError(
+            f"{what} asks for what dflash-jax does not implement (refused rather than ignored: "
+            "the model would silently compute something else here; change a field only if the "
+            "weights were trained without that feature, else use an implementation that has it):"
+            "\n  " + "\n  ".join(problems))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +276,10 @@ class TargetConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.rope.rope_type not in ("default", "llama3"):
+        if self.rope.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
-                f"unsupported rope type {self.rope.rope_type!r}; supported: 'default', 'llama3'"
-            )
+                f"unsupported rope type {self.rope.rope_type!r}; supported: "
+                + ", ".join(map(repr, SUPPORTED_ROPE_TYPES)))
 
     @property
     def qk_norm(self) -> bool:
@@ -142,8 +301,8 @@ class TargetConfig:
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         fields = _decoder_fields_from_hf(d, "config.json")
-        if d.get("mlp_bias", False):
-            raise ValueError("mlp_bias=True is not supported (no Qwen3/Llama-3 checkpoint uses it)")
+        _refuse(_unsupported_decoder_features(d, qwen3_attention=model_type == "qwen3"),
+                f"target config.json ({model_type})")
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         return cls(
@@ -160,19 +319,30 @@ class TargetConfig:
         return cls.from_hf_dict(read_config_json(path))
 
     def to_hf_dict(self) -> dict:
-        """A ``config.json`` dictionary that transformers 5 loads as the same model."""
+        """A ``config.json`` dictionary that transformers 4.x and 5.x load as the same model.
+
+        Fields: ``architectures``, ``model_type``, the decoder shapes (``head_dim`` always
+        explicit), ``hidden_act``, ``rms_norm_eps``, RoPE as top-level ``rope_theta`` +
+        ``rope_scaling`` and as ``rope_parameters``, ``max_position_embeddings``,
+        ``tie_word_embeddings``, ``attention_bias`` (+ ``mlp_bias`` for Llama; Qwen3's
+        full-attention layout fields), ``bos_token_id``, ``eos_token_id`` (an int when there is
+        one id, as hub files have it). The checkpoint writer adds ``dtype`` / ``torch_dtype``.
+        """
         arch = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[self.model_type]
         eos: Any = list(self.eos_token_id)
         if len(eos) == 1:
             eos = eos[0]
         elif not eos:
             eos = None
+        layout = (_qwen3_full_attention_to_hf(self.num_layers) if self.model_type == "qwen3"
+                  else {"mlp_bias": False})
         return {
             "architectures": [arch],
             "model_type": self.model_type,
             **_decoder_fields_to_hf(self),
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
+            **layout,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
         }
@@ -185,33 +355,98 @@ class TargetConfig:
 
 
 def rope_from_hf(d: Mapping[str, Any]) -> RopeConfig:
-    """Reads RoPE settings from either layout.
+    """Reads RoPE settings from either generation's layout.
 
-    Hub files for Qwen3-8B and Llama-3.1 carry ``rope_theta`` at the top level and an optional
-    ``rope_scaling`` dict; transformers 5 writes a single ``rope_parameters`` dict instead.
+    Hub files for Qwen3 and Llama-3.x carry ``rope_theta`` at the top level and an optional
+    ``rope_scaling`` dict (transformers 4.x reads only these); transformers 5 writes a single
+    ``rope_parameters`` dict instead (and 5.x prefers it when both are present). Files written by
+    this project carry both. When both spellings are present they must agree, else the two
+    transformers generations would build different models from the file: a theta or rope
+    type that differs between them is a ValueError naming both values. No theta anywhere means
+    transformers' default, 10000.
     """
-    params = dict(d.get("rope_parameters") or {})
-    scaling = dict(d.get("rope_scaling") or {})
-    merged = {**scaling, **params}
-    theta = merged.get("rope_theta", d.get("rope_theta", 10000.0))
-    rope_type = merged.get("rope_type", merged.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
+    params = _flat_rope_parameters(d.get("rope_parameters"))
+    has_scaling = "rope_scaling" in d
+    scaling = d.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ValueError(f"rope_scaling must be a dict or null, got {scaling!r}")
+    scaling = dict(scaling or {})
+
+    thetas = {}  # where -> value, for every place a theta is written
+    for where, src in (("rope_theta", d), ("rope_parameters.rope_theta", params),
+                       ("rope_scaling.rope_theta", scaling)):
+        if src.get("rope_theta") is not None:
+            thetas[where] = float(src["rope_theta"])
+    theta = next(iter(thetas.values()), 10000.0)
+    if any(not math.isclose(v, theta, rel_tol=1e-9) for v in thetas.values()):
         raise ValueError(
-            f"unsupported rope scaling type {rope_type!r}; supported: 'default', 'llama3'"
-        )
-    if rope_type == "default":
-        return RopeConfig(theta=float(theta))
-    try:
-        return RopeConfig(
-            theta=float(theta),
-            rope_type="llama3",
-            factor=float(merged["factor"]),
-            low_freq_factor=float(merged["low_freq_factor"]),
-            high_freq_factor=float(merged["high_freq_factor"]),
-            original_max_position_embeddings=int(merged["original_max_position_embeddings"]),
-        )
-    except KeyError as e:
-        raise ValueError(f"llama3 rope scaling is missing field {e.args[0]!r}") from None
+            "config.json gives contradictory RoPE theta values ("
+            + ", ".join(f"{k}={v:g}" for k, v in thetas.items())
+            + "): transformers 4.x reads the top-level rope_theta, 5.x rope_parameters; "
+            "make them equal to the theta the model was trained with")
+
+    def rope_type(src: Mapping[str, Any]) -> str:
+        return str(src.get("rope_type", src.get("type", "default")))
+
+    types = {}
+    if params:
+        types["rope_parameters.rope_type"] = rope_type(params)
+    if has_scaling:  # null rope_scaling is an explicit "default" for transformers 4.x
+        types["rope_scaling.rope_type" if scaling else "rope_scaling"] = rope_type(scaling)
+    if len(set(types.values())) > 1:
+        raise ValueError(
+            "config.json gives contradictory RoPE types ("
+            + ", ".join(f"{k}={v!r}" for k, v in types.items())
+            + "): transformers 4.x reads rope_scaling (null = plain RoPE), 5.x rope_parameters; "
+            "write the same scaling in both")
+    kind = next(iter(types.values()), "default")
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling type {kind!r}; supported: "
+            + ", ".join(map(repr, SUPPORTED_ROPE_TYPES)))
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    values = {}
+    for field in LLAMA3_ROPE_FIELDS:
+        found = {where: src[field] for where, src in (("rope_parameters", params),
+                                                      ("rope_scaling", scaling)) if field in src}
+        if not found:
+            raise ValueError(f"llama3 rope scaling is missing field {field!r}")
+        if len({float(v) for v in found.values()}) > 1:
+            raise ValueError(
+                f"config.json gives contradictory llama3 {field} values ("
+                + ", ".join(f"{w}.{field}={v}" for w, v in found.items())
+                + "): transformers 4.x reads rope_scaling, 5.x rope_parameters; make them equal")
+        values[field] = next(iter(found.values()))
+    return RopeConfig(theta=theta, rope_type="llama3", factor=float(values["factor"]),
+                      low_freq_factor=float(values["low_freq_factor"]),
+                      high_freq_factor=float(values["high_freq_factor"]),
+                      original_max_position_embeddings=int(values["original_max_position_embeddings"]))
+
+
+def _flat_rope_parameters(params) -> dict:
+    """``rope_parameters`` as one flat dict. transformers 5 may nest it per layer type
+    (``{"full_attention": {...}, "sliding_attention": {...}}``); only full attention is
+    implemented here, so a nested dict may hold that one entry."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"rope_parameters must be a dict, got {params!r}")
+    if params and all(isinstance(v, Mapping) for v in params.values()):
+        if set(params) != {"full_attention"}:
+            raise ValueError(
+                f"rope_parameters is given per layer type ({', '.join(sorted(params))}): only "
+                "'full_attention' layers are implemented")
+        return dict(params["full_attention"])
+    return dict(params)
+
+
+def has_rope_theta(d: Mapping[str, Any]) -> bool:
+    """Whether a config states its RoPE theta (in either layout)."""
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), Mapping) else {}
+    scaling = d.get("rope_scaling") if isinstance(d.get("rope_scaling"), Mapping) else {}
+    return any(src.get("rope_theta") is not None for src in (d, params, scaling)) or any(
+        isinstance(v, Mapping) and v.get("rope_theta") is not None for v in params.values())
 
 
 def read_config_json(path: str | os.PathLike) -> dict:
@@ -296,18 +531,42 @@ class DrafterConfig:
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "DrafterConfig":
         """Reads the released layout: a Qwen3 config plus ``block_size``, ``num_target_layers``
-        and ``dflash_config: {target_layer_ids, mask_token_id}``."""
+        and ``dflash_config: {target_layer_ids, mask_token_id}``.
+
+        ``block_size`` and ``num_target_layers`` may also sit in ``dflash_config`` (SGLang reads
+        both places; they must agree). Refused with a ValueError naming the field: anything the
+        drafter here does not implement (sliding-window, causal or biased attention, attention
+        sinks, its own embedding or LM head, other projectors; see ``_DRAFTER_VARIANTS``), and a
+        config without a RoPE theta (transformers would use 10000, vLLM's and tpu-inference's
+        DFlash drafters 1e6).
+        """
         fields = _decoder_fields_from_hf(d, "drafter config.json")
+        _refuse(_unsupported_drafter_features(d), "drafter config.json")
+        if not has_rope_theta(d):
+            raise ValueError("drafter config.json states no rope_theta: readers disagree on the "
+                             "default (transformers 10000, vLLM and tpu-inference 1e6); write the "
+                             "target's rope_theta into it")
         dflash = dict(d.get("dflash_config") or {})
-        if "num_target_layers" not in d:
+        for key in ("num_target_layers", "block_size"):
+            if key in dflash and key in d and int(dflash[key]) != int(d[key]):
+                raise ValueError(f"drafter config.json gives contradictory {key} values "
+                                 f"({key}={d[key]}, dflash_config.{key}={dflash[key]})")
+        top = {**{k: dflash[k] for k in ("num_target_layers", "block_size") if k in dflash}, **d}
+        if "num_target_layers" not in top:
             raise ValueError("drafter config.json has no num_target_layers: is this a DFlash drafter?")
-        N = int(d["num_target_layers"])
+        N = int(top["num_target_layers"])
         if "mask_token_id" not in dflash:
             raise ValueError("drafter config.json has no dflash_config.mask_token_id; set it to the "
                              "target's mask token (Qwen3: 151669, Llama-3.1: 128002)")
         ids = dflash.get("target_layer_ids")
         ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(N, fields["num_layers"])
-        return cls(**fields, block_size=int(d.get("block_size", 16)), num_target_layers=N,
+        aux = d.get("eagle_aux_hidden_state_layer_ids")
+        if aux and [int(i) for i in aux] != [i + 1 for i in ids]:
+            raise ValueError(
+                f"drafter config.json has eagle_aux_hidden_state_layer_ids={list(aux)}, which vLLM "
+                f"reads before dflash_config.target_layer_ids={list(ids)} and which must be those "
+                f"ids plus one ({[i + 1 for i in ids]}); fix it or remove it")
+        return cls(**fields, block_size=int(top.get("block_size", 16)), num_target_layers=N,
                    target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]))
 
     @classmethod
@@ -315,11 +574,26 @@ class DrafterConfig:
         return cls.from_hf_dict(read_config_json(path))
 
     def to_hf_dict(self) -> dict:
+        """The released DFlash ``config.json``, read the same by transformers 4.x / 5.x (through
+        ``Qwen3Config``), the reference's ``DFlashDraftModel``, vLLM, SGLang and tpu-inference.
+
+        Fields: ``architectures: ["DFlashDraftModel"]`` (the class name vLLM and SGLang
+        dispatch on), ``model_type: "qwen3"``, the decoder shapes and RoPE as in
+        :meth:`TargetConfig.to_hf_dict`, ``attention_bias: false``, Qwen3's full-attention
+        layout (``use_sliding_window: false``, ``sliding_window: null``, ``layer_types`` all
+        ``"full_attention"``: vLLM and SGLang then build non-causal full attention),
+        ``tie_word_embeddings: false`` (no embedding or head of its own), top-level
+        ``block_size`` (tpu-inference defaults to 8 without it) and ``num_target_layers``, and
+        ``dflash_config: {"target_layer_ids", "mask_token_id"}`` (tpu-inference defaults the
+        mask id to 0 without it). No ``auto_map``: the modelling code is not shipped, see
+        README "Config compatibility".
+        """
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
             **_decoder_fields_to_hf(self),
             "attention_bias": False,
+            **_qwen3_full_attention_to_hf(self.num_layers),
             "tie_word_embeddings": False,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,

@@ -3,7 +3,8 @@
 The benchmark formats are the DFlash paper's (``MATH_SUFFIX``, ``HUMANEVAL_FORMAT``; mbpp and
 mt-bench prompts are used as they are); the chat
 format is the embedded model's (``<|user|>`` / ``<|assistant|>`` turns, ``<|endoftext|>`` after
-each answer). Targets with their own chat template use theirs (``encode_prompt``).
+each answer). Targets with their own chat template use theirs (``encode_prompt``), with Qwen3's
+thinking switch off unless asked for (the DFlash reference's benchmark setting).
 """
 
 from __future__ import annotations
@@ -62,8 +63,23 @@ def gsm8k_solution(answer: str) -> str:
     return f"{body}\nThe final answer is \\boxed{{{final}}}." if final else body
 
 
-def encode_prompt(prompt, tokenizer) -> list[int]:
-    """Token ids of one prompt: chat template when the tokenizer has one, else a plain format."""
+def has_thinking_switch(tokenizer) -> bool:
+    """Whether the tokenizer's chat template reads ``enable_thinking`` (Qwen3's thinking switch)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates
+        template = " ".join(str(t) for t in template.values())
+    return bool(template) and "enable_thinking" in template
+
+
+def encode_prompt(prompt, tokenizer, *, enable_thinking: bool = False) -> list[int]:
+    """Token ids of one prompt: chat template when the tokenizer has one, else a plain format.
+
+    ``enable_thinking`` is passed to the chat template (Qwen3's thinking switch). The default,
+    False, is the DFlash reference's benchmark setting (its drafters were not trained on
+    thinking traces): a Qwen3 template then ends the prompt with an empty ``<think>`` block
+    after the assistant header. Templates without the switch ignore it (jinja leaves unknown
+    variables unused), so their prompts are the same either way.
+    """
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return prompt
     if tokenizer is None:
@@ -71,7 +87,8 @@ def encode_prompt(prompt, tokenizer) -> list[int]:
                          "or give prompts as {\"prompt_ids\": [...]}")
     turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                            enable_thinking=bool(enable_thinking))
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     text = "\n".join(PLAIN_FORMAT.format(prompt=t["content"]) if t["role"] == "user" else str(t["content"])
                      for t in turns)

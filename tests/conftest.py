@@ -68,3 +68,37 @@ def _release_compiled_programs():
     import jax
 
     jax.clear_caches()
+
+
+# A chat template with Qwen3's thinking switch, written like Qwen3's own generation prompt: with
+# ``enable_thinking`` false the assistant header is followed by an empty think block; with it
+# true or unset (Qwen3's default: thinking) by nothing.
+QWEN3_LIKE_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% endif %}{% endif %}")
+QWEN3_ASSISTANT = "<|im_start|>assistant\n"  # the prompt's end with thinking on
+QWEN3_NO_THINK = QWEN3_ASSISTANT + "<think>\n\n</think>\n\n"  # and with thinking off
+
+
+def save_chat_target(root, chat_template: str, drafter: bool = True):
+    """A tiny random Qwen3 target with the embedded model's tokenizer and ``chat_template``,
+    saved in ``root/target`` (and a random 1-layer block-4 drafter in ``root/drafter``).
+    Returns (target dir, drafter dir or None)."""
+    import dflash_jax as dj
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(dj.EMBEDDED_TARGET_DIR)
+    tok.chat_template = chat_template
+    cfg = dj.TargetConfig("qwen3", vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_layers=2,
+                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=1024,
+                          eos_token_id=(tok.eos_token_id,))
+    target = dj.Target.random(cfg, seed=0, init_scale=0.3)
+    target.tokenizer = tok
+    target.save(os.path.join(root, "target"))
+    if not drafter:
+        return os.path.join(root, "target"), None
+    dj.save_drafter(dj.Drafter.random(target, num_layers=1, block_size=4, seed=1), os.path.join(root, "drafter"))
+    return os.path.join(root, "target"), os.path.join(root, "drafter")

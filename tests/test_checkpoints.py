@@ -63,7 +63,8 @@ def test_round_trip_bf16_and_sharded(tmp_path):
     assert_same_tensors(flat_a, all_tensors(tmp_path / "single"))
     assert next(iter(flat_a.values())).dtype == ml_dtypes.bfloat16
     with open(tmp_path / "single" / "config.json") as f:
-        assert json.load(f)["dtype"] == "bfloat16"
+        written = json.load(f)
+    assert written["dtype"] == written["torch_dtype"] == "bfloat16"  # transformers 5 and 4.x names
 
 
 def test_generate_in_bf16_uses_bf16_cache(tmp_path):
@@ -156,13 +157,18 @@ def test_hub_style_configs():
     assert l32.tie_word_embeddings and l32.rope.rope_type == "default"
 
 
-def test_transformers5_layout_round_trip():
-    """to_hf_dict writes rope_parameters (transformers 5); reading it back gives the same config."""
+def test_written_layout_round_trip():
+    """to_hf_dict writes RoPE in both generations' layouts (top-level rope_theta + rope_scaling for
+    transformers 4.x, rope_parameters for 5.x) with equal values; reading either layout alone, or
+    both, gives the same config."""
     for d in (HUB_QWEN3_8B, HUB_LLAMA31_8B):
         cfg = TargetConfig.from_hf_dict(d)
         written = cfg.to_hf_dict()
-        assert "rope_parameters" in written and "rope_theta" not in written
+        assert written["rope_theta"] == written["rope_parameters"]["rope_theta"] == cfg.rope.theta
         assert TargetConfig.from_hf_dict(written) == cfg
+        only5 = {k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling")}
+        only4 = {k: v for k, v in written.items() if k != "rope_parameters"}
+        assert TargetConfig.from_hf_dict(only5) == TargetConfig.from_hf_dict(only4) == cfg
 
 
 def test_num_params_matches_qwen3_8b():

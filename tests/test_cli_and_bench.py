@@ -86,3 +86,56 @@ def test_kernel_speed_smoke(tmp_path):
     assert len(report["results"]) == 2
     for r in report["results"]:
         assert r["max_abs_err"] < 1e-4 and r["pallas_us"] > 0 and r["xla_us"] > 0
+
+
+def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatch):
+    """bench renders every prompt (both turns of mt-bench too) with a Qwen3-style template's
+    thinking switch off, ending in its non-thinking assistant prefix; --thinking renders them
+    without it; --subset reference runs the reference's prompts; bench.json records both."""
+    import random
+    import types
+
+    from conftest import QWEN3_ASSISTANT, QWEN3_LIKE_TEMPLATE, QWEN3_NO_THINK, save_chat_target
+    from transformers import AutoTokenizer
+
+    from dflash_jax.bench import harness
+    from dflash_jax.bench.prompt_sets import load_prompt_set
+
+    target_dir, drafter_dir = save_chat_target(str(tmp_path), QWEN3_LIKE_TEMPLATE)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    seen = []
+    real = harness.Runner.run
+    monkeypatch.setattr(harness.Runner, "run", lambda self, ids, drafter, pad_to: (
+        seen.append(list(ids)), real(self, ids, drafter, pad_to))[1])
+    common = ["--target", target_dir, "--drafter", drafter_dir, "--max-samples", "2",
+              "--max-new-tokens", "3"]
+    report = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference",
+                           "--out", str(tmp_path / "off")])
+    assert len(seen) == 2 * (1 + 2) + 2 * (1 + 4)  # AR + DFlash: warm-up and 2 gsm8k / 2x2 mt-bench turns
+    texts = [tok.decode(ids) for ids in seen]
+    assert all(t.endswith(QWEN3_NO_THINK) for t in texts), texts
+    assert any(t.count("<|im_start|>user") == 2 for t in texts)  # mt-bench turn 2 went through it
+    saved = json.loads((tmp_path / "off" / "bench.json").read_text())
+    st = saved["settings"]
+    assert st["subset"] == "reference" and st["enable_thinking"] is False
+    assert st["chat_template_has_thinking_switch"] is True
+    assert "--subset reference, thinking off" in (tmp_path / "off" / "bench.md").read_text()
+    ids = [s.id for s in load_prompt_set("gsm8k")]
+    random.seed(0)
+    random.shuffle(ids)
+    ran = [r["id"] for r in report["datasets"]["gsm8k"]["samples"]]
+    assert ran == ids[:2] and ran != ["gsm8k/0", "gsm8k/1"]
+
+    seen.clear()
+    harness.main([*common, "--datasets", "gsm8k", "--max-samples", "1", "--thinking",
+                  "--out", str(tmp_path / "on")])
+    texts = [tok.decode(ids) for ids in seen]
+    assert texts and all(t.endswith(QWEN3_ASSISTANT) and not t.endswith(QWEN3_NO_THINK) for t in texts)
+    st = json.loads((tmp_path / "on" / "bench.json").read_text())["settings"]
+    assert st["enable_thinking"] is True and st["subset"] == "random"
+    # the Runner alone (what bench encodes with), both settings
+    for flag, end in (([], QWEN3_NO_THINK), (["--thinking"], QWEN3_ASSISTANT)):
+        args = harness.parser().parse_args(flag)
+        runner = harness.Runner(types.SimpleNamespace(tokenizer=tok, stop_token_ids=[0]), None, args)
+        text = tok.decode(runner.encode(harness.chat(["q", "r"], ["a"])))
+        assert text.endswith(end) and text.endswith(QWEN3_NO_THINK) == (end == QWEN3_NO_THINK)

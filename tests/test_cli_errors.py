@@ -67,6 +67,9 @@ BAD = {
     "bench without a drafter": (["bench", "--target", "{root}/mismatched"], "--drafter is required"),
     "bench zero samples": (["bench", "--max-samples", "0"], "must be >= 1"),
     "export of a missing run": (["export", "--run", "{root}/none", "--out", "{root}/x"], "{root}/none"),
+    "thinking without chat": (["generate", "--prompt", "hi", "--thinking"], "--thinking needs --chat"),
+    "train with gamma 0": (["train", "--target", "{root}/none", "--data", "{root}/none", "--run", "{root}/run",
+                            "--gamma", "0"], r"gamma must be a number > 0, got 0.0.*--uniform-weights"),
 }
 
 

@@ -158,3 +158,62 @@ def test_defaults_do_not_depend_on_the_working_directory(tmp_path, monkeypatch):
     assert load_prompt_set("gsm8k")[0].turns == (math_prompt("local q"),)
     assert default_data_dir() == str(tmp_path)
     assert locate_prompt_set("humaneval").endswith("HumanEval.jsonl.gz")  # from its package
+
+
+def test_reference_subset_is_random_seed_0_then_shuffle():
+    """``subset="reference"`` is the DFlash reference benchmark's selection: ``random.seed(0);
+    random.shuffle(rows)``, the first N, in that order; the default and ``first`` are not."""
+    import random
+
+    from dflash_jax.bench.prompt_sets import select_subset
+
+    known = [f"row{i}" for i in range(50)]
+    expected = list(known)
+    random.seed(0)  # exactly what the reference does, with the module-level generator
+    random.shuffle(expected)
+    assert select_subset(known, 10, "reference") == expected[:10]
+    assert select_subset(known, 10, "first") == known[:10]
+    assert select_subset(known, 10, "reference") != known[:10]  # negative control: not the first N
+    assert select_subset(known, 10, "reference") != select_subset(known, 10, "random")
+    random.seed(3)
+    shuffled3 = list(known)
+    random.shuffle(shuffled3)
+    assert select_subset(known, 10, "reference", seed=3) == shuffled3[:10] != expected[:10]
+    # a set no larger than max_samples is kept whole and in order (the reference does not shuffle it)
+    assert select_subset(known, 50, "reference") == known == select_subset(known, 80, "random")
+
+    full = [s.id for s in load_prompt_set("gsm8k")]
+    random.seed(0)
+    random.shuffle(full)
+    ref = load_prompt_set("gsm8k", max_samples=16, subset="reference")
+    assert [s.id for s in ref] == full[:16]
+    assert [s.id for s in load_prompt_set("gsm8k", max_samples=16, subset="first")] == \
+        [f"gsm8k/{i}" for i in range(16)]
+    assert [s.id for s in ref] != [s.id for s in load_prompt_set("gsm8k", max_samples=16)]
+    with pytest.raises(ValueError, match="unknown subset 'shuffled'.*random, reference, first"):
+        load_prompt_set("gsm8k", max_samples=4, subset="shuffled")
+
+
+def test_thinking_switch_is_off_by_default_and_ignored_by_templates_without_it():
+    """With a Qwen3-style template the prompt ends in the non-thinking assistant prefix unless
+    ``enable_thinking=True``; the embedded model's template (no switch) gives the same ids."""
+    from conftest import QWEN3_ASSISTANT, QWEN3_LIKE_TEMPLATE, QWEN3_NO_THINK
+    from transformers import AutoTokenizer
+
+    import dflash_jax as dj
+    from dflash_jax.prompts import encode_prompt, has_thinking_switch
+
+    tok = AutoTokenizer.from_pretrained(dj.EMBEDDED_TARGET_DIR)
+    chat = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+3?"}]
+    plain = encode_prompt(chat, tok)
+    assert not has_thinking_switch(tok) and tok.decode(plain) == render_chat(chat)
+    assert encode_prompt(chat, tok, enable_thinking=True) == plain  # jinja ignores the unknown variable
+    tok.chat_template = QWEN3_LIKE_TEMPLATE
+    assert has_thinking_switch(tok)
+    for prompt in ("What is 2+2?", chat):
+        off = tok.decode(encode_prompt(prompt, tok))
+        on = tok.decode(encode_prompt(prompt, tok, enable_thinking=True))
+        assert off.endswith(QWEN3_NO_THINK) and off == tok.decode(encode_prompt(prompt, tok, enable_thinking=False))
+        assert on.endswith(QWEN3_ASSISTANT) and not on.endswith(QWEN3_NO_THINK)
+        assert off == on + QWEN3_NO_THINK[len(QWEN3_ASSISTANT):]

@@ -162,6 +162,17 @@ def test_regenerate_skips_finished_shards(pair, data_dir, tmp_path):
     assert os.path.exists(tmp_path / "d" / "shard-00002.npz")
     with pytest.raises(ValueError, match="other settings"):
         regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=13, max_len=32)
+    # the thinking switch is recorded; data written before it was (no key) resumes when the
+    # prompts cannot depend on it (here token ids, no tokenizer), and another value is refused
+    meta_file = tmp_path / "d" / "metadata.json"
+    assert json.loads(meta_file.read_text())["settings"]["enable_thinking"] is False
+    old = json.loads(meta_file.read_text())
+    del old["settings"]["enable_thinking"]
+    meta_file.write_text(json.dumps(old))
+    regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=12, max_len=32, batch_size=4, shard_size=4)
+    with pytest.raises(ValueError, match="differs in enable_thinking"):
+        regenerate(target, prompts, str(tmp_path / "d"), max_new_tokens=12, max_len=32, batch_size=4,
+                   shard_size=4, enable_thinking=True)
 
 
 def test_bad_prompt_files(tmp_path):
@@ -283,3 +294,111 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
     other = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
     with pytest.raises(ValueError, match="another config"):
         Trainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))
+
+
+def test_train_data_renders_prompts_without_thinking(tmp_path):
+    """train-data's prompts (text and chat) end in a Qwen3-style template's non-thinking
+    assistant prefix, or with --thinking in the bare assistant header; metadata records it."""
+    from conftest import QWEN3_ASSISTANT, QWEN3_LIKE_TEMPLATE, QWEN3_NO_THINK, save_chat_target
+    from transformers import AutoTokenizer
+
+    from dflash_jax.__main__ import main
+
+    target_dir, _ = save_chat_target(str(tmp_path), QWEN3_LIKE_TEMPLATE, drafter=False)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "What is 2+2?"}) + "\n" + json.dumps(
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                      {"role": "user", "content": "Add 1 and 2."}]}) + "\n")
+    for flag, thinking in (([], False), (["--thinking"], True)):
+        out = tmp_path / f"data-{thinking}"
+        main(["train-data", "--target", target_dir, "--prompts", str(tmp_path / "p.jsonl"), "--out", str(out),
+              "--max-new-tokens", "2", "--max-len", "96", "--batch-size", "2", "--dtype", "float32", *flag])
+        ds = TokenDataset(str(out))
+        texts = [tok.decode(ds.prompt(i)) for i in range(len(ds))]
+        assert len(texts) == 2 and texts[1].count("<|im_start|>user") == 2
+        end = QWEN3_ASSISTANT if thinking else QWEN3_NO_THINK
+        assert all(t.endswith(end) and t.endswith(QWEN3_NO_THINK) != thinking for t in texts), texts
+        assert json.loads((out / "metadata.json").read_text())["settings"]["enable_thinking"] is thinking
+
+
+def test_gamma_must_be_positive_and_uniform_weights_are_explicit(pair, regenerated, tmp_path, capsys):
+    from dflash_jax.__main__ import main
+    from dflash_jax.training.blocks import block_loss_weights, uniform_loss_weights
+
+    for bad in (0, 0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="gamma must be a number > 0.*--uniform-weights"):
+            TrainConfig(gamma=bad)
+        with pytest.raises(ValueError, match="gamma must be a number > 0"):
+            loss_weights(16, bad)
+    with pytest.raises(ValueError, match="exclude each other"):
+        TrainConfig(gamma=3.0, uniform_weights=True)
+    # the command refuses --gamma 0 before loading anything (the target does not even exist)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--target", str(tmp_path / "none"), "--data", "x", "--run", str(tmp_path / "r"),
+              "--gamma", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: gamma must be a number > 0, got 0.0"), err
+    assert not (tmp_path / "r").exists()
+
+    w = uniform_loss_weights(8)
+    assert w.dtype == np.float32 and w[0] == 0 and np.all(w[1:] == w[1]) and w[1] == 1
+    np.testing.assert_array_equal(block_loss_weights(8, uniform=True), w)
+    np.testing.assert_array_equal(block_loss_weights(8), loss_weights(8, 4.0))
+    np.testing.assert_array_equal(block_loss_weights(8, 2.5), loss_weights(8, 2.5))
+    target, _ = pair
+    dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
+    data = TokenDataset(regenerated)
+    t = Trainer(target, dcfg, data, str(tmp_path / "u"), TrainConfig(steps=2, uniform_weights=True))
+    assert np.asarray(t.weights).tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert json.loads((tmp_path / "u" / "run.json").read_text())["train"]["uniform_weights"] is True
+    t = Trainer(target, dcfg, data, str(tmp_path / "g"), TrainConfig(steps=2))
+    np.testing.assert_array_equal(np.asarray(t.weights), loss_weights(4, default_gamma(4)))
+
+
+def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):
+    """--epochs E runs ceil(E * (sequences // batch)) steps (an epoch as batch_for_step walks the
+    data); with --steps it is refused; run.json records both; old run.json files resume."""
+    from dflash_jax.__main__ import main
+    from dflash_jax.training.trainer import DEFAULT_STEPS, batch_for_step
+
+    target, _ = pair
+    dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
+    data = TokenDataset(regenerated)
+    assert len(data) == 200
+    for epochs, batch, steps in ((2, 8, 50), (0.5, 8, 13), (1, 7, 28), (0.1, 10, 2), (6, 200, 6)):
+        assert TrainConfig(epochs=epochs, batch_size=batch).total_steps(len(data)) == steps
+    assert TrainConfig().total_steps(200) == DEFAULT_STEPS and TrainConfig(steps=7).total_steps(200) == 7
+    # one epoch (25 steps of 8) visits 200 // 8 * 8 distinct sequences; the next one another order
+    cfg = TrainConfig(epochs=1, batch_size=8)
+    first = np.concatenate([batch_for_step(s, data, cfg)[0] for s in range(25)])
+    assert len(set(first.tolist())) == 200
+    assert not np.array_equal(batch_for_step(25, data, cfg)[0], batch_for_step(0, data, cfg)[0])
+    for bad in (dict(steps=10, epochs=1.0), dict(epochs=0), dict(epochs=-1.0), dict(steps=0)):
+        with pytest.raises(ValueError, match="not both|epochs must be|steps must be"):
+            TrainConfig(**bad)
+
+    held = TokenDataset(regenerated)
+    held.hold_out(8)  # epochs count the sequences trained on: 192 // 8 = 24 steps each
+    t = Trainer(target, dcfg, held, str(tmp_path / "e"), TrainConfig(epochs=0.125, batch_size=8, num_anchors=8))
+    assert t.num_steps == 3
+    state = t.run()
+    assert int(state["step"]) == 3
+    rows = [json.loads(x) for x in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["epoch"] == 0.125
+    train = json.loads((tmp_path / "e" / "run.json").read_text())["train"]
+    assert train["steps"] == 3 and train["epochs"] == 0.125
+    # a run.json written before epochs / uniform_weights existed resumes with their defaults
+    Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
+    record = json.loads((tmp_path / "old" / "run.json").read_text())
+    del record["train"]["epochs"], record["train"]["uniform_weights"]
+    (tmp_path / "old" / "run.json").write_text(json.dumps(record))
+    Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
+    with pytest.raises(ValueError, match="other settings.*train"):
+        Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8, uniform_weights=True))
+    # the command: --epochs with --steps is refused before anything is loaded
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--target", str(tmp_path / "none"), "--data", "x", "--run", str(tmp_path / "r"),
+              "--steps", "10", "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --epochs: not allowed with argument --steps" in err, err
+    assert not (tmp_path / "r").exists()

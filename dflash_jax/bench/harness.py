@@ -10,6 +10,12 @@ averages, the acceptance-length histogram, and writes ``bench.json``, ``bench.md
 ``bench.png`` under ``--out``. At temperature 0 it also counts the prompts whose DFlash
 output equals the autoregressive output (it must be all of them). mt-bench is two-turn:
 each method's turn-2 prompt carries the autoregressive answer to turn 1.
+
+Prompts are rendered with the target's chat template with the thinking switch off (Qwen3's
+``enable_thinking=False``, as the reference benchmark; ``--thinking`` turns it on), and
+``--max-samples`` picks prompts the ``--subset`` way: ``random`` (default) or ``reference``
+(the DFlash reference's ``random.seed(0); random.shuffle``, first N: same prompts as its
+numbers). Both settings are recorded in ``bench.json`` (``settings``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from tqdm import tqdm
 from dflash_jax.api import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
 from dflash_jax.api import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
 from dflash_jax.bench.env import command_line, environment, new_figure, write_report
-from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, locate_prompt_set
+from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_parser, run_cli, status
 
 
@@ -41,7 +47,16 @@ def parser() -> argparse.ArgumentParser:
                         "instead of the copies shipped with the package; also $DFLASH_DATA_DIR")
     p.add_argument("--hub", action="store_true",
                    help="read the prompt sets from the Hugging Face hub (needs `datasets` and a network)")
-    p.add_argument("--max-samples", type=int, default=8, help="prompts per set (seeded subset)")
+    p.add_argument("--max-samples", type=int, default=8, help="prompts per set (chosen by --subset)")
+    p.add_argument("--subset", choices=SUBSETS, default="random",
+                   help="which --max-samples prompts of a set: 'random' = a subset drawn with numpy from "
+                        "--seed, kept in dataset order; 'reference' = the DFlash reference benchmark's "
+                        "random.seed(--seed); random.shuffle(set); first N (with --seed 0 the same prompts "
+                        "as the reference's, in its order); 'first' = the first N in dataset order")
+    p.add_argument("--thinking", action="store_true",
+                   help="render prompts with the chat template's thinking switch on (Qwen3's "
+                        "enable_thinking=True); default off, as the reference benchmark (templates "
+                        "without the switch are unaffected)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
@@ -59,7 +74,8 @@ class Runner:
         from dflash_jax.prompts import encode_prompt
 
         self.target, self.drafter, self.args = target, drafter, args
-        self.encode = lambda turns: encode_prompt(turns, target.tokenizer)
+        thinking = bool(getattr(args, "thinking", False))
+        self.encode = lambda turns: encode_prompt(turns, target.tokenizer, enable_thinking=thinking)
         self.stops = target.stop_token_ids
 
     def run(self, ids, drafter, pad_to):
@@ -174,6 +190,7 @@ def run(args) -> dict:
     import jax.numpy as jnp
 
     from dflash_jax.api import load_drafter, load_target
+    from dflash_jax.prompts import has_thinking_switch
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
@@ -184,7 +201,8 @@ def run(args) -> dict:
         if not os.path.isdir(d):
             raise FileNotFoundError(f"{what} directory {d!r} does not exist")
     sources = {n: locate_prompt_set(n, args.data_dir, args.hub) for n in args.datasets}
-    sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub) for n in args.datasets}
+    sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub, subset=args.subset)
+            for n in args.datasets}
     dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
     status(f"loading {args.target} and {drafter_dir} ...")
     target = load_target(args.target, dtype=dtype)
@@ -196,7 +214,9 @@ def run(args) -> dict:
         "command": command_line("dflash_jax", None), "environment": environment(),
         "settings": vars(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
-                                  "block_size": args.block_size or drafter.config.block_size},
+                                  "block_size": args.block_size or drafter.config.block_size,
+                                  "enable_thinking": args.thinking,
+                                  "chat_template_has_thinking_switch": has_thinking_switch(target.tokenizer)},
         "datasets": {}, "complete": False,
     }
     t0 = time.perf_counter()
@@ -246,8 +266,10 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     table = markdown(report)
     write_report(report, out, "bench", plot, quiet=quiet)
     with open(os.path.join(out, "bench.md"), "w") as f:
+        st = report["settings"]
         f.write(f"`{report['command']}` on {report['environment']['device']} "
-                f"(jax {report['environment']['jax']})\n\n{table}\n")
+                f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
+                f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n")
     return table
 
 

@@ -11,7 +11,14 @@ DFlash paper's prompt format (``dflash_jax.prompts``). Sources:
     hold the set (HumanEval falls back to its package);
   * ``hub=True``: the Hugging Face hub through the optional ``datasets`` package
     (``pip install -e ".[hub]"``), when online.
-``max_samples`` takes a seeded random subset (kept in dataset order).
+``max_samples`` keeps a subset of a set (``subset``, see :data:`SUBSETS`):
+  * ``"random"`` (the default): a seeded random subset (numpy, keyed by ``seed`` and the set),
+    kept in dataset order;
+  * ``"reference"``: the DFlash reference benchmark's selection, ``random.seed(seed);
+    random.shuffle(rows)`` then the first ``max_samples``, in that shuffled order (with
+    ``seed=0``, the reference's, the numbers compare prompt for prompt with its);
+  * ``"first"``: the first ``max_samples`` in dataset order.
+A set of at most ``max_samples`` prompts is kept whole, in dataset order, by all three.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import gzip
 import importlib.resources
 import json
 import os
+import random
 from typing import Callable
 
 import numpy as np
@@ -30,6 +38,7 @@ from dflash_jax.prompts import humaneval_prompt, math_prompt
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 MBPP_TEST_IDS = range(11, 511)
 DATA_DIR_ENV = "DFLASH_DATA_DIR"
+SUBSETS = ("random", "reference", "first")  # how max_samples picks prompts (module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,17 +207,35 @@ def locate_prompt_set(name: str, data_dir: str | None = None, hub: bool = False)
     return os.path.join(shipped_data_dir(), rel[0])
 
 
+def select_subset(items: list, max_samples: int | None, subset: str = "random", seed: int = 0,
+                  stream: int = 0) -> list:
+    """``max_samples`` of ``items`` chosen the ``subset`` way (module docstring); ``stream``
+    separates the numpy streams of the sets under ``"random"``."""
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; choose from {', '.join(SUBSETS)}")
+    if max_samples is None:
+        return list(items)
+    if isinstance(max_samples, bool) or not isinstance(max_samples, (int, np.integer)) or max_samples < 1:
+        raise ValueError(f"max_samples must be an integer >= 1, got {max_samples!r}")
+    if max_samples >= len(items):
+        return list(items)
+    if subset == "first":
+        return list(items[:max_samples])
+    if subset == "reference":  # the reference's random.seed(0); random.shuffle(dataset); dataset[:n]
+        shuffled = list(items)
+        random.Random(seed).shuffle(shuffled)
+        return shuffled[:max_samples]
+    keep = np.sort(np.random.default_rng([seed, stream]).choice(len(items), max_samples, replace=False))
+    return [items[i] for i in keep]
+
+
 def load_prompt_set(name: str, data_dir: str | None = None, max_samples: int | None = None,
-                    seed: int = 0, hub: bool = False) -> list[Sample]:
-    """The samples of one prompt set (see the module docstring for where they come from)."""
+                    seed: int = 0, hub: bool = False, subset: str = "random") -> list[Sample]:
+    """The samples of one prompt set (see the module docstring for where they come from and
+    how ``max_samples`` / ``subset`` / ``seed`` pick a subset)."""
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; choose from {', '.join(SUBSETS)}")
     where = locate_prompt_set(name, data_dir, hub)
     rows = _from_hub(name) if hub else read_records(where)
     samples = _SOURCES[name][1](rows, where)
-    if max_samples is not None:
-        if max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1, got {max_samples}")
-        if max_samples < len(samples):
-            keep = np.sort(np.random.default_rng([seed, DATASETS.index(name)]).choice(
-                len(samples), max_samples, replace=False))
-            samples = [samples[i] for i in keep]
-    return samples
+    return select_subset(samples, max_samples, subset, seed, DATASETS.index(name))

@@ -28,7 +28,11 @@ def generate(argv):
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeatable")
     p.add_argument("--token-ids", action="store_true",
                    help="read each --prompt as comma- or space-separated token ids instead of text")
-    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt "
+                   "(with Qwen3's thinking switch off, enable_thinking=False, unless --thinking)")
+    p.add_argument("--thinking", action="store_true",
+                   help="with --chat: render the chat template with its thinking switch on "
+                        "(enable_thinking=True; templates without the switch are unaffected)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-len", type=int, help="KV cache length (default: the model's max_position_embeddings)")
     p.add_argument("--allow-extrapolation", action="store_true",
@@ -40,6 +44,8 @@ def generate(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
     args = p.parse_args(argv)
+    if args.thinking and not args.chat:
+        raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
     import jax.numpy as jnp
 
     from dflash_jax.api import generate as run_generate, load_drafter, load_target
@@ -61,7 +67,7 @@ def generate(argv):
         if args.token_ids:
             prompts.append(_parse_token_ids(text))
         elif args.chat:
-            prompts.append(encode_prompt(text, tok))
+            prompts.append(encode_prompt(text, tok, enable_thinking=args.thinking))
         else:
             prompts.append(tok.encode(text))
     status(f"compiling and running {'DFlash' if drafter else 'autoregressive'} generation for "

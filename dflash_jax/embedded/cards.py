@@ -73,6 +73,13 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
   sequence, loss decay gamma {recipe.get('gamma')}, AdamW lr {recipe.get('learning_rate')}.
 - Commands: {recipe.get('commands', '')}
 """]
+    ft = recipe.get("finetune")
+    if ft:
+        lines.append(f"""- Then fine-tuned ({ft['date']}): {ft['why']} {ft['steps']} steps of batch {ft['batch_size']}
+  with {ft['num_anchors']} anchors per sequence, AdamW lr {ft['learning_rate']} (warmup 4 %, cosine),
+  weight decay {ft['weight_decay']}, on the same data; held-out tau {ft['eval_tau_before']:.2f} before,
+  {ft['eval_tau_after']:.2f} after. Commands: {ft['commands']}
+""")
     if bench:
         s = bench["settings"]
         lines.append(f"## Acceptance (temperature {s['temperature']}, block {s['block_size']}, "

@@ -3,7 +3,8 @@
 For a sequence ``x`` with response mask ``m``: an anchor ``a`` is valid when ``m[a]`` and
 ``m[a+1]``. Block j is ``[x[a_j], MASK * (bs-1)]`` at positions ``a_j .. a_j+bs-1``; its row k
 (k >= 1) is labelled ``x[a_j + k]`` when that position exists and is a response token; row 0
-has no loss. Row k weighs ``exp(-(k-1)/gamma)``.
+has no loss. Row k weighs ``exp(-(k-1)/gamma)`` (gamma > 0; the paper's by block size unless
+given), or 1 with uniform weights (an ablation: every predicted row counts the same).
 """
 
 from __future__ import annotations
@@ -19,10 +20,34 @@ def default_gamma(block_size: int) -> float:
     return GAMMA_BY_BLOCK_SIZE.get(block_size, block_size / 2)
 
 
+def check_gamma(gamma) -> None:
+    """Refuses a decay that is not a number > 0 (0 would divide by zero; a negative one would
+    weigh the far rows most)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.integer, np.floating)) or not gamma > 0:
+        raise ValueError(f"gamma must be a number > 0, got {gamma!r} (the loss decay exp(-(k-1)/gamma)); "
+                         "leave it unset for the paper's value for the block size (7 for 16, 5 for 10, "
+                         "4 for 8), or ask for uniform weights (--uniform-weights / uniform_weights=True)")
+
+
 def loss_weights(block_size: int, gamma: float) -> np.ndarray:
     """float32[bs]: 0 for the anchor row, ``exp(-(k-1)/gamma)`` for row k >= 1."""
+    check_gamma(gamma)
     k = np.arange(block_size, dtype=np.float64)
     return np.where(k >= 1, np.exp(-(k - 1) / gamma), 0.0).astype(np.float32)
+
+
+def uniform_loss_weights(block_size: int) -> np.ndarray:
+    """float32[bs]: 0 for the anchor row, 1 for every row k >= 1."""
+    return (np.arange(block_size) >= 1).astype(np.float32)
+
+
+def block_loss_weights(block_size: int, gamma: float | None = None, uniform: bool = False) -> np.ndarray:
+    """The training loss weights: uniform, or decayed with ``gamma`` (None: :func:`default_gamma`)."""
+    if uniform:
+        if gamma is not None:
+            raise ValueError(f"uniform weights and gamma={gamma} exclude each other: give one of them")
+        return uniform_loss_weights(block_size)
+    return loss_weights(block_size, default_gamma(block_size) if gamma is None else gamma)
 
 
 def sample_anchors(loss_mask: np.ndarray, num_anchors: int, rng: np.random.Generator):

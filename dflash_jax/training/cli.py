@@ -27,6 +27,10 @@ def train_data(argv):
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--thinking", action="store_true",
+                   help="render text prompts with the chat template's thinking switch on (Qwen3's "
+                        "enable_thinking=True); default off, as the DFlash reference (train and use a "
+                        "drafter in the same mode); recorded in metadata.json")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
     a = p.parse_args(argv)
     from dflash_jax.api import load_target
@@ -36,7 +40,8 @@ def train_data(argv):
     prompts = [q for f in a.prompts for q in read_prompt_file(f)][:a.max_prompts]
     meta = regenerate(target, prompts, a.out, max_new_tokens=a.max_new_tokens, max_len=a.max_len,
                       batch_size=a.batch_size, shard_size=a.shard_size, temperature=a.temperature,
-                      top_k=a.top_k, top_p=a.top_p, seed=a.seed, source=",".join(a.prompts))
+                      top_k=a.top_k, top_p=a.top_p, seed=a.seed, source=",".join(a.prompts),
+                      enable_thinking=a.thinking)
     print(f"{meta['sequences']} sequences, {meta['response_tokens']} response tokens in {a.out}")
 
 
@@ -56,8 +61,9 @@ def features(argv):
 
 
 def train(argv):
-    d = dict((f.name, f.default) for f in dataclasses.fields(__import__(
-        "dflash_jax.training.trainer", fromlist=["TrainConfig"]).TrainConfig))
+    from dflash_jax.training.trainer import DEFAULT_STEPS, TrainConfig
+
+    d = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = command_parser("train", "Train a DFlash drafter.")
     p.add_argument("--target", required=True)
     p.add_argument("--data", required=True)
@@ -73,17 +79,35 @@ def train(argv):
     p.add_argument("--init-from", help="start from this drafter directory (released layout; its config "
                    "replaces --drafter-layers/--block-size/--taps) instead of random weights")
     p.add_argument("--dtype")
-    for name in ("steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed",
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help=f"training steps (default: {DEFAULT_STEPS} "
+                        "when --epochs is not given)")
+    length.add_argument("--epochs", type=float,
+                        help="train for this many epochs instead of --steps (the recipe's unit; fractions "
+                             "allowed): ceil(epochs * (training sequences // batch size)) steps, every "
+                             "epoch a new order of the sequences and new anchors")
+    p.add_argument("--gamma", type=float,
+                   help="loss decay: block row k weighs exp(-(k-1)/gamma), gamma > 0 (default: the paper's "
+                        "for the block size: 7 for 16, 5 for 10, 4 for 8)")
+    p.add_argument("--uniform-weights", action="store_true",
+                   help="weigh every predicted block row the same (instead of the decay; excludes --gamma)")
+    for name in ("batch_size", "learning_rate", "num_anchors", "seed",
                  "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_new_tokens",
                  "weight_decay", "warmup_fraction"):
-        kind = float if isinstance(d[name], float) or name == "gamma" else int
+        kind = float if isinstance(d[name], float) else int
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=d[name])
     a = p.parse_args(argv)
+    from dflash_jax.training.trainer import Trainer
+
+    # the training settings are checked before anything is loaded
+    cfg = TrainConfig(**{k: getattr(a, k) for k in (
+        "steps", "epochs", "batch_size", "learning_rate", "num_anchors", "gamma", "uniform_weights", "seed",
+        "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_new_tokens", "weight_decay",
+        "warmup_fraction")})
     from dflash_jax.api import load_target
     from dflash_jax.config import DrafterConfig
     from dflash_jax.training.data import TokenDataset
     from dflash_jax.training.features import FeatureStore
-    from dflash_jax.training.trainer import TrainConfig, Trainer
 
     target = load_target(a.target, dtype=_dtype(a.dtype))
     mask = a.mask_token_id
@@ -100,9 +124,6 @@ def train(argv):
                                         tuple(a.taps) if a.taps else None)
     data = TokenDataset(a.data)
     eval_prompts = data.hold_out(a.eval_prompts) if a.eval_prompts else None
-    cfg = TrainConfig(**{k: getattr(a, k) for k in (
-        "steps", "batch_size", "learning_rate", "num_anchors", "gamma", "seed", "checkpoint_every",
-        "keep_checkpoints", "eval_every", "eval_max_new_tokens", "weight_decay", "warmup_fraction")})
     feats = FeatureStore(a.features, dcfg.target_layer_ids) if a.features else None
     Trainer(target, dcfg, data, a.run, cfg, feats, eval_prompts, init_from=a.init_from).run(stop_after=a.stop_after)
 

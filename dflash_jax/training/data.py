@@ -16,8 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dflash_jax.prompts import encode_prompt
-
+from dflash_jax.prompts import encode_prompt, has_thinking_switch
 
 
 def read_prompt_file(path: str) -> list[Any]:
@@ -84,10 +83,16 @@ def write_npz_atomic(path: str, **arrays) -> None:
 def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: int = 256,
                max_len: int = 1024, batch_size: int = 16, shard_size: int = 256,
                temperature: float = 0.0, top_k=None, top_p=None, seed: int = 0,
-               stop_token_ids: Iterable[int] | None = None, source: str = "") -> dict:
+               stop_token_ids: Iterable[int] | None = None, source: str = "",
+               enable_thinking: bool = False) -> dict:
     """Has ``target`` answer every prompt with our batched on-device ``generate`` and writes
     token shards. Finished shards (from an earlier, interrupted run with the same settings)
-    are skipped. Returns the metadata."""
+    are skipped. Returns the metadata.
+
+    Text and chat prompts go through the target's chat template with the thinking switch
+    ``enable_thinking`` (Qwen3's; off by default, as the DFlash reference renders prompts:
+    a drafter trained on thinking-mode data and used without it, or the other way round,
+    loses most of its acceptance). The setting is recorded in ``metadata.json``."""
     from dflash_jax.api import generate
 
     os.makedirs(out_dir, exist_ok=True)
@@ -97,19 +102,25 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
         stops.append(tok.eos_token_id)
     settings = dict(max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, stop_token_ids=stops, shard_size=shard_size,
-                    num_prompts=len(prompts), target=target.path, source=source)
+                    num_prompts=len(prompts), target=target.path, source=source,
+                    enable_thinking=bool(enable_thinking))
     meta_file = os.path.join(out_dir, "metadata.json")
     if os.path.exists(meta_file):
         with open(meta_file) as f:
-            old = json.load(f)
-        if old.get("settings") != settings:
-            raise ValueError(f"{out_dir} holds data made with other settings ({old.get('settings')}); "
-                             "use a new output directory")
+            old = json.load(f).get("settings")
+        if (isinstance(old, dict) and "enable_thinking" not in old and not has_thinking_switch(tok)):
+            # written before the setting was recorded; without a switch in the template the
+            # prompts are the same either way
+            old = {**old, "enable_thinking": settings["enable_thinking"]}
+        if old != settings:
+            diff = sorted(k for k in settings if not isinstance(old, dict) or old.get(k) != settings[k])
+            raise ValueError(f"{out_dir} holds data made with other settings (differs in {', '.join(diff)}: "
+                             f"{old}); use a new output directory, or rerun with the same settings")
     with open(meta_file + ".tmp", "w") as f:
         json.dump({"settings": settings, "complete": False}, f, indent=2)
     os.replace(meta_file + ".tmp", meta_file)
 
-    encoded = [encode_prompt(p, tok) for p in prompts]
+    encoded = [encode_prompt(p, tok, enable_thinking=enable_thinking) for p in prompts]
     for i, p in enumerate(encoded):
         if len(p) + 2 > max_len:
             raise ValueError(f"prompt {i} has {len(p)} tokens, too long for max_len={max_len}")

@@ -4,12 +4,18 @@ exact resume, JSONL metrics with a tqdm bar, periodic real tau evaluation.
 Determinism: the batch and the anchors of step s depend only on (seed, s), so a run killed
 at any point and resumed from its last checkpoint repeats no step and loses none; on CPU the
 resumed run ends bitwise equal to an uninterrupted one.
+
+An epoch is ``len(data) // batch_size`` steps: each epoch draws a new permutation of the
+sequences (the last ``len(data) % batch_size`` of it are left out that epoch) and resamples
+every sequence's anchors (SPEC section 5). The length of a run is ``steps``, or ``epochs``
+(the recipe's unit: ``ceil(epochs * steps_per_epoch)`` steps), not both.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Sequence
@@ -23,17 +29,32 @@ from tqdm import tqdm
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.training.blocks import default_gamma, epoch_anchors, loss_weights
+from dflash_jax.training.blocks import block_loss_weights, check_gamma, epoch_anchors
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loss import drafter_loss, target_features
 
 
+DEFAULT_STEPS = 1000  # the length of a run given neither steps nor epochs
+
+
+def steps_per_epoch(num_sequences: int, batch_size: int) -> int:
+    """Steps of one epoch (module docstring): ``num_sequences // batch_size``."""
+    return num_sequences // batch_size
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Paper defaults (SPEC section 5) where it gives them."""
+    """Paper defaults (SPEC section 5) where it gives them.
 
-    steps: int = 1000
+    ``steps`` or ``epochs`` (not both) sets the length of the run; with neither it is
+    :data:`DEFAULT_STEPS` steps (:meth:`total_steps`). The loss weighs block row k >= 1 by
+    ``exp(-(k-1)/gamma)`` (``gamma`` > 0; None: the paper's for the block size), or by 1 with
+    ``uniform_weights``.
+    """
+
+    steps: int | None = None
+    epochs: float | None = None
     batch_size: int = 8
     learning_rate: float = 6e-4
     warmup_fraction: float = 0.04
@@ -41,6 +62,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # the paper is silent; SpecForge's default
     num_anchors: int = 512
     gamma: float | None = None
+    uniform_weights: bool = False
     seed: int = 0
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
@@ -48,20 +70,56 @@ class TrainConfig:
     eval_max_new_tokens: int = 64
     compute_dtype: str | None = None  # None: the target's dtype (bf16 on GPU), masters stay fp32
 
+    def __post_init__(self):
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"give the length of the run as steps ({self.steps}) or as epochs "
+                             f"({self.epochs}), not both (--steps / --epochs)")
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, (int, np.integer))
+                                       or self.steps < 1):
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float, np.integer, np.floating))
+                                        or not 0 < self.epochs < math.inf):
+            raise ValueError(f"epochs must be a number > 0 (fractions allowed), got {self.epochs!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.gamma is not None:
+            check_gamma(self.gamma)
+            if self.uniform_weights:
+                raise ValueError(f"uniform weights and gamma={self.gamma} exclude each other: give one of "
+                                 "them (--uniform-weights / --gamma)")
 
-def make_schedule(cfg: TrainConfig):
-    warmup = max(1, int(round(cfg.warmup_fraction * cfg.steps)))
-    return optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(cfg.steps, warmup + 1), 0.0)
+    def total_steps(self, num_sequences: int) -> int:
+        """The length of the run on ``num_sequences`` training sequences: ``steps``, or
+        ``ceil(epochs * steps_per_epoch)``, or :data:`DEFAULT_STEPS`."""
+        if self.steps is not None:
+            return int(self.steps)
+        if self.epochs is None:
+            return DEFAULT_STEPS
+        per_epoch = steps_per_epoch(num_sequences, self.batch_size)
+        if per_epoch < 1:
+            raise ValueError(f"the dataset has {num_sequences} sequences, fewer than batch_size "
+                             f"{self.batch_size}: an epoch would have no step")
+        return max(1, math.ceil(round(self.epochs * per_epoch, 9)))  # round: 0.1 * 30 is 3, not 4
 
 
-def make_optimizer(cfg: TrainConfig):
+def make_schedule(cfg, steps: int | None = None):
+    """Warmup (``warmup_fraction`` of the run) then cosine decay to 0 over ``steps`` (default
+    ``cfg.steps``)."""
+    steps = cfg.steps if steps is None else steps
+    if steps is None:
+        raise ValueError("make_schedule needs the run's length: pass steps (TrainConfig.total_steps)")
+    warmup = max(1, int(round(cfg.warmup_fraction * steps)))
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(steps, warmup + 1), 0.0)
+
+
+def make_optimizer(cfg, steps: int | None = None):
     return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                       optax.adamw(make_schedule(cfg), weight_decay=cfg.weight_decay))
+                       optax.adamw(make_schedule(cfg, steps), weight_decay=cfg.weight_decay))
 
 
 def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
     """(sequence ids, anchors, valid) of a step: a per-epoch permutation and per-epoch anchors."""
-    per_epoch = len(data) // cfg.batch_size
+    per_epoch = steps_per_epoch(len(data), cfg.batch_size)
     epoch, i = divmod(step, per_epoch)
     perm = np.random.default_rng([cfg.seed, epoch, 7]).permutation(len(data))
     ids = np.sort(perm[i * cfg.batch_size:(i + 1) * cfg.batch_size])
@@ -69,13 +127,20 @@ def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
     return ids, anchors, valid
 
 
-def check_run_file(run_dir: str, record: dict) -> None:
-    """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings."""
+def check_run_file(run_dir: str, record: dict, added: dict | None = None) -> None:
+    """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings.
+
+    ``added``: ``{section: {key: value}}``, settings added to ``record[section]`` after some
+    runs were started, with the value those runs had implicitly; an old ``run.json`` without
+    them resumes when the new record has that value."""
     path = os.path.join(run_dir, "run.json")
     record = json.loads(json.dumps(record))
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
+        for section, keys in (added or {}).items():
+            if isinstance(old.get(section), dict):
+                old[section] = {**json.loads(json.dumps(keys)), **old[section]}
         if old != record:
             diff = sorted(k for k in record if record[k] != old.get(k))
             raise ValueError(f"{run_dir} belongs to a run with other settings (differs in "
@@ -100,6 +165,10 @@ def restore_latest(manager: ocp.CheckpointManager, fresh: dict) -> dict:
         return fresh
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
     return manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+
+
+# settings added to TrainConfig after runs were started, with the value those runs had
+RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False}}
 
 
 def truncate_metrics(path: str, step: int) -> None:
@@ -147,18 +216,20 @@ class Trainer:
         self.features, self.eval_prompts = features, eval_prompts
         self.run_dir = os.path.abspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
-        check_run_file(self.run_dir, self._run_record())
-        self.tx = make_optimizer(cfg)
-        self.schedule = make_schedule(cfg)
-        self.weights = jnp.asarray(loss_weights(drafter_config.block_size,
-                                                cfg.gamma or default_gamma(drafter_config.block_size)))
+        self.steps_per_epoch = steps_per_epoch(len(data), cfg.batch_size)
+        self.num_steps = cfg.total_steps(len(data))
+        check_run_file(self.run_dir, self._run_record(), added=RECORD_ADDED)
+        self.tx = make_optimizer(cfg, self.num_steps)
+        self.schedule = make_schedule(cfg, self.num_steps)
+        self.weights = jnp.asarray(block_loss_weights(drafter_config.block_size, cfg.gamma, cfg.uniform_weights))
         self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
         self.manager = checkpoint_manager(self.run_dir, cfg.keep_checkpoints)
         self._step_fn = jax.jit(self._train_step)
 
     # ------------------------------------------------------------------ bookkeeping
     def _run_record(self) -> dict:
-        return {"drafter": self.dcfg.to_hf_dict(), "train": dataclasses.asdict(self.cfg),
+        # train.steps is the run's length (from epochs when they were given); train.epochs as given
+        return {"drafter": self.dcfg.to_hf_dict(), "train": dataclasses.asdict(self.cfg) | {"steps": self.num_steps},
                 "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
                 "features": None if self.features is None else "offline"} | (
             {"init_from": self.init_from} if self.init_from else {})
@@ -208,13 +279,14 @@ class Trainer:
         return r.tau
 
     def run(self, stop_after: int | None = None) -> dict:
-        """Trains until ``cfg.steps`` (or ``stop_after`` more steps); returns the final state."""
+        """Trains until the run's length (``num_steps``; or ``stop_after`` more steps); returns
+        the final state."""
         state = self.restore_or_init()
         start = int(state["step"])
         metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
         truncate_metrics(metrics_file, start)
-        end = self.cfg.steps if stop_after is None else min(self.cfg.steps, start + stop_after)
-        bar = tqdm(range(start, end), initial=start, total=self.cfg.steps, desc="training drafter")
+        end = self.num_steps if stop_after is None else min(self.num_steps, start + stop_after)
+        bar = tqdm(range(start, end), initial=start, total=self.num_steps, desc="training drafter")
         if start < end:
             bar.write("compiling the training step (the first step's time includes it) ...")
         with open(metrics_file, "a") as log:
@@ -223,7 +295,8 @@ class Trainer:
                 state, m = self._step_fn(state, self.target.params, *self.step_inputs(step))
                 m = jax.device_get(m)
                 dt = time.perf_counter() - t0
-                row = {"step": step + 1, "loss": float(m["loss"]), "lr": float(m["lr"]),
+                row = {"step": step + 1, "epoch": round((step + 1) / self.steps_per_epoch, 4),
+                       "loss": float(m["loss"]), "lr": float(m["lr"]),
                        "grad_norm": float(m["grad_norm"]),
                        "acc_per_pos": [round(float(x), 4) for x in m["acc_per_pos"]],
                        "tokens_per_s": self.cfg.batch_size * self.data.seq_len / dt,
@@ -234,7 +307,7 @@ class Trainer:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc_per_pos'][0]:.2f}")
-                if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
+                if done % self.cfg.checkpoint_every == 0 or done == self.num_steps:
                     self.manager.save(done, args=ocp.args.StandardSave(state))
         self.manager.wait_until_finished()
         return state
