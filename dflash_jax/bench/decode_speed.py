@@ -12,7 +12,6 @@ import json
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
@@ -21,6 +20,7 @@ from dflash_jax.api import Target, generate
 from dflash_jax.config import TargetConfig
 from dflash_jax.bench.env import (bench_parser, command_line, copy_bandwidth, environment,
                                   new_figure, read_bandwidth, write_report)
+from dflash_jax.bench.roofline import weight_and_kv_bytes
 
 PRESETS = {
     # a smoke-test size
@@ -38,14 +38,11 @@ PRESETS = {
 
 
 def step_bytes(cfg: TargetConfig, params, batch: int, kv_len: float) -> dict:
-    """Bytes a decode step must read: every weight once (one embedding row per token, the
-    LM head in full), plus K and V of ``kv_len`` positions per row in every layer."""
+    """Bytes a decode step must read: every weight once (the LM head in full; the input
+    embedding table is only gathered), plus K and V of ``kv_len`` positions per row in every
+    layer; counted by the roofline model (:mod:`dflash_jax.bench.roofline`) in the params' dtype."""
     itemsize = jnp.dtype(params["embed_tokens"]["embedding"].dtype).itemsize
-    weights = sum(x.size for x in jax.tree_util.tree_leaves(params)) * itemsize
-    if not cfg.tie_word_embeddings:  # the input embedding table is only gathered, not read
-        weights -= (cfg.vocab_size - batch) * cfg.hidden_size * itemsize
-    kv = batch * kv_len * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
-    return {"weights": int(weights), "kv": int(kv)}
+    return weight_and_kv_bytes(cfg, batch, kv_len, itemsize)
 
 
 def run(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype, repeats: int,

@@ -45,6 +45,25 @@ def time_fn(fn, *args, repeats: int = 5) -> float:
     return times[len(times) // 2]
 
 
+def time_in_program(fn, *args, calls: int = 16, repeats: int = 5) -> float:
+    """Median seconds per call of ``fn(*args)`` when ``calls`` calls run inside ONE compiled
+    program, as a kernel does inside the on-device decode loop: no host dispatch between them
+    (``time_fn`` of a single small kernel measures mostly dispatch and synchronisation). Each
+    call gets a slightly different first argument, so the compiler cannot merge them, and every
+    output feeds a small sum, so none is dropped."""
+
+    def many(x, *rest):
+        total = jnp.zeros((), jnp.float32)
+        for i in range(calls):
+            # factors 1 + i/64 are distinct in bfloat16 too (finer steps round to equal
+            # values there, and the compiler then merges the calls: an inflated bandwidth)
+            out = fn(x * jnp.asarray(1 + i / 64, x.dtype), *rest)
+            total = total + jnp.sum(out[..., :1].astype(jnp.float32))
+        return total
+
+    return time_fn(jax.jit(many), *args, repeats=repeats) / calls
+
+
 def copy_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
     """Device-to-device bandwidth in bytes/s: an elementwise ``x + 1`` over a large array
     reads and writes every byte once (2 * size bytes moved)."""

@@ -185,7 +185,9 @@ def plot(report: dict):
     return fig
 
 
-def run(args) -> dict:
+def run(args, argv=None) -> dict:
+    """The benchmark of parsed ``args``; ``argv`` (the command's arguments, when called in-process)
+    is what the report records as the command (default: this process's command line)."""
     import jax
     import jax.numpy as jnp
 
@@ -211,7 +213,7 @@ def run(args) -> dict:
     drafter = load_drafter(drafter_dir, target, dtype=dtype)
     runner = Runner(target, drafter, args)
     report = {
-        "command": command_line("dflash_jax", None), "environment": environment(),
+        "command": command_line("dflash_jax", None if argv is None else ["bench", *argv]), "environment": environment(),
         "settings": vars(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
@@ -274,7 +276,7 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
 
 
 def main(argv=None):
-    return run(parser().parse_args(argv))
+    return run(parser().parse_args(argv), argv)
 
 
 if __name__ == "__main__":

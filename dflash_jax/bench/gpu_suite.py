@@ -1,0 +1,178 @@
+"""Every GPU measurement of the project in one command, for the day a GPU is lent.
+
+    python -m dflash_jax.bench.gpu_suite --out DIR            # on a GPU machine (~10 min)
+    python -m dflash_jax.bench.gpu_suite --smoke --out DIR    # tiny shapes, any machine (CI)
+
+It runs, in one process, writing each stage's JSON/PNG/markdown under ``DIR/<stage>/`` and a
+summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
+
+1. ``exactness``: greedy DFlash == autoregressive decoding, token for token, on the device in
+   float32 with full-precision products, for every attention implementation available
+   (``xla``, ``pallas``, and ``triton`` where jax-triton is installed): the engine's
+   correctness on this hardware, kernels included.
+2. ``kernel``: the block-attention kernels against the XLA path and cuDNN attention at
+   Qwen3-8B head shapes (``dflash_jax.bench.kernel_speed``).
+3. ``decode``: AR decode speed of an 8B-shaped random bf16 target
+   (``dflash_jax.bench.decode_speed``).
+4. ``spec``: one DFlash iteration against one AR step for the same target with a random
+   5-layer drafter, per attention implementation (``dflash_jax.bench.spec_speed``).
+5. ``bench``: the end-to-end benchmark of the embedded target + drafter on the prompt sets
+   (``python -m dflash_jax bench``).
+
+A stage that fails is recorded with its error and the suite goes on; the exit status is 1
+when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
+with the package. jax-triton (for ``attention_impl="triton"``) is optional: on a machine
+without it, carry its wheel in the working tree and put it on ``PYTHONPATH`` (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+import jax
+
+from dflash_jax.bench.env import command_line, environment
+from dflash_jax.cli import command_parser
+
+
+def available_impls() -> list[str]:
+    """Attention implementations this machine can run compiled (not interpreted)."""
+    impls = ["xla", "pallas"]
+    if jax.default_backend() == "gpu":
+        try:
+            import jax_triton  # noqa: F401
+            from dflash_jax.nn.attention import ATTENTION_IMPLS
+            if "triton" in ATTENTION_IMPLS:
+                impls.append("triton")
+        except ImportError:
+            pass
+    return impls
+
+
+def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
+    """(name, thunk) per stage; each thunk returns a small dict of headline numbers."""
+    from dflash_jax.bench import decode_speed, kernel_speed, spec_speed
+    from dflash_jax.bench import harness
+
+    impls = available_impls()
+    d = lambda name: os.path.join(out, name)
+
+    def exactness():
+        rows = {}
+        for impl in impls:
+            argv = (["--preset", "tiny", "--new-tokens", "24", "--prompt-len", "16"] if smoke else
+                    ["--preset", "small", "--new-tokens", "96", "--batch", "2"])
+            r = spec_speed.main(argv + ["--dtype", "float32", "--attention-impl", impl,
+                                        "--repeats", "1", "--out", d("exactness")])["result"]
+            rows[impl] = {"dflash_equals_ar": r["dflash_equals_ar"], "rows_equal": r["rows_equal"]}
+        return rows
+
+    def kernel():
+        argv = (["--seq", "128", "--batch", "1", "--heads", "4", "--kv-heads", "2", "--head-dim",
+                 "16", "--repeats", "1", "--interpret"] if smoke else
+                ["--seq", "1024", "4096", "16384", "32768", "--batch", "1", "8"])
+        rep = kernel_speed.main(argv + ["--out", d("kernel")])
+        keys = [k for k in rep["results"][0] if k.endswith("_us")]
+        return {f"b{r['batch']}_S{r['seq']}_{'verify' if r['causal'] else 'draft'}":
+                {k: round(r[k], 1) for k in keys if k in r} for r in rep["results"]}
+
+    def decode():
+        argv = (["--preset", "tiny", "--batch", "1", "--new-tokens", "8", "--repeats", "1"] if smoke
+                else ["--preset", "qwen3-8b", "--dtype", "bfloat16", "--batch", "1", "8"])
+        rep = decode_speed.main(argv + ["--out", d("decode")])
+        return {f"b{r['batch']}": {"ms_per_step": round(r["ms_per_step"], 3),
+                                   "bandwidth_fraction": round(r["bandwidth_fraction"], 3)}
+                for r in rep["results"]}
+
+    def spec():
+        rows = {}
+        for impl in impls:
+            argv = (["--preset", "tiny", "--new-tokens", "16", "--prompt-len", "16", "--repeats", "1"]
+                    if smoke else ["--preset", "qwen3-8b", "--dtype", "bfloat16",
+                                   "--drafter-layers", "5", "--new-tokens", "128", "--prompt-len", "512"])
+            r = spec_speed.main(argv + ["--attention-impl", impl, "--out", d("spec")])["result"]
+            rows[impl] = {k: round(r[k], 3) for k in ("ar_ms_per_step", "draft_ms", "verify_ms",
+                                                      "dflash_ms_per_iteration", "iteration_over_ar_step",
+                                                      "projected_speedup_at_paper_tau")}
+        return rows
+
+    def bench():
+        argv = (["--max-samples", "1", "--max-new-tokens", "8", "--datasets", "gsm8k"] if smoke
+                else ["--max-samples", "8", "--max-new-tokens", "256"])
+        rep = harness.main(argv + ["--out", d("bench")])
+        avg = rep.get("average", {})
+        return {k: avg[k] for k in avg if isinstance(avg[k], (int, float))}
+
+    return [("exactness", exactness), ("kernel", kernel), ("decode", decode), ("spec", spec),
+            ("bench", bench)]
+
+
+def markdown(summary: dict) -> str:
+    env = summary["env"]
+    lines = [f"# GPU suite on {env['device']} ({env['platform']}, jax {env['jax']})", "",
+             f"`{summary['command']}`, {summary['time']}, {summary['total_s']:.0f} s in all", "",
+             "| stage | status | seconds | headline |", "|---|---|---|---|"]
+    for s in summary["stages"]:
+        head = json.dumps(s.get("result", s.get("error", "")))[:300].replace("|", "/")
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.0f} | `{head}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    p = command_parser("gpu-suite", __doc__)
+    p.add_argument("--out", required=True, help="output directory (made if missing)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes: checks that the suite runs (CPU, CI)")
+    p.add_argument("--only", nargs="+", help="run only these stages")
+    args = p.parse_args(argv)
+    if not args.smoke and jax.default_backend() != "gpu":
+        raise ValueError(f"no GPU: jax's default backend is {jax.default_backend()!r}; run with "
+                         "--smoke on a machine without one, or install jax with CUDA "
+                         '(pip install -e ".[gpu]")')
+    os.makedirs(args.out, exist_ok=True)
+    t_all = time.perf_counter()
+    results = []
+    all_stages = stages(args.out, args.smoke)
+    unknown = set(args.only or []) - {n for n, _ in all_stages}
+    if unknown:
+        raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages: {[n for n, _ in all_stages]}")
+    for name, thunk in all_stages:
+        if args.only and name not in args.only:
+            continue
+        print(f"=== gpu_suite: {name}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            row = {"name": name, "status": "ok", "result": thunk()}
+        except Exception as e:  # a failed stage is recorded; the others still run
+            traceback.print_exc()
+            row = {"name": name, "status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
+        row["seconds"] = time.perf_counter() - t0
+        results.append(row)
+        _write(args.out, results, argv, t_all)
+    summary = _write(args.out, results, argv, t_all)
+    print(markdown(summary))
+    if any(r["status"] != "ok" for r in results):
+        raise SystemExit(1)
+    return summary
+
+
+def _write(out: str, results: list, argv, t_all: float) -> dict:
+    """suite.json and suite.md, rewritten (atomically) after every stage."""
+    summary = {"benchmark": "gpu_suite", "env": environment(), "stages": results,
+               "impls": available_impls(), "total_s": time.perf_counter() - t_all,
+               "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "command": command_line("dflash_jax.bench.gpu_suite", argv)}
+    for name, text in (("suite.json", json.dumps(summary, indent=2)), ("suite.md", markdown(summary))):
+        path = os.path.join(out, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return summary
+
+
+if __name__ == "__main__":
+    from dflash_jax.cli import run_cli
+
+    run_cli(main)
