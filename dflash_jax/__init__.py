@@ -13,6 +13,10 @@ class _DropTorchMissingNotice(_logging.Filter):
 
 _logging.getLogger("transformers").addFilter(_DropTorchMissingNotice())
 
+from dflash_jax.xla_flags import add_gpu_flags as _add_gpu_flags  # noqa: E402
+
+_add_gpu_flags()  # GPU installs only, before jax creates its backend (see dflash_jax/xla_flags.py)
+
 from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter,  # noqa: E402
                             GenerateResult, StreamChunk, Target, generate, generate_stream,
                             load_drafter, load_embedded, load_target, save_drafter)
