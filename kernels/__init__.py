@@ -2,7 +2,11 @@
 
 ``block_attention`` / ``block_attention_reference``: a block of queries against a KV cache
 with per-row lengths, causal (verify/decode) or non-causal with the block's own rows (drafter).
-The models select an implementation with ``attention_impl="xla" | "pallas"``.
+The models select an implementation with ``attention_impl="xla" | "pallas" | "triton"``.
+
+``kernels.triton_block_attention.block_attention_triton``: the same block attention written in
+the Triton language and called through ``jax_triton.triton_call`` (imported from its module, as
+it needs ``triton``).
 """
 
 from kernels.block_attention import block_attention, block_attention_reference

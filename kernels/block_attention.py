@@ -1,7 +1,7 @@
 """Block attention against a KV cache: a Pallas kernel (Triton lowering on GPU) and its plain
 ``jnp`` reference, with the same signature.
 
-One call attends a block of T (<= 64) queries ``q [B, T, H, Dh]`` to a cache
+One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
 ``k, v [B, S_max, Hkv, Dh]`` whose row b holds ``kv_lens[b]`` valid positions, in one of two modes:
 
 * ``causal=True`` (target verify, and decode with T = 1): the block's own K/V have already
@@ -32,7 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels.tuning import choose_launch
+
 NEG = -1e30  # finite "minus infinity": masked scores never produce inf - inf
+# query rows (T x query heads per KV head) of one program: the drafter's 16-row block with 4 query
+# heads per KV head fills it. A longer causal block (a prefill) is split into query chunks: one
+# 2048-row tile asked the H100 for 576 KiB of shared memory (227 KiB is the most a block gets).
+MAX_ROWS = 64
 
 
 # ---------------------------------------------------------------------------- reference
@@ -83,7 +89,7 @@ def _dot(a, b, *, trans_b: bool = False, exact: bool):
 
 
 def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, scale, block_k,
-            tiles_per_split, group, num_queries, exact):
+            tiles_per_split, group, num_queries, num_blk, exact):
     if has_blk:
         kb_ref, vb_ref, o_ref, m_ref, l_ref = rest
     else:
@@ -124,7 +130,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
     if has_blk:  # the block's own rows, counted once (by split 0)
         kb, vb = kb_ref[...], vb_ref[...]
         cols = jnp.arange(kb.shape[0])
-        mask = (cols[None, :] < num_queries) & (split == 0) & (t[:, None] < num_queries)
+        mask = (cols[None, :] < num_blk) & (split == 0) & (t[:, None] < num_queries)
         carry = update(dot(q, kb), mask, vb, carry)
     acc, m, l = carry
     o_ref[...] = acc
@@ -135,7 +141,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
 def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
                     scale: float | None = None, layer=None, block_k: int | None = None,
                     num_splits: int | None = None, interpret: bool = False,
-                    num_warps: int = 4, num_stages: int = 2):
+                    num_warps: int | None = None, num_stages: int | None = None):
     """Pallas block attention (see the module docstring for the two masking modes).
 
     Args:
@@ -145,8 +151,10 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
       kv_lens: int32[B] valid slots per row.
       k_blk, v_blk: [B, T, Hkv, Dh] the block's own K/V (non-causal mode only).
       scale: softmax scale (default Dh ** -0.5).
-      block_k: cache tile (default 64, or the largest of 32/16 dividing S).
-      num_splits: chunks of S processed in parallel (default: ~S / 512, at least 1).
+      block_k: cache tile; num_splits: chunks of S processed in parallel; num_warps,
+        num_stages: Triton launch parameters. Each one left None is chosen per shape and device
+        by ``kernels.tuning.choose_launch`` (splits that fill the GPU's SMs, tiles that compile
+        without register spills).
       interpret: run the kernel in the Pallas interpreter (CPU tests).
     Returns:
       [B, T, H, Dh] in q's dtype.
@@ -155,14 +163,33 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
         k, v, layer = k[None], v[None], 0
     elif layer is None:
         raise ValueError("a stacked [L, B, S, Hkv, Dh] cache needs layer=")
+    layer_shape = jax.ShapeDtypeStruct(k.shape[1:], k.dtype)  # one layer's cache, for the checks
+    _check(q, layer_shape, jax.ShapeDtypeStruct(v.shape[1:], v.dtype), kv_lens, k_blk, v_blk, causal)
     # Under jit so that tracing sees one removable call: jax <= 0.11 never dead-code-eliminates
     # a bare pallas_call, and flax >= 0.12.9 (which needs jax >= 0.11.1) DCEs the body of
     # nn.scan to check its broadcast inputs, so a bare kernel in a scanned layer fails there
     # ("broadcasted variable has a data dependency on the scan body"); a jit call is removable.
-    return _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, causal=causal,
-                            scale=None if scale is None else float(scale), block_k=block_k,
-                            num_splits=num_splits, interpret=interpret, num_warps=num_warps,
-                            num_stages=num_stages)
+    call = functools.partial(_block_attention, k=k, v=v, k_blk=k_blk, v_blk=v_blk, layer=layer,
+                             causal=causal, scale=None if scale is None else float(scale),
+                             block_k=block_k, num_splits=num_splits, interpret=interpret,
+                             num_warps=num_warps, num_stages=num_stages)
+    return in_query_chunks(lambda q_c, lens_c: call(q_c, kv_lens=lens_c), q, kv_lens,
+                           causal=causal, group=q.shape[2] // k.shape[3])
+
+
+def in_query_chunks(call, q, kv_lens, *, causal: bool, group: int, max_rows: int = MAX_ROWS):
+    """``call(q_chunk, kv_lens_chunk)`` over chunks of the T queries of q [B, T, H, Dh] that
+    hold at most ``max_rows`` folded rows (queries x ``group`` heads per KV head) each,
+    concatenated along T; one call when the whole block fits. For a long block (a prefill, or
+    a drafter block with many query heads per KV head). Causal: the chunk starting at query t0
+    is the same problem over a cache whose rows are t0 slots longer. Non-causal: every chunk
+    sees the same context (and all rows of the block's own K/V, which ``call`` holds)."""
+    T = q.shape[1]
+    if T * group <= max_rows:
+        return call(q, kv_lens)
+    step = max(1, max_rows // group)
+    return jnp.concatenate([call(q[:, t0:t0 + step], kv_lens + t0 if causal else kv_lens)
+                            for t0 in range(0, T, step)], axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_k", "num_splits", "interpret",
@@ -171,20 +198,22 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, bl
                      interpret, num_warps, num_stages):
     from jax.experimental.pallas import triton as plgpu
 
-    _check(q, k[0], v[0], kv_lens, k_blk, v_blk, causal)
     B, T, H, Dh = q.shape
     S, Hkv = k.shape[2], k.shape[3]
     G = H // Hkv
     scale = Dh ** -0.5 if scale is None else float(scale)
-    if block_k is None:
-        block_k = next((b for b in (64, 32, 16) if S % b == 0), 64)
+    launch = choose_launch(batch=B, seq=S, kv_heads=Hkv, num_queries=T, group=G, head_dim=Dh,
+                           itemsize=q.dtype.itemsize, num_sms=_gpu_sm_count(),
+                           block_rows=0 if k_blk is None else k_blk.shape[1], block_k=block_k,
+                           num_splits=num_splits, num_warps=num_warps, num_stages=num_stages)
+    block_k, num_warps, num_stages = launch.block_k, launch.num_warps, launch.num_stages
     if S % block_k:  # rare (caches are bucketed): pad the cache to whole tiles
         pad = block_k - S % block_k
         k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
         S += pad
     tiles = S // block_k
-    num_splits = max(1, min(tiles, num_splits or -(-S // 512)))
+    num_splits = max(1, min(tiles, launch.num_splits))
     tiles_per_split = -(-tiles // num_splits)
     num_splits = -(-tiles // tiles_per_split)
 
@@ -194,7 +223,8 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, bl
     qr = jnp.pad(qr, ((0, 0), (0, 0), (0, R - T * G), (0, 0)))
     lens = kv_lens.astype(jnp.int32)
     has_blk = k_blk is not None
-    Tb = max(16, _next_pow2(T))
+    num_blk = k_blk.shape[1] if has_blk else 0  # the block's own rows (all T, or a query chunk's block)
+    Tb = max(16, _next_pow2(num_blk))
     whole = pl.no_block_spec  # the whole array, addressed by pointer arithmetic
     in_specs = [
         pl.BlockSpec((1,), lambda b, g, s: (0,)),
@@ -205,12 +235,12 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, bl
     ]
     args = [jnp.asarray(layer, jnp.int32).reshape(1), lens, qr, k, v]
     if has_blk:
-        padb = ((0, 0), (0, Tb - T), (0, 0), (0, 0))
+        padb = ((0, 0), (0, Tb - num_blk), (0, 0), (0, 0))
         args += [jnp.pad(k_blk, padb), jnp.pad(v_blk, padb)]
         in_specs += [pl.BlockSpec((None, Tb, None, Dh), lambda b, g, s: (b, 0, g, 0))] * 2
     kernel = functools.partial(
         _kernel, causal=causal, has_blk=has_blk, scale=scale, block_k=block_k,
-        tiles_per_split=tiles_per_split, group=G, num_queries=T, exact=q.dtype == jnp.float32)
+        tiles_per_split=tiles_per_split, group=G, num_queries=T, num_blk=num_blk, exact=q.dtype == jnp.float32)
     acc, m, l = pl.pallas_call(
         kernel,
         grid=(B, Hkv, num_splits),
@@ -228,6 +258,13 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, bl
     out = combine_splits(acc, m, l)  # [B, Hkv, R, Dh]
     out = out[:, :, :T * G].reshape(B, Hkv, T, G, Dh).transpose(0, 2, 1, 3, 4)
     return out.reshape(B, T, H, Dh).astype(q.dtype)
+
+
+def _gpu_sm_count() -> int | None:
+    """SMs of the default device when it is a GPU; None elsewhere (the tuner then assumes an
+    H100's 132, e.g. when lowering for CUDA on a CPU host)."""
+    device = jax.devices()[0]
+    return getattr(device, "core_count", None) if device.platform == "gpu" else None
 
 
 def combine_splits(acc, m, l):

@@ -1,8 +1,9 @@
-"""The Pallas block-attention kernel (interpret mode on CPU) against its jnp reference, and the
-models with attention_impl="pallas" against the XLA path."""
+"""The Pallas block-attention kernel (interpret mode on CPU, compiled on a GPU) against its jnp
+reference, and the models with attention_impl="pallas" against the XLA path."""
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ from kernels import block_attention, block_attention_reference
 from dflash_jax.models.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import target_forward
+
+# on a GPU the same tests run the compiled kernel (python -m dflash_jax.bench.gpu_suite runs them)
+INTERPRET = jax.default_backend() != "gpu"
 
 TOL = {jnp.float32: dict(atol=2e-5, rtol=2e-5), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -41,7 +45,7 @@ def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
 def test_kernel_matches_reference(case, causal):
     q, k, v, kb, vb, lens = _inputs(*case)
     kw = {} if causal else dict(k_blk=kb, v_blk=vb)
-    out = block_attention(q, k, v, lens, causal=causal, interpret=True, num_splits=3, **kw)
+    out = block_attention(q, k, v, lens, causal=causal, interpret=INTERPRET, num_splits=3, **kw)
     ref = block_attention_reference(q, k, v, lens, causal=causal, **kw)
     assert out.dtype == q.dtype and not jnp.isnan(out).any()
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), **TOL[case[5]])
@@ -52,7 +56,7 @@ def test_splits_tiles_scale_and_empty_rows():
     ref = block_attention_reference(q, k, v, lens, causal=False, scale=0.3)
     for splits, bk in itertools.product([1, 2, 5], [16, 64]):
         out = block_attention(q, k, v, lens, causal=False, scale=0.3, num_splits=splits, block_k=bk,
-                              interpret=True)
+                              interpret=INTERPRET)
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
     # row 0 has no context and no block rows: it sees nothing and gets zeros
     assert float(jnp.abs(out[0]).max()) == 0.0
@@ -62,7 +66,7 @@ def test_stacked_cache_layer_index():
     q, k, v, kb, vb, lens = _inputs(8, 128, 2, 4, 64, jnp.float32, seed=2)
     stacked_k = jnp.stack([k * 0.5, k, -k])
     stacked_v = jnp.stack([v, v * 2, v])
-    out = block_attention(q, stacked_k, stacked_v, lens, causal=True, layer=jnp.int32(1), interpret=True)
+    out = block_attention(q, stacked_k, stacked_v, lens, causal=True, layer=jnp.int32(1), interpret=INTERPRET)
     ref = block_attention_reference(q, k, v * 2, lens, causal=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)
 
@@ -70,11 +74,11 @@ def test_stacked_cache_layer_index():
 def test_bad_arguments():
     q, k, v, kb, vb, lens = _inputs(4, 64, 2, 2, 64, jnp.float32)
     with pytest.raises(ValueError, match="k_blk=None"):
-        block_attention(q, k, v, lens, kb, vb, causal=True, interpret=True)
+        block_attention(q, k, v, lens, kb, vb, causal=True, interpret=INTERPRET)
     with pytest.raises(ValueError, match="kv_lens must have shape"):
         block_attention_reference(q, k, v, lens[:2], causal=True)
     with pytest.raises(ValueError, match="layer="):
-        block_attention(q, k[None], v[None], lens, causal=True, interpret=True)
+        block_attention(q, k[None], v[None], lens, causal=True, interpret=INTERPRET)
     with pytest.raises(ValueError, match="attention_impl"):
         dj.generate(dj.Target.random(CFG), [[1]], 2, attention_impl="cuda")
 
@@ -90,8 +94,8 @@ def test_an_unused_kernel_call_is_dead_code():
     q, k, v, kb, vb, lens = _inputs(4, 64, 2, 2, 16, jnp.float32)
 
     def unused(q, k, v, kb, vb, lens):
-        block_attention(q, k, v, lens, kb, vb, causal=False, interpret=True)
-        block_attention(q, k, v, lens, causal=True, interpret=True)
+        block_attention(q, k, v, lens, kb, vb, causal=False, interpret=INTERPRET)
+        block_attention(q, k, v, lens, causal=True, interpret=INTERPRET)
         return jnp.zeros(())
 
     jaxpr = jax.make_jaxpr(unused)(q, k, v, kb, vb, lens).jaxpr
@@ -142,3 +146,19 @@ def test_models_give_the_same_outputs_with_either_impl():
     ar = dj.generate(target, prompts, 12)
     sp = dj.generate(target, prompts, 12, drafter=drafter, attention_impl="pallas")
     assert sp.sequences == ar.sequences
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_long_blocks_run_as_query_chunks(causal):
+    """More than MAX_ROWS query rows per KV head (a 40-token prefill with 4 query heads per KV
+    head; a drafter block with 16): the kernel runs query chunks, which must see exactly what
+    the whole block would (a chunk that forgot its offset t0 in the causal mask fails here)."""
+    from kernels.block_attention import MAX_ROWS
+
+    T, G = (40, 4) if causal else (16, 8)
+    assert T * G > MAX_ROWS
+    q, k, v, kb, vb, lens = _inputs(T, 128, 2, G, 32, jnp.float32, seed=3)
+    kw = {} if causal else dict(k_blk=kb, v_blk=vb)
+    out = block_attention(q, k, v, lens, causal=causal, interpret=INTERPRET, **kw)
+    ref = block_attention_reference(q, k, v, lens, causal=causal, **kw)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)

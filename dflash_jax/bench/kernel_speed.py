@@ -1,7 +1,8 @@
-"""Block-attention kernel benchmark: the Pallas kernel vs the XLA path vs cuDNN
-(``jax.nn.dot_product_attention(implementation="cudnn")``, context only, where it applies),
-for a T-row block against caches of S positions with Qwen3-8B head shapes: microseconds and
-achieved GB/s (K/V bytes of the valid prefix + q + out) against the measured copy bandwidth.
+"""Block-attention kernel benchmark: the Pallas kernel (and the Triton one, ``--impl triton``)
+vs the XLA path vs cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``, context
+only, where it applies), for a T-row block against caches of S positions with Qwen3-8B head
+shapes: microseconds and achieved GB/s (K/V bytes of the valid prefix + q + out) against the
+measured copy bandwidth.
 
     python -m dflash_jax.bench.kernel_speed                          # on a GPU
     python -m dflash_jax.bench.kernel_speed --seq 256 --batch 1 --interpret   # CPU smoke run
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, new_figure,
-                                  time_fn, write_report)
+                                  time_in_program, write_report)
 from dflash_jax.cli import HelpFormatter
 from kernels.block_attention import block_attention, block_attention_reference
 
@@ -27,10 +28,16 @@ def _cudnn(q, k, v, lens):
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lens, implementation="cudnn")
 
 
+def _triton_kernel(causal: bool, interpret: bool):
+    from kernels.triton_block_attention import block_attention_triton  # needs triton
+
+    return jax.jit(functools.partial(block_attention_triton, causal=causal, interpret=interpret))
+
+
 def plot(report: dict):
     fig, ax = new_figure(figsize=(6, 3.5))
     for (batch, causal), rows in _group(report["results"]).items():
-        for impl, style in (("pallas", "o-"), ("xla", "s--"), ("cudnn", "^:")):
+        for impl, style in (("pallas", "o-"), ("triton", "d-."), ("xla", "s--"), ("cudnn", "^:")):
             pts = [(r["seq"], r[f"{impl}_GBps"]) for r in rows if r.get(f"{impl}_GBps")]
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{impl} b{batch} {'causal' if causal else 'drafter'}")
@@ -57,7 +64,10 @@ def main(argv=None) -> dict:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--interpret", action="store_true", help="Pallas interpreter (CPU smoke run)")
+    p.add_argument("--impl", nargs="+", default=["pallas", "xla", "cudnn"],
+                   choices=["pallas", "triton", "xla", "cudnn"], help="implementations to time")
+    p.add_argument("--interpret", action="store_true",
+                   help="Pallas / Triton interpreter (CPU smoke run)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="runs/kernel_speed")
     args = p.parse_args(argv)
@@ -79,13 +89,20 @@ def main(argv=None) -> dict:
                                             - ref(q, k, v, lens, kb, vb).astype(jnp.float32))))
                 nbytes = (2 * batch * S * Hkv * Dh + 2 * q.size) * dtype.itemsize
                 row = {"batch": batch, "seq": S, "causal": causal, "max_abs_err": err}
+                tri = _triton_kernel(causal, args.interpret) if "triton" in args.impl else None
+                if tri is not None:
+                    row["triton_max_abs_err"] = float(jnp.max(jnp.abs(
+                        tri(q, k, v, lens, kb, vb).astype(jnp.float32)
+                        - ref(q, k, v, lens, kb, vb).astype(jnp.float32))))
                 for name, fn, fargs in (("pallas", kern, (q, k, v, lens, kb, vb)),
+                                        ("triton", tri, (q, k, v, lens, kb, vb)),
                                         ("xla", ref, (q, k, v, lens, kb, vb)),
                                         ("cudnn", jax.jit(_cudnn), (q, k, v, lens))):
-                    if name == "cudnn" and (causal or jax.default_backend() != "gpu"):
+                    if name not in args.impl or (
+                            name == "cudnn" and (causal or jax.default_backend() != "gpu")):
                         continue
-                    try:
-                        t = time_fn(fn, *fargs, repeats=args.repeats)
+                    try:  # per call inside one program, as in the decode loop (no dispatch)
+                        t = time_in_program(fn, *fargs, repeats=args.repeats)
                     except Exception as e:  # cuDNN may not support a shape
                         row[f"{name}_error"] = str(e).splitlines()[0][:200]
                         continue

@@ -55,8 +55,25 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
                                        repeats=repeats)}
 
 
+def sequence_agreement(ar_sequences, dflash_sequences) -> dict:
+    """How far two batches of generated token lists agree: every row equal, rows equal, and
+    the shortest common prefix over rows."""
+    prefixes = []
+    for a, d in zip(ar_sequences, dflash_sequences):
+        n = next((i for i, (x, y) in enumerate(zip(a, d)) if x != y), min(len(a), len(d)))
+        prefixes.append(n if (n < min(len(a), len(d)) or len(a) != len(d)) else len(a))
+    rows_equal = sum(a == d for a, d in zip(ar_sequences, dflash_sequences))
+    return {"dflash_equals_ar": rows_equal == len(ar_sequences), "rows_equal": rows_equal,
+            "min_matching_prefix": min(prefixes)}
+
+
 def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
-        block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla") -> dict:
+        block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla",
+        exact: bool = True) -> dict:
+    """AR and DFlash on the same random prompts. ``exact``: the run is in float32 with full-
+    precision matrix products, where greedy DFlash must equal AR token for token (a mismatch
+    raises). In bfloat16 (or TF32) the 16-row verify and the 1-row AR step round differently,
+    so near-tied argmaxes of a random-weight model can flip; then agreement is reported."""
     rng = np.random.default_rng(seed)
     prompts = rng.integers(0, target.config.vocab_size, size=(batch, prompt_len)).tolist()
     best = {}
@@ -69,8 +86,15 @@ def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_token
             if name not in best or r.decode_time_s < best[name].decode_time_s:
                 best[name] = r
     ar, df = best["ar"], best["dflash"]
-    if df.sequences != ar.sequences:
-        raise RuntimeError("greedy DFlash output differs from autoregressive output (a bug: please report it)")
+    agreement = sequence_agreement(ar.sequences, df.sequences)
+    if exact and not agreement["dflash_equals_ar"]:
+        raise RuntimeError("greedy DFlash output differs from autoregressive output in an exact "
+                           f"(float32, full-precision) run: {agreement} (a bug: please report it)")
+    if not agreement["dflash_equals_ar"]:
+        print(f"note: in {jnp.dtype(target.dtype).name} greedy DFlash and AR agree on "
+              f"{agreement['rows_equal']}/{batch} rows, first difference after "
+              f"{agreement['min_matching_prefix']} tokens (rounding of the {block_size}-row verify "
+              "differs from the 1-row step; the float32 exactness check is the correctness test)")
     ar_step = ar.decode_time_s / ar.num_steps
     df_iter = df.decode_time_s / df.num_steps
     tokens = sum(df.num_generated) - batch  # tokens made inside the decode loop
@@ -84,6 +108,7 @@ def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_token
         "dflash_ms_per_token": 1e3 * df.decode_time_s / tokens * batch,
         **steps,
         "iteration_over_ar_step": df_iter / ar_step,
+        **agreement,
         "tau": df.tau,
         "histogram": df.acceptance_histogram.tolist(),
         "position_acceptance_rate": df.position_acceptance_rate.tolist(),
@@ -114,7 +139,7 @@ def main(argv=None) -> dict:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas"])
+    p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"])
     p.add_argument("--out", default="runs/spec_speed")
     args = p.parse_args(argv)
     dtype = jnp.dtype(args.dtype)
@@ -127,8 +152,10 @@ def main(argv=None) -> dict:
     target.max_len = max(target.max_len, args.prompt_len + args.new_tokens + 64)
     drafter = (load_drafter(args.drafter, target) if args.drafter else
                Drafter.random(target, num_layers=args.drafter_layers, block_size=args.block_size))
-    result = run(target, drafter, args.batch, args.prompt_len, args.new_tokens, args.block_size,
-                 args.repeats, attention_impl=args.attention_impl)
+    exact = args.dtype == "float32"  # full-precision products (no TF32 on a GPU): must equal AR
+    with jax.default_matmul_precision("highest" if exact else None):
+        result = run(target, drafter, args.batch, args.prompt_len, args.new_tokens,
+                     args.block_size, args.repeats, attention_impl=args.attention_impl, exact=exact)
     report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
               "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -29,7 +29,7 @@ from dflash_jax.config import DrafterConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import (MLP, RMSNorm, apply_rope, block_sparse_attention, rope_cos_sin,
                           segmented_attention)
-from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
+from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
 from dflash_jax.nn.layers import random_init
 
 
@@ -72,9 +72,9 @@ class DrafterAttention(nn.Module):
         B, T, _ = x.shape
         q = apply_rope(q_norm(q_proj(x).reshape(B, T, H, Dh)), *blk_rope)
         kb, vb = keys_values(x, blk_rope)
-        if self.attention_impl == "pallas":
-            out = pallas_block_attention(q, cache.k, cache.v, cache.lengths, causal=False,
-                                         layer=layer, k_blk=kb, v_blk=vb)
+        if self.attention_impl in BLOCK_ATTENTION:  # a kernel ("pallas" or "triton")
+            out = BLOCK_ATTENTION[self.attention_impl](q, cache.k, cache.v, cache.lengths,
+                                                       causal=False, layer=layer, k_blk=kb, v_blk=vb)
         else:
             out = segmented_attention(q, [(cache.k[layer], cache.v[layer], ctx_visible),
                                           (kb, vb, jnp.ones((1, 1, T), bool))])
@@ -104,8 +104,8 @@ class DrafterLayer(nn.Module):
 
 
 class DrafterModel(nn.Module):
-    """``attention_impl``: "xla" or "pallas" for the block attention over the context cache
-    (training always uses the XLA block-sparse path)."""
+    """``attention_impl``: "xla", "pallas" or "triton" for the block attention over the context
+    cache (training always uses the XLA block-sparse path)."""
 
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from dflash_jax.config import TargetConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
-from dflash_jax.nn.attention import check_attention_impl, pallas_block_attention
+from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
 from dflash_jax.nn.layers import random_init
 
 
@@ -57,9 +57,9 @@ class SelfAttention(nn.Module):
         k = apply_rope(k, cos, sin)
         if cache is not None:
             cache = cache.write(layer, k, v, positions)
-            if self.attention_impl == "pallas":  # positions are start + arange(T) per row
-                out = pallas_block_attention(q, cache.k, cache.v, positions[:, 0], causal=True,
-                                             layer=layer)
+            if self.attention_impl in BLOCK_ATTENTION:  # a kernel; positions: start + arange(T)
+                out = BLOCK_ATTENTION[self.attention_impl](q, cache.k, cache.v, positions[:, 0],
+                                                           causal=True, layer=layer)
                 return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
             k, v = cache.k[layer], cache.v[layer]
         out = dot_product_attention(q, k, v, mask)
@@ -97,8 +97,9 @@ class TargetModel(nn.Module):
     ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is exactly
     transformers' ``hidden_states[i + 1]`` (SPEC.md section 2): layer i's output, and for the
     last layer that output after the model's final norm (as transformers returns it).
-    ``attention_impl``: "xla" (dense reference) or "pallas" (``kernels.block_attention``) for
-    attention through the cache; the cache-less path always uses XLA.
+    ``attention_impl``: "xla" (dense reference), "pallas" (``kernels.block_attention``) or
+    "triton" (``kernels.triton_block_attention``) for attention through the cache; the
+    cache-less path always uses XLA.
     """
 
     cfg: TargetConfig

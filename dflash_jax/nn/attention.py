@@ -101,7 +101,7 @@ def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_b
     return out.reshape(B, N, T, H, Dh).astype(q.dtype)
 
 
-ATTENTION_IMPLS = ("xla", "pallas")
+ATTENTION_IMPLS = ("xla", "pallas", "triton")
 
 
 def check_attention_impl(impl: str) -> str:
@@ -112,8 +112,28 @@ def check_attention_impl(impl: str) -> str:
 
 def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
                            v_blk=None):
-    """The Pallas kernel of ``kernels.block_attention`` (interpreted when not on a GPU)."""
+    """The Pallas kernel of ``kernels.block_attention``: compiled (Triton) where the program is
+    lowered for a GPU, interpreted elsewhere. The choice is made per lowering platform, so a
+    program traced on a CPU host and lowered for CUDA holds the compiled kernel."""
     from kernels.block_attention import block_attention
 
-    return block_attention(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal, layer=layer,
-                           interpret=jax.default_backend() != "gpu")
+    def kernel(interpret: bool):
+        return lambda q, k, v, lens, kb, vb, layer: block_attention(
+            q, k, v, lens, kb, vb, causal=causal, layer=layer, interpret=interpret)
+
+    return jax.lax.platform_dependent(q, k_cache, v_cache, kv_lens, k_blk, v_blk, layer,
+                                      cuda=kernel(False), rocm=kernel(False), default=kernel(True))
+
+
+def triton_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
+                           v_blk=None):
+    """The Triton kernel of ``kernels.triton_block_attention`` through jax-triton on a GPU; off a
+    GPU, the same kernel in Triton's interpreter (slow; needs torch)."""
+    from kernels.triton_block_attention import block_attention_triton
+
+    return block_attention_triton(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal,
+                                  layer=layer, interpret=jax.default_backend() != "gpu")
+
+
+BLOCK_ATTENTION = {"pallas": pallas_block_attention, "triton": triton_block_attention}
+"""attention_impl -> the kernel the models call for block attention over their cache"""

@@ -1,0 +1,38 @@
+"""`python -m dflash_jax.bench.gpu_suite --smoke` runs every stage of the GPU suite on tiny
+shapes (CPU, CI) so that the one-command GPU run does not rot."""
+
+import json
+
+import jax
+import pytest
+
+from dflash_jax.bench import gpu_suite
+
+
+def test_smoke_suite_runs_every_stage(tmp_path):
+    summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
+    assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench"]
+    assert all(s["status"] == "ok" for s in summary["stages"]), summary["stages"]
+    on_disk = json.loads((tmp_path / "suite.json").read_text())
+    assert on_disk["stages"] == json.loads(json.dumps(summary["stages"]))
+    assert "| exactness | ok |" in (tmp_path / "suite.md").read_text()
+    exact = summary["stages"][0]["result"]
+    assert exact == {"embedded_float32": {"dflash_equals_ar": True, "responses_equal": "1/1"}}
+    # the smoke spec stage runs in float32, where DFlash must equal AR, for each implementation
+    for impl in ("xla", "pallas"):
+        spec = json.loads(next((tmp_path / "spec").glob(f"*_{impl}_*.json")).read_text())
+        assert spec["dtype"] == "float32" and spec["result"]["dflash_equals_ar"]
+    # the kernel stage compared each kernel with the jnp reference (bf16 here) before timing it
+    kernel = json.loads(next((tmp_path / "kernel").glob("*.json")).read_text())
+    assert kernel["results"] and all(r["max_abs_err"] < 2e-2 for r in kernel["results"])
+    assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernel["results"])
+    bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert bench["command"].startswith("python -m dflash_jax bench --max-samples 1")
+
+
+def test_refusals(tmp_path):
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="--smoke"):
+            gpu_suite.main(["--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown stage"):
+        gpu_suite.main(["--smoke", "--only", "kernels", "--out", str(tmp_path)])

@@ -1,0 +1,159 @@
+"""The Triton block-attention kernel (kernels/triton_block_attention.py): run in Triton's
+interpreter against the jnp reference over the shape grid of the Pallas tests, compiled for
+sm_90a / sm_100a without a GPU, and the models with attention_impl="triton" against XLA.
+
+The interpreter runs in a helper process started with TRITON_INTERPRET=1 (Triton reads it as
+``@triton.jit`` decorates, its own library functions included, i.e. at import), so this process
+keeps the compilable kernel for the GPU compile tests. On a GPU machine run with
+JAX_PLATFORMS=cuda (conftest defaults to cpu) for the jax-triton path."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax.models.cache import KVCache
+from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.models.target import target_forward
+from kernels import block_attention_reference
+from kernels.triton_block_attention import ARCHS, block_attention_triton, resource_report
+
+# max |out - ref| allowed, as a fraction of max |ref| (bf16: a few output roundings)
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}
+
+# (T, S, Hkv, G, Dh, dtype): the grid of tests/test_kernels.py
+CASES = [
+    (1, 2048, 2, 4, 128, jnp.bfloat16),
+    (1, 320, 4, 1, 64, jnp.float32),
+    (8, 1024, 1, 8, 64, jnp.float32),
+    (16, 512, 2, 4, 128, jnp.float32),
+    (16, 2048, 1, 8, 64, jnp.bfloat16),
+    (8, 200, 2, 1, 128, jnp.bfloat16),  # S not a multiple of the tile: the last tile is masked
+]
+
+
+def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    B = 3
+    mk = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)
+    q, k, v = mk(B, T, Hkv * G, Dh), mk(B, S, Hkv, Dh), mk(B, S, Hkv, Dh)
+    kb, vb = mk(B, T, Hkv, Dh), mk(B, T, Hkv, Dh)
+    lens = jnp.array([0, S // 3 + 1, S - T], jnp.int32)  # empty, ragged, nearly full
+    return q, k, v, kb, vb, lens
+
+
+def assert_close(out, ref, tol):
+    """|out - ref| <= tol * max |ref| everywhere: relative to the output's magnitude, so a
+    dropped tile or a shifted mask (errors of a few percent of it) fails in bf16 too."""
+    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    err, size = np.abs(out - ref).max(), np.abs(ref).max()
+    assert size > 0 and err <= tol * size, f"max error {err:.3g} > {tol} * max |ref| {size:.3g}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
+@pytest.mark.parametrize("causal", [True, False])
+def test_interpreted_kernel_matches_reference(case, causal):
+    q, k, v, kb, vb, lens = _inputs(*case)
+    kw = {} if causal else dict(k_blk=kb, v_blk=vb)
+    out = block_attention_triton(q, k, v, lens, causal=causal, interpret=True, num_splits=3, **kw)
+    ref = block_attention_reference(q, k, v, lens, causal=causal, **kw)
+    assert out.shape == ref.shape and out.dtype == q.dtype and not jnp.isnan(out).any()
+    assert_close(out, ref, TOL[case[5]])
+
+
+def test_splits_tiles_scale_and_empty_rows():
+    q, k, v, kb, vb, lens = _inputs(4, 256, 2, 2, 64, jnp.float32, seed=1)
+    ref = block_attention_reference(q, k, v, lens, causal=False, scale=0.3)
+    for splits, bk in [(1, 16), (2, 64), (5, 16)]:  # one chunk; 2 x 2 tiles; 4 x 4 (5 -> 4)
+        out = block_attention_triton(q, k, v, lens, causal=False, scale=0.3, num_splits=splits,
+                                     block_k=bk, interpret=True)
+        assert_close(out, ref, TOL[jnp.float32])
+    # row 0 has no context and no block rows: it sees nothing and gets zeros, not NaN
+    assert float(jnp.abs(out[0]).max()) == 0.0
+    # with the block rows it sees exactly those
+    out = block_attention_triton(q, k, v, lens, kb, vb, causal=False, interpret=True)
+    assert_close(out, block_attention_reference(q, k, v, lens, kb, vb, causal=False), TOL[jnp.float32])
+
+
+def test_stacked_cache_layer_index():
+    q, k, v, kb, vb, lens = _inputs(8, 128, 2, 4, 64, jnp.float32, seed=2)
+    stacked_k = jnp.stack([k * 0.5, k, -k])
+    stacked_v = jnp.stack([v, v * 2, v])
+    out = block_attention_triton(q, stacked_k, stacked_v, lens, causal=True, layer=jnp.int32(1),
+                                 interpret=True)
+    assert_close(out, block_attention_reference(q, k, v * 2, lens, causal=True), TOL[jnp.float32])
+
+
+def test_bad_arguments():
+    q, k, v, kb, vb, lens = _inputs(4, 64, 2, 2, 64, jnp.float32)
+    with pytest.raises(ValueError, match="k_blk=None"):
+        block_attention_triton(q, k, v, lens, kb, vb, causal=True, interpret=True)
+    with pytest.raises(ValueError, match="layer="):
+        block_attention_triton(q, k[None], v[None], lens, causal=True, interpret=True)
+    with pytest.raises(ValueError, match="power of two"):
+        block_attention_triton(q, k, v, lens, causal=True, block_k=48, interpret=True)
+
+
+def test_gpu_path_on_this_machine():
+    """On a GPU the jax-triton call must match the reference; without one, jax-triton does not
+    import (it needs a CUDA or ROCm jaxlib) and the error says to use the interpreter."""
+    q, k, v, kb, vb, lens = _inputs(16, 512, 2, 4, 128, jnp.bfloat16)
+    run = lambda: block_attention_triton(q, k, v, lens, kb, vb, causal=False)
+    if jax.default_backend() == "gpu":
+        assert_close(run(), block_attention_reference(q, k, v, lens, kb, vb, causal=False),
+                     TOL[jnp.bfloat16])
+    else:
+        with pytest.raises(RuntimeError, match="interpret=True"):
+            run()
+
+
+@pytest.mark.parametrize("capability", sorted(ARCHS))
+def test_compiles_for_hopper_and_blackwell(capability):
+    """Qwen3-8B heads (32 q / 8 kv, Dh 128), a 16-row block over a 4k cache in bf16, both modes:
+    the kernel compiles for the arch, its dots are bf16 tensor-core instructions (wgmma on
+    Hopper, tcgen05 on Blackwell), nothing spills, and two programs fit on an SM."""
+    mma = {90: r"wgmma\.mma_async.*\.bf16\.bf16", 100: r"tcgen05\.mma.*kind::f16"}[capability]
+    for causal in (True, False):
+        r = resource_report(capability=capability, causal=causal, batch=1, seq=4096, block=16,
+                            heads=32, kv_heads=8, head_dim=128, dtype="bfloat16")
+        assert r["ptx_target"] == ARCHS[capability].arch
+        assert any(re.match(mma, op) for op in r["tensor_core_ops"]), r["tensor_core_ops"]
+        assert r["spill_stores"] == r["spill_loads"] == 0, r
+        assert r["shared_bytes"] <= r["shared_limit_bytes"] and r["resident_programs_per_sm"] >= 2, r
+        assert r["programs"] == 8 * (r["num_splits"] + (not causal))
+
+
+CFG = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=64, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
+
+
+def test_models_give_the_same_outputs_with_the_triton_impl():
+    """attention_impl="triton" (the interpreter on CPU) == "xla": the target's block through a
+    cache whose rows are at different positions (random K/V in every slot, so a slot seen past a
+    row's length changes the result) and the drafter's non-causal block."""
+    target = dj.Target.random(CFG, seed=0, init_scale=0.3)
+    drafter = dj.Drafter.random(target, num_layers=2, block_size=4, seed=1, init_scale=0.3,
+                                target_layer_ids=(0, 1))
+    rng = np.random.default_rng(0)
+    kv = lambda: jnp.asarray(rng.normal(size=(2, 2, 64, 2, 16)), jnp.float32)  # [L, B, S, Hkv, Dh]
+    cache = KVCache(k=kv(), v=kv(), lengths=jnp.array([6, 10], jnp.int32))
+    blk = jnp.asarray(rng.integers(0, 40, size=(2, 4)))
+    pos = jnp.array([6, 10])[:, None] + jnp.arange(4)
+    outs = [target_forward(CFG, target.params, blk, pos, cache, tap_layer_ids=(0, 1),
+                           attention_impl=impl)[:2] for impl in ("xla", "triton")]
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
+    d = drafter.config
+    taps = jnp.asarray(rng.normal(size=(2, 12, d.num_taps * d.hidden_size)), jnp.float32)
+    emb = jnp.asarray(rng.normal(size=(2, 4, d.hidden_size)), jnp.float32)
+    res = []
+    for impl in ("xla", "triton"):
+        cache = KVCache.init(d.num_layers, 2, 32, d.num_kv_heads, d.head_dim)
+        h, _ = DrafterModel(d, attention_impl=impl).apply(
+            {"params": drafter.params}, emb, jnp.array([[7], [12]]) + jnp.arange(4), cache, taps,
+            jnp.broadcast_to(jnp.arange(12), (2, 12)), jnp.array([7, 12]))
+        res.append(np.asarray(h))
+    np.testing.assert_allclose(res[0], res[1], atol=5e-5, rtol=5e-5)
