@@ -10,7 +10,6 @@ measured copy bandwidth.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, new_figure,
                                   time_in_program, write_report)
-from dflash_jax.cli import HelpFormatter
+from dflash_jax.cli import command_parser
 from kernels.block_attention import block_attention, block_attention_reference
 
 
@@ -55,8 +54,7 @@ def _group(rows):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m dflash_jax.bench.kernel_speed", description=__doc__,
-                                formatter_class=HelpFormatter)
+    p = command_parser("kernel-speed", __doc__)
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--block", type=int, default=16)
