@@ -21,8 +21,13 @@ jaxlib compiles the kernel to PTX, then finds no ``jaxlib.gpu_triton.TritonKerne
 ``interpret=True`` runs the same kernel in Triton's interpreter on the host instead, through
 ``jax.pure_callback`` on torch CPU tensors: the tests use it, and so do the models on CPU.
 :func:`compile_for_gpu` compiles the kernel for sm_90a / sm_100a without a GPU (Triton's own
-compiler and the ptxas it ships), and :func:`resource_report` reads registers, spills and
-shared memory from the result.
+compiler); ``python -m dflash_jax.bench.gpu_compile --impl triton`` reads registers, spills,
+shared memory and occupancy from the result, per launch the engine makes.
+
+Launch. Parameters left unset (``block_k``, ``num_splits``, ``num_warps``, ``num_stages``) come
+from :func:`kernels.tuning.choose_launch` for the device's SM count, as in the Pallas kernel.
+The block's own rows are a separate program here, not loaded by every cache program, so the
+split count is modeled with ``block_rows=0``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import dataclasses
 import functools
 import os
 import pickle
-import re
 import subprocess
 import sys
 import tempfile
@@ -45,7 +49,8 @@ import triton
 import triton.language as tl
 
 from kernels.block_attention import _check as check_arguments
-from kernels.block_attention import combine_splits, in_query_chunks
+from kernels.block_attention import _gpu_sm_count, combine_splits, in_query_chunks
+from kernels.tuning import LaunchParams, choose_launch, next_pow2, split_layout
 
 NEG = tl.constexpr(-1e30)  # finite "minus infinity", as in the Pallas kernel
 
@@ -151,22 +156,21 @@ def _block_attention_kernel(
 
 
 # ---------------------------------------------------------------------------- launch geometry
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """Grid and compile-time constants of one kernel launch.
+    """Grid, compile-time constants and launch options of one kernel launch.
 
     grid: (B, Hkv, num_splits + has_blk) programs; constexprs: the kernel's ``tl.constexpr``
     arguments; state_shape: (B, Hkv, num_splits + has_blk, ROWS, BLOCK_D) of the float32
-    accumulator output (m and l drop the last axis).
+    accumulator output (m and l drop the last axis); num_warps, num_stages: Triton's launch
+    options (GPU only).
     """
 
     grid: tuple[int, int, int]
     constexprs: dict
     state_shape: tuple[int, int, int, int, int]
+    num_warps: int
+    num_stages: int
 
     @property
     def out_shapes(self):
@@ -174,43 +178,55 @@ class LaunchPlan:
         ml = jax.ShapeDtypeStruct(self.state_shape[:-1], jnp.float32)
         return acc, ml, ml
 
+    @property
+    def launch(self) -> LaunchParams:
+        """(block_k, num_splits as run, num_warps, num_stages) of this plan."""
+        c = self.constexprs
+        return LaunchParams(c["BLOCK_K"], c["NUM_SPLITS"], self.num_warps, self.num_stages)
+
 
 def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, scale: float | None = None,
                 block_k: int | None = None, num_splits: int | None = None,
-                interpret: bool = False) -> LaunchPlan:
+                num_warps: int | None = None, num_stages: int | None = None,
+                num_sms: int | None = None, interpret: bool = False) -> LaunchPlan:
     """The launch for q [B, T, H, Dh] against a cache [L, B, S, Hkv, Dh] of ``dtype``.
 
-    block_k: cache tile (default 64; a power of two >= 16). num_splits: chunks of S processed in
-    parallel (default ~S / 512, at least 1; fewer when there are fewer tiles). interpret: for
-    Triton's interpreter (float32 products, see ``_dot``).
+    block_k (a power of two >= 16), num_splits (chunks of S processed in parallel), num_warps,
+    num_stages: None takes :func:`kernels.tuning.choose_launch`'s choice for a device of
+    ``num_sms`` SMs (None: the tuner's default, an H100's 132). The cache programs do not load
+    the block's rows (drafter mode gives them a program of their own), hence ``block_rows=0``.
+    interpret: for Triton's interpreter (float32 products, see ``_dot``).
     """
     B, T, H, Dh = q_shape
     S, Hkv = k_shape[2], k_shape[3]
-    block_k = 64 if block_k is None else block_k
+    G = H // Hkv
+    tuned = choose_launch(batch=B, seq=S, kv_heads=Hkv, num_queries=T, group=G, head_dim=Dh,
+                          itemsize=jnp.dtype(dtype).itemsize, block_rows=0, num_sms=num_sms,
+                          block_k=block_k, num_splits=num_splits, num_warps=num_warps,
+                          num_stages=num_stages)
+    block_k = tuned.block_k
     if block_k < 16 or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two >= 16 (a tensor-core tile), got {block_k}")
-    tiles = -(-S // block_k)
-    num_splits = max(1, min(tiles, num_splits or -(-S // 512)))
-    tiles_per_split = -(-tiles // num_splits)
-    num_splits = -(-tiles // tiles_per_split)
-    rows, block_d = max(16, _next_pow2(T * (H // Hkv))), max(16, _next_pow2(Dh))
+    num_splits, tiles_per_split = split_layout(S, block_k, tuned.num_splits)
+    rows, block_d = max(16, next_pow2(T * G)), max(16, next_pow2(Dh))
     parts = num_splits + int(has_blk)
     constexprs = dict(
-        B=B, S=S, T=T, HKV=Hkv, G=H // Hkv, DH=Dh, BLOCK_D=block_d, ROWS=rows, BLOCK_K=block_k,
-        BLOCK_T=max(16, _next_pow2(T)), TILES_PER_SPLIT=tiles_per_split, NUM_SPLITS=num_splits,
+        B=B, S=S, T=T, HKV=Hkv, G=G, DH=Dh, BLOCK_D=block_d, ROWS=rows, BLOCK_K=block_k,
+        BLOCK_T=max(16, next_pow2(T)), TILES_PER_SPLIT=tiles_per_split, NUM_SPLITS=num_splits,
         CAUSAL=bool(causal), HAS_BLK=bool(has_blk),
         SCALE=float(Dh ** -0.5 if scale is None else scale),
         # full float32 products for float32 inputs (no TF32); the option is ignored for bf16
         PRECISION="ieee" if jnp.dtype(dtype) == jnp.float32 or interpret else "tf32",
         DOT_F32=bool(interpret) and jnp.dtype(dtype) != jnp.float32)
-    return LaunchPlan((B, Hkv, parts), constexprs, (B, Hkv, parts, rows, block_d))
+    return LaunchPlan((B, Hkv, parts), constexprs, (B, Hkv, parts, rows, block_d),
+                      tuned.num_warps, tuned.num_stages)
 
 
 # ---------------------------------------------------------------------------- JAX wrapper
 def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
                            scale: float | None = None, layer=None, block_k: int | None = None,
                            num_splits: int | None = None, interpret: bool = False,
-                           num_warps: int = 4, num_stages: int = 2):
+                           num_warps: int | None = None, num_stages: int | None = None):
     """Triton block attention (see the module docstring for the two masking modes).
 
     Args:
@@ -219,9 +235,10 @@ def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: 
       kv_lens: int32[B] valid slots per row.
       k_blk, v_blk: [B, T, Hkv, Dh] the block's own K/V (non-causal mode only).
       scale: softmax scale (default Dh ** -0.5).
-      block_k: cache tile (default 64). num_splits: chunks of S in parallel (default ~S / 512).
+      block_k: cache tile; num_splits: chunks of S in parallel; num_warps, num_stages: Triton
+        launch options (GPU only). None: chosen per shape and device by ``kernels/tuning.py``
+        (:func:`plan_launch`).
       interpret: run the kernel in Triton's interpreter on the host (CPU; needs torch).
-      num_warps, num_stages: Triton launch options (GPU only).
     Returns:
       [B, T, H, Dh] in q's dtype.
     """
@@ -248,7 +265,8 @@ def _block_attention_triton(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, sc
     check_arguments(q, k[0], v[0], kv_lens, k_blk, v_blk, causal)
     has_blk = k_blk is not None
     plan = plan_launch(q.shape, k.shape, k.dtype, causal=causal, has_blk=has_blk, scale=scale,
-                       block_k=block_k, num_splits=num_splits, interpret=interpret)
+                       block_k=block_k, num_splits=num_splits, num_warps=num_warps,
+                       num_stages=num_stages, num_sms=_gpu_sm_count(), interpret=interpret)
     # one element type for every tile (tl.dot needs it); unused block pointers alias the cache
     kb, vb = (k_blk.astype(k.dtype), v_blk.astype(k.dtype)) if has_blk else (k, v)
     args = (jnp.asarray(layer, jnp.int32).reshape(1), kv_lens.astype(jnp.int32), q.astype(k.dtype),
@@ -257,11 +275,11 @@ def _block_attention_triton(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, sc
         acc, m, l = jax.pure_callback(functools.partial(launch_interpreted, plan), plan.out_shapes,
                                       *args)
     else:
-        acc, m, l = _triton_call(plan, args, num_warps=num_warps, num_stages=num_stages)
+        acc, m, l = _triton_call(plan, args)
     return _merge_splits(acc, m, l, q.shape, k.shape[3]).astype(q.dtype)
 
 
-def _triton_call(plan: LaunchPlan, args, *, num_warps: int, num_stages: int):
+def _triton_call(plan: LaunchPlan, args):
     try:
         import jax_triton as jt
     except ImportError as e:  # jax-triton imports only with a CUDA or ROCm jaxlib
@@ -272,7 +290,7 @@ def _triton_call(plan: LaunchPlan, args, *, num_warps: int, num_stages: int):
         raise RuntimeError("this process runs Triton's interpreter (TRITON_INTERPRET=1): "
                            "block_attention_triton needs interpret=True here")
     return jt.triton_call(*args, kernel=_block_attention_kernel, out_shape=plan.out_shapes,
-                          grid=plan.grid, num_warps=num_warps, num_stages=num_stages,
+                          grid=plan.grid, num_warps=plan.num_warps, num_stages=plan.num_stages,
                           name="dflash_block_attention_triton", **plan.constexprs)
 
 
@@ -384,24 +402,7 @@ def launch_interpreted(plan: LaunchPlan, *arrays) -> tuple[np.ndarray, ...]:
     return _interpreter_process().run(plan, arrays)
 
 
-# ---------------------------------------------------------------------------- GPU compile report
-@dataclasses.dataclass(frozen=True)
-class GpuSpec:
-    """What bounds a kernel's residency on one GPU (per SM: 64 Ki 32-bit registers, 228 KiB
-    shared memory of which one program may take 227 KiB, 1 KiB of it reserved per program)."""
-
-    arch: str
-    name: str
-    sms: int
-    smem_per_program: int = 232448
-    smem_per_sm: int = 233472
-    regs_per_sm: int = 65536
-
-
-ARCHS = {90: GpuSpec("sm_90a", "H100 SXM", 132), 100: GpuSpec("sm_100a", "B200", 148)}
-TENSOR_CORE_OPS = r"\b(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*"  # PTX matrix instructions
-
-
+# ---------------------------------------------------------------------------- GPU compile
 def _signature(dtype) -> dict:
     """Triton pointer types of the kernel's array arguments."""
     elem = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16",
@@ -411,10 +412,11 @@ def _signature(dtype) -> dict:
             "m_ptr": "*fp32", "l_ptr": "*fp32"}
 
 
-def compile_for_gpu(capability: int, plan: LaunchPlan, dtype, *, num_warps: int = 4,
-                    num_stages: int = 2):
+def compile_for_gpu(capability: int, plan: LaunchPlan, dtype, *, num_warps: int | None = None,
+                    num_stages: int | None = None):
     """Compiles the kernel for ``capability`` (90: sm_90a, 100: sm_100a) without a GPU, with
-    the options ``jax_triton.triton_call`` uses (16-byte aligned arrays, FP fusion on).
+    the options ``jax_triton.triton_call`` uses (16-byte aligned arrays, FP fusion on), and
+    ``num_warps`` / ``num_stages`` (None: the plan's).
 
     Returns Triton's ``CompiledKernel``: ``.asm`` holds ttir/ttgir/llir/ptx/cubin and
     ``.metadata.shared`` the dynamic shared memory per program in bytes.
@@ -432,68 +434,7 @@ def compile_for_gpu(capability: int, plan: LaunchPlan, dtype, *, num_warps: int 
     # which leaves triton.compile without one
     with tempfile.TemporaryDirectory() as cache, triton.knobs.cache.scope():
         triton.knobs.cache.dir = cache
-        return triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages,
-                                       "enable_fp_fusion": True})
-
-
-def _ptxas_path(capability: int) -> str:
-    """The ptxas that Triton ships for ``capability`` (its helper's signature varies by version)."""
-    from triton.backends.nvidia import compiler as nvidia
-
-    try:
-        tool = nvidia.get_ptxas(capability)
-    except TypeError:  # Triton versions with get_ptxas()
-        tool = nvidia.get_ptxas()
-    return tool.path if hasattr(tool, "path") else tool[0]
-
-
-def ptxas_usage(ptx: str, capability: int) -> dict:
-    """``ptxas -v`` of a PTX kernel -> {"registers" (per thread), "spill_stores", "spill_loads",
-    "stack_frame" (bytes per thread)}."""
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        log = subprocess.run([_ptxas_path(capability), "-v", f"--gpu-name={ARCHS[capability].arch}",
-                              f.name, "-o", os.devnull], capture_output=True, text=True,
-                             check=True).stderr
-    number = lambda pattern: int(re.search(pattern, log).group(1))
-    return {"registers": number(r"Used (\d+) registers"),
-            "spill_stores": number(r"(\d+) bytes spill stores"),
-            "spill_loads": number(r"(\d+) bytes spill loads"),
-            "stack_frame": number(r"(\d+) bytes stack frame")}
-
-
-def resident_programs(gpu: GpuSpec, registers: int, shared: int, num_warps: int) -> int:
-    """Programs of this kernel that fit on one SM at once, by registers (allocated per warp in
-    units of 256, i.e. per thread rounded up to 8) and by shared memory."""
-    by_regs = gpu.regs_per_sm // (-(-registers // 8) * 8 * 32 * num_warps)
-    by_smem = gpu.smem_per_sm // (shared + 1024)
-    return min(by_regs, by_smem, 64 // num_warps)  # at most 64 warps per SM
-
-
-def resource_report(*, capability: int, batch: int, seq: int, block: int, heads: int, kv_heads: int,
-                    head_dim: int, dtype="bfloat16", causal: bool = True, block_k: int | None = None,
-                    num_splits: int | None = None, num_warps: int = 4, num_stages: int = 2) -> dict:
-    """Compiles one launch for ``capability`` without a GPU and reports what bounds it there:
-    registers and spills (ptxas), shared memory per program against the limit, and the grid's
-    programs against the SM count and the programs that fit on the GPU at once."""
-    gpu = ARCHS[capability]
-    plan = plan_launch((batch, block, heads, head_dim), (1, batch, seq, kv_heads, head_dim), dtype,
-                       causal=causal, has_blk=not causal, block_k=block_k, num_splits=num_splits)
-    compiled = compile_for_gpu(capability, plan, dtype, num_warps=num_warps, num_stages=num_stages)
-    ptx = compiled.asm["ptx"]
-    usage = ptxas_usage(ptx, capability)
-    shared = compiled.metadata.shared
-    resident = resident_programs(gpu, usage["registers"], shared, num_warps)
-    programs = int(np.prod(plan.grid))
-    return {"arch": gpu.arch, "gpu": gpu.name, "triton": triton.__version__,
-            "dtype": jnp.dtype(dtype).name,
-            "batch": batch, "seq": seq, "block": block, "heads": heads, "kv_heads": kv_heads,
-            "head_dim": head_dim, "causal": causal, "num_warps": num_warps, "num_stages": num_stages,
-            "block_k": plan.constexprs["BLOCK_K"], "num_splits": plan.constexprs["NUM_SPLITS"],
-            **usage, "shared_bytes": shared, "shared_limit_bytes": gpu.smem_per_program,
-            "grid": plan.grid, "programs": programs, "sm_count": gpu.sms,
-            "resident_programs_per_sm": resident, "waves": programs / (gpu.sms * resident),
-            "ptx_target": re.search(r"\.target (\S+)", ptx).group(1),
-            "tensor_core_ops": sorted(set(re.findall(TENSOR_CORE_OPS, ptx)))}
+        options = {"num_warps": plan.num_warps if num_warps is None else num_warps,
+                   "num_stages": plan.num_stages if num_stages is None else num_stages,
+                   "enable_fp_fusion": True}
+        return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)

@@ -51,6 +51,35 @@ def test_cli_compiles_every_engine_kernel_before_and_after_tuning(tmp_path):
     assert (tmp_path / "qwen3-8b.png").stat().st_size > 0
 
 
+def test_cli_reports_the_triton_kernel_before_and_after_tuning(tmp_path):
+    """--impl triton: the Triton-language kernel compiled from its source with the legacy launch
+    and plan_launch's tuned defaults, in the same columns under its own file stem. The drafter's
+    grid has one extra program per KV head (its block rows); the legacy grids of 64 programs
+    are flagged, the tuned ones fill the SMs without flags, and the bytes model leaves the block rows out of the cache programs."""
+    report = gc.main(["--model", "qwen3-8b", "--seq", "4096", "--batch", "1", "--gpus", "h100",
+                      "--impl", "triton", "--out", str(tmp_path)])
+    assert report["impl"] == "triton"
+    pairs = report["before_after"]
+    assert [p["after"]["kind"] for p in pairs] == ["verify", "draft", "decode"]
+    for p in pairs:
+        before, after = p["before"], p["after"]
+        extra = after["kind"] == "draft"
+        assert before["grid"] == [1, 8, 8 + extra] and after["grid"] == [1, 8, 16 + extra]
+        # 64 programs are under half the SMs; the drafter's 72 are not
+        assert bool(before["flags"]) != extra and after["flags"] == [], (before, after)
+        assert (after["block_k"], after["num_warps"], after["num_stages"]) == (64, 4, 2)
+        assert after["spill_bytes"] == 0 and after["blocks_per_sm"] >= 2
+        assert after["modeled_us"] < before["modeled_us"]
+    verify, draft = pairs[0]["after"], pairs[1]["after"]
+    assert verify["read_kib_per_program"] == draft["read_kib_per_program"]  # no block rows
+    assert draft["total_mib"] > verify["total_mib"]  # ... but the block's programs move bytes
+    md = (tmp_path / "triton_qwen3-8b.md").read_text()
+    assert "Triton-language block-attention kernel" in md and "draft T=16 B=1 S=4096" in md
+    assert (tmp_path / "triton_qwen3-8b.json").exists() and not (tmp_path / "qwen3-8b.json").exists()
+    with pytest.raises(ValueError, match="--impl triton"):
+        gc.main(["--impl", "triton", "--engine", "--out", str(tmp_path)])
+
+
 def test_wide_cache_offsets_compile_on_both_architectures():
     """The drafter at batch 8 over a 32k cache and Llama-3.1-8B's verify (T = 10) over 16k:
     the tuned launches compile without spills, traps or an idle device on both architectures."""

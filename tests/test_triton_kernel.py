@@ -1,6 +1,6 @@
 """The Triton block-attention kernel (kernels/triton_block_attention.py): run in Triton's
 interpreter against the jnp reference over the shape grid of the Pallas tests, compiled for
-sm_90a / sm_100a without a GPU, and the models with attention_impl="triton" against XLA.
+sm_90a / sm_100a without a GPU (through dflash_jax.bench.gpu_compile), and the models with attention_impl="triton" against XLA.
 
 The interpreter runs in a helper process started with TRITON_INTERPRET=1 (Triton reads it as
 ``@triton.jit`` decorates, its own library functions included, i.e. at import), so this process
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
+from dflash_jax.bench import gpu_compile as gc
 from dflash_jax.models.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import target_forward
-from kernels import block_attention_reference
-from kernels.triton_block_attention import ARCHS, block_attention_triton, resource_report
+from kernels import block_attention_reference, tuning
+from kernels.triton_block_attention import block_attention_triton, plan_launch
 
 # max |out - ref| allowed, as a fraction of max |ref| (bf16: a few output roundings)
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}
@@ -110,20 +111,48 @@ def test_gpu_path_on_this_machine():
             run()
 
 
-@pytest.mark.parametrize("capability", sorted(ARCHS))
-def test_compiles_for_hopper_and_blackwell(capability):
-    """Qwen3-8B heads (32 q / 8 kv, Dh 128), a 16-row block over a 4k cache in bf16, both modes:
-    the kernel compiles for the arch, its dots are bf16 tensor-core instructions (wgmma on
-    Hopper, tcgen05 on Blackwell), nothing spills, and two programs fit on an SM."""
-    mma = {90: r"wgmma\.mma_async.*\.bf16\.bf16", 100: r"tcgen05\.mma.*kind::f16"}[capability]
-    for causal in (True, False):
-        r = resource_report(capability=capability, causal=causal, batch=1, seq=4096, block=16,
-                            heads=32, kv_heads=8, head_dim=128, dtype="bfloat16")
-        assert r["ptx_target"] == ARCHS[capability].arch
-        assert any(re.match(mma, op) for op in r["tensor_core_ops"]), r["tensor_core_ops"]
-        assert r["spill_stores"] == r["spill_loads"] == 0, r
-        assert r["shared_bytes"] <= r["shared_limit_bytes"] and r["resident_programs_per_sm"] >= 2, r
-        assert r["programs"] == 8 * (r["num_splits"] + (not causal))
+@pytest.mark.parametrize("gpu", ["h100", "b200"])
+def test_compiles_for_hopper_and_blackwell(gpu):
+    """Qwen3-8B heads (32 q / 8 kv, Dh 128) in bf16, through gpu_compile's Triton path: the
+    verify and draft blocks (T = 16) over a 4k cache and an 8-row decode over 32k, with the
+    tuned launch. The kernel compiles for the arch, its dots are bf16 tensor-core instructions
+    (64-row tiles: wgmma on Hopper, tcgen05 on Blackwell; decode's 16 rows, under wgmma's
+    64-row minimum: the warp-level mma.sync), nothing spills or exceeds the shared memory, two
+    programs fit on an SM, and the grid is the plan's (one more program for the block rows)."""
+    gpu = gc.GPUS[gpu]
+    wide = {90: r"wgmma\.mma_async.*\.bf16\.bf16", 100: r"tcgen05\.mma.*kind::f16"}[gpu.capability]
+    for cfg in (gc.KernelConfig("verify", 1, 4096, 16, 32, 8, 128, 36),
+                gc.KernelConfig("draft", 1, 4096, 16, 32, 8, 128, 5),
+                gc.KernelConfig("decode", 8, 32768, 1, 32, 8, 128, 36)):
+        launch = gc.tuned_launch(cfg, gpu, "triton")
+        row = gc.compile_config(cfg, launch, gpu, "triton")
+        kernel = gc.compile_triton_plan(gc.triton_plan(cfg, launch, gpu), gpu, cfg.dtype)
+        assert kernel.ptx_target == gpu.arch
+        mma = wide if cfg.rows >= 64 else r"mma\.sync.*\.bf16\.bf16"
+        assert any(re.match(mma, op) for op in kernel.tensor_core_ops), kernel.tensor_core_ops
+        assert row["spill_bytes"] == 0 and row["traps"] == 0, row
+        assert 0 < row["shared_kib"] <= row["shared_limit_kib"] and row["blocks_per_sm"] >= 2, row
+        assert row["flags"] == [], (cfg.label, row["flags"])
+        assert row["grid"] == [cfg.batch, 8, row["num_splits"] + (not cfg.causal)]
+
+
+def test_launch_defaults_come_from_the_tuner():
+    """plan_launch's unset parameters are kernels/tuning.py's choice for the device's SMs (the
+    132 it assumes off a GPU), with the block rows left out of the cache programs; the legacy
+    ~S / 512 split rule is gone, and given values are kept."""
+    q_shape, k_shape = (1, 16, 32, 128), (36, 1, 4096, 8, 128)
+    for num_sms in (None, 148):
+        plan = plan_launch(q_shape, k_shape, jnp.bfloat16, causal=False, has_blk=True,
+                           num_sms=num_sms)
+        assert plan.launch == tuning.choose_launch(
+            batch=1, seq=4096, kv_heads=8, num_queries=16, group=4, head_dim=128, itemsize=2,
+            block_rows=0, num_sms=num_sms)
+        assert plan.launch.num_splits == 16 and plan.grid == (1, 8, 17)  # not 4096 / 512 = 8
+    plan = plan_launch(q_shape, k_shape, jnp.float32, causal=True, has_blk=False, block_k=16,
+                       num_splits=3, num_warps=8, num_stages=1)
+    assert plan.launch == tuning.LaunchParams(16, 3, 8, 1) and plan.grid == (1, 8, 3)
+    assert plan_launch(q_shape, k_shape, jnp.float32, causal=True,
+                       has_blk=False).launch.block_k == 32  # float32 tiles
 
 
 CFG = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=64, intermediate_size=64, num_layers=2,

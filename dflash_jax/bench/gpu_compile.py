@@ -20,6 +20,13 @@ limits exceeded, traps and grids that leave most SMs idle.
     python -m dflash_jax.bench.gpu_compile --model path/to/hf_model_dir --block-size 16
     python -m dflash_jax.bench.gpu_compile --model qwen3-8b --search   # tile/warp/stage search
     python -m dflash_jax.bench.gpu_compile --model qwen3-8b --engine   # the whole engine
+    python -m dflash_jax.bench.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
+
+``--impl triton`` makes the before/after tables for ``kernels/triton_block_attention.py`` (the
+same kernel in the Triton language, called through jax-triton) instead: each configuration is
+compiled from its Triton source (``compile_for_gpu``) with the launch ``plan_launch`` makes
+(tuned: its defaults for the GPU's SM count) and reported with the same columns and bytes model;
+its grid has one more program per (batch row, KV head) for the drafter's block rows.
 
 ``--engine`` lowers AR and DFlash generation (prefill and the decode loop, the two programs
 ``generate`` runs) with ``attention_impl="pallas"`` and abstract parameters
@@ -36,6 +43,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -212,9 +220,12 @@ def legacy_launch(cfg: KernelConfig) -> tuning.LaunchParams:
     return tuning.LaunchParams(block_k, max(1, -(-cfg.seq // 512)), 4, 2)
 
 
-def tuned_launch(cfg: KernelConfig, gpu: GpuSpec) -> tuning.LaunchParams:
+def tuned_launch(cfg: KernelConfig, gpu: GpuSpec, impl: str = "pallas") -> tuning.LaunchParams:
     """What ``kernels/tuning.py`` chooses for ``cfg`` on ``gpu`` (the kernel's default when it
-    runs on that device)."""
+    runs on that device); for ``impl="triton"``, the defaults of the Triton kernel's
+    ``plan_launch``."""
+    if impl == "triton":
+        return triton_plan(cfg, None, gpu).launch
     return tuning.choose_launch(batch=cfg.batch, seq=cfg.seq, kv_heads=cfg.kv_heads,
                                 num_queries=cfg.num_queries, group=cfg.group,
                                 head_dim=cfg.head_dim, itemsize=cfg.itemsize,
@@ -327,6 +338,8 @@ class CompiledKernel:
     num_warps: int
     num_stages: int
     traps: int  # PTX trap instructions: Triton emits a lone trap for a kernel it cannot build
+    ptx_target: str = ""  # the PTX ``.target`` (sm_90a, sm_100a)
+    tensor_core_ops: tuple[str, ...] = ()  # distinct PTX matrix instructions (wgmma, tcgen05, mma)
 
     @property
     def spills(self) -> int:
@@ -356,13 +369,27 @@ def _compile(ir: str, gpu: GpuSpec, num_warps: int, num_stages: int) -> Compiled
             f.write(ir)
         kernel = triton.compile(path, target=GPUTarget("cuda", gpu.capability, 32),
                                 options={"num_warps": num_warps, "num_stages": num_stages})
-        ptx = kernel.asm["ptx"]
+        return compiled_kernel(kernel, gpu, num_warps, num_stages)
+
+
+TENSOR_CORE_OPS = r"\b(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*"  # PTX matrix instructions
+
+
+def compiled_kernel(kernel, gpu: GpuSpec, num_warps: int, num_stages: int) -> CompiledKernel:
+    """The resources of a kernel ``triton.compile`` built for ``gpu``: its metadata (shared and
+    tensor memory), its PTX (target, traps, tensor-core instructions) and ``ptxas -v``."""
+    ptx = kernel.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
         usage = ptxas_usage(ptx, gpu, tmp)
     meta = kernel.metadata
+    target = re.search(r"^\s*\.target\s+(\w+)", ptx, re.M)
     return CompiledKernel(arch=gpu.arch, shared_bytes=int(meta.shared),
                           tmem_columns=int(getattr(meta, "tmem_size", 0) or 0),
                           num_warps=num_warps, num_stages=num_stages,
-                          traps=len(re.findall(r"^\s*trap;", ptx, re.M)), **usage)
+                          traps=len(re.findall(r"^\s*trap;", ptx, re.M)),
+                          ptx_target=target.group(1) if target else "",
+                          tensor_core_ops=tuple(sorted(set(re.findall(TENSOR_CORE_OPS, ptx)))),
+                          **usage)
 
 
 def ptxas_path(gpu: GpuSpec) -> str:
@@ -442,9 +469,7 @@ def kernel_row(gpu: GpuSpec, kernel: CompiledKernel, *, grid: Sequence[int], rea
       extra: more columns (configuration, launch parameters), placed first.
     Returns a dict with ``flags``: the problems found (:func:`row_flags`).
     """
-    programs = 1
-    for g in grid:
-        programs *= int(g)
+    programs = math.prod(int(g) for g in grid)
     occ = occupancy(gpu, kernel)
     slots = gpu.num_sms * max(occ["blocks_per_sm"], 1)
     row = dict(extra)
@@ -488,31 +513,75 @@ def row_flags(row: dict, gpu: GpuSpec) -> list[str]:
 
 
 def config_row(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
-               kernel: CompiledKernel, call: TritonCall) -> dict:
-    """The report row of one engine kernel configuration with one launch."""
+               kernel: CompiledKernel, grid: Sequence[int], *, block_program: bool = False) -> dict:
+    """The report row of one engine kernel configuration with one launch on ``grid``.
+
+    block_program: the drafter's block rows are extra programs (the grid's programs beyond
+    ``B * Hkv * splits``; the Triton kernel) rather than loaded by every cache program (the
+    Pallas kernel); the cache programs' bytes and the modeled cost then leave them out.
+    """
     splits, per = tuning.split_layout(cfg.seq, launch.block_k, launch.num_splits)
-    moved = tuning.program_bytes(rows=cfg.rows, head_dim=cfg.head_dim, itemsize=cfg.itemsize,
-                                 block_k=launch.block_k, tiles_per_split=per,
-                                 block_rows=cfg.block_rows)
-    programs = call.programs
+    block_rows = 0 if block_program else cfg.block_rows
+    size = dict(rows=cfg.rows, head_dim=cfg.head_dim, itemsize=cfg.itemsize, block_k=launch.block_k)
+    moved = tuning.program_bytes(**size, tiles_per_split=per, block_rows=block_rows)
+    own = tuning.program_bytes(**size, tiles_per_split=0, block_rows=cfg.block_rows)  # no cache
+    programs = math.prod(grid)
+    extra = programs - cfg.batch * cfg.kv_heads * splits  # block-row programs (0 for Pallas)
     out_bytes = cfg.batch * cfg.num_queries * cfg.heads * cfg.head_dim * cfg.itemsize
-    total = programs * (moved["read"] + 2 * moved["written"]) + out_bytes  # combine reads partials
+    total = ((programs - extra) * (moved["read"] + 2 * moved["written"])  # combine reads partials
+             + extra * (own["read"] + 2 * own["written"]) + out_bytes)
     cost = tuning.modeled_cost(batch=cfg.batch, kv_heads=cfg.kv_heads, seq=cfg.seq, rows=cfg.rows,
                                head_dim=cfg.head_dim, itemsize=cfg.itemsize, block_k=launch.block_k,
                                num_splits=launch.num_splits, num_sms=gpu.num_sms,
-                               block_rows=cfg.block_rows)
-    return kernel_row(gpu, kernel, grid=call.grid, read_per_program=moved["read"],
+                               block_rows=block_rows)
+    return kernel_row(gpu, kernel, grid=grid, read_per_program=moved["read"],
                       written_per_program=moved["written"], total_bytes=total,
                       modeled_bytes_per_sm=cost, kind=cfg.kind, batch=cfg.batch, seq=cfg.seq,
                       num_queries=cfg.num_queries, rows=cfg.rows, block_k=launch.block_k,
                       num_splits=splits)
 
 
-def compile_config(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec) -> dict:
-    """Lowers ``cfg`` with ``launch`` for CUDA, compiles it for ``gpu``, returns its row."""
+def compile_config(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
+                   impl: str = "pallas") -> dict:
+    """Compiles ``cfg`` with ``launch`` for ``gpu`` and returns its row: ``impl="pallas"``
+    lowers the Pallas kernel for CUDA and compiles its Triton IR; ``"triton"`` compiles the
+    Triton-language kernel (:func:`compile_triton_plan`)."""
+    if impl == "triton":
+        plan = triton_plan(cfg, launch, gpu)
+        kernel = compile_triton_plan(plan, gpu, cfg.dtype)
+        return config_row(cfg, plan.launch, gpu, kernel, plan.grid, block_program=True)
+    if impl != "pallas":
+        raise ValueError(f"impl must be 'pallas' or 'triton', got {impl!r}")
     [call] = triton_calls(lower_kernel(cfg, launch))
     kernel = compile_triton(call.ir, gpu, call.num_warps, call.num_stages)
-    return config_row(cfg, launch, gpu, kernel, call)
+    return config_row(cfg, launch, gpu, kernel, call.grid)
+
+
+# ---------------------------------------------------------------------------- the Triton kernel
+def triton_plan(cfg: KernelConfig, launch: tuning.LaunchParams | None, gpu: GpuSpec):
+    """The Triton kernel's ``LaunchPlan`` for ``cfg`` with ``launch`` (None: ``plan_launch``'s
+    own defaults for ``gpu``'s SM count): grid (B, Hkv, splits + 1 in drafter mode)."""
+    from kernels.triton_block_attention import plan_launch
+
+    chosen = {} if launch is None else dataclasses.asdict(launch)
+    return plan_launch((cfg.batch, cfg.num_queries, cfg.heads, cfg.head_dim),
+                       (cfg.num_layers, cfg.batch, cfg.seq, cfg.kv_heads, cfg.head_dim),
+                       cfg.dtype, causal=cfg.causal, has_blk=not cfg.causal,
+                       num_sms=gpu.num_sms, **chosen)
+
+
+def compile_triton_plan(plan, gpu: GpuSpec, dtype: str) -> CompiledKernel:
+    """Compiles the Triton-language kernel with ``plan`` (a ``LaunchPlan``) for ``gpu``'s
+    architecture (``kernels.triton_block_attention.compile_for_gpu``) and reads its resources
+    (memoised by plan, dtype and architecture)."""
+    from kernels.triton_block_attention import compile_for_gpu
+
+    key = ("triton", tuple(sorted(plan.constexprs.items())), jnp.dtype(dtype).name, gpu.arch,
+           plan.num_warps, plan.num_stages)
+    if key not in _COMPILED:
+        kernel = compile_for_gpu(gpu.capability, plan, dtype)
+        _COMPILED[key] = compiled_kernel(kernel, gpu, plan.num_warps, plan.num_stages)
+    return _COMPILED[key]
 
 
 # ---------------------------------------------------------------------------- tuning search
@@ -712,17 +781,19 @@ def plot_rows(report: dict):
 
 
 # ---------------------------------------------------------------------------- commands
-def run_before_after(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[dict]:
-    """Compiles every configuration with the legacy and the tuned launch on every GPU."""
+def run_before_after(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec],
+                     impl: str = "pallas") -> list[dict]:
+    """Compiles every configuration with the legacy and the tuned launch on every GPU, for the
+    Pallas kernel or (``impl="triton"``) the Triton-language one."""
     from tqdm import tqdm
 
     pairs = []
     with tqdm(total=2 * len(configs) * len(gpus), desc="compiling", unit="kernel") as bar:
         for gpu in gpus:
             for cfg in configs:
-                before = compile_config(cfg, legacy_launch(cfg), gpu)
+                before = compile_config(cfg, legacy_launch(cfg), gpu, impl)
                 bar.update(1)
-                after = compile_config(cfg, tuned_launch(cfg, gpu), gpu)
+                after = compile_config(cfg, tuned_launch(cfg, gpu, impl), gpu, impl)
                 bar.update(1)
                 pairs.append({"before": before, "after": after})
     return pairs
@@ -777,6 +848,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", action="store_true",
                    help="instead: lower AR and DFlash generate for CUDA and compile every kernel")
     p.add_argument("--prompt-len", type=int, default=16, help="--engine: prompt width")
+    p.add_argument("--impl", default="pallas", choices=["pallas", "triton"],
+                   help="the kernel of the before/after tables: the Pallas one, or the Triton-"
+                        "language one (kernels/triton_block_attention.py; not with --search, "
+                        "--engine)")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
     return p
 
@@ -786,20 +861,24 @@ def main(argv=None) -> dict:
     for name, values in (("--seq", args.seq), ("--batch", args.batch)):
         if min(values) < 1:
             raise ValueError(f"{name} values must be >= 1, got {values}")
+    if args.impl != "pallas" and (args.search or args.engine):
+        raise ValueError("--search and --engine compile the Pallas kernel; drop --impl triton")
     shape = model_shape(args.model, args.block_size, args.drafter_layers)
     gpus = [GPUS[g] for g in args.gpus]
     stem = re.sub(r"[^a-z0-9.]+", "-", shape.name.lower())
-    base = {"model": dataclasses.asdict(shape), "dtype": args.dtype,
+    base = {"model": dataclasses.asdict(shape), "dtype": args.dtype, "impl": args.impl,
             "gpus": [dataclasses.asdict(g) for g in gpus], "env": _environment(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": command_line("dflash_jax.bench.gpu_compile", argv)}
     if args.engine:
         return _engine_report(args, shape, gpus, stem, base)
     configs = engine_configs(shape, args.seq, args.batch, args.dtype)
-    report = dict(base, benchmark="gpu_compile", before_after=run_before_after(configs, gpus))
+    report = dict(base, benchmark="gpu_compile",
+                  before_after=run_before_after(configs, gpus, args.impl))
     if args.search:
         report["search"] = _search(configs, gpus)
-    path = write_report(report, args.out, stem, plot_before_after)
+    prefix = "" if args.impl == "pallas" else f"{args.impl}_"
+    path = write_report(report, args.out, prefix + stem, plot_before_after)
     write_text(path + ".md", _before_after_markdown(report, shape, gpus))
     _print_flags([p["after"] for p in report["before_after"]], "after tuning")
     return report
@@ -849,7 +928,10 @@ def _engine_report(args, shape: ModelShape, gpus, stem: str, base: dict) -> dict
 
 
 def _before_after_markdown(report: dict, shape: ModelShape, gpus) -> str:
-    parts = [f"# {shape.name}: the block-attention kernel compiled for NVIDIA GPUs", "",
+    kernel = {"pallas": "the block-attention kernel (Pallas)",
+              "triton": "the Triton-language block-attention kernel "
+                        "(`kernels/triton_block_attention.py`)"}[report.get("impl", "pallas")]
+    parts = [f"# {shape.name}: {kernel} compiled for NVIDIA GPUs", "",
              f"`{report['command']}` ({report['time']}, jax {report['env']['jax']}, "
              f"triton {report['env'].get('triton')}, compiled on {report['env']['host']} without a GPU).",
              "", "Launch = block_k / num_splits / num_warps / num_stages. *bound*: every byte the "
