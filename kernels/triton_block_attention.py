@@ -45,8 +45,16 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as e:  # an optional dependency: say which extra provides it
+    raise ModuleNotFoundError(
+        f"kernels.triton_block_attention (attention_impl='triton') needs the '{e.name}' package, "
+        "which is not installed: pip install -e '.[gpu]' on a CUDA machine, or '.[test]' for "
+        "Triton's interpreter on CPU; attention_impl='pallas' or 'xla' need neither",
+        name=e.name) from e
 
 from kernels.block_attention import _check as check_arguments
 from kernels.block_attention import _gpu_sm_count, combine_splits, in_query_chunks
