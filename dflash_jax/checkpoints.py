@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from dflash_jax.config import TargetConfig
+from dflash_jax.files import atomic_path, write_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -222,7 +223,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         _atomic_save(shard, os.path.join(path, file))
         weight_map.update({name: file for name in shard})
-    _atomic_write_json(os.path.join(path, INDEX_FILE),
+    write_json(os.path.join(path, INDEX_FILE),
                        {"metadata": {"total_size": int(total)}, "weight_map": weight_map})
     stale = os.path.join(path, SINGLE_FILE)
     if os.path.exists(stale):
@@ -239,17 +240,9 @@ def _dtype_fields(tensors) -> dict:
 
 
 def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
-    tmp = file + ".tmp"
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped weights must be readable
-    os.replace(tmp, file)
-
-
-def _atomic_write_json(file: str, obj: Any) -> None:
-    tmp = file + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, file)
+    with atomic_path(file) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped weights must be readable
 
 
 # ---------------------------------------------------------------------------- target API
@@ -275,7 +268,7 @@ def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
     tensors = params_to_tensors(params, target_tensor_specs(cfg))
     write_safetensors(path, tensors, max_shard_bytes)
     config = {**cfg.to_hf_dict(), **_dtype_fields(tensors.values()), **(extra_config or {})}
-    _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
+    write_json(os.path.join(os.fspath(path), "config.json"), config)
 
 
 # ---------------------------------------------------------------------------- drafter API
@@ -307,7 +300,7 @@ def save_drafter_params(path: str | os.PathLike, cfg, params) -> None:
     tensors = params_to_tensors(params, drafter_tensor_specs(cfg))
     write_safetensors(path, tensors)
     config = {**cfg.to_hf_dict(), **_dtype_fields(tensors.values())}
-    _atomic_write_json(os.path.join(os.fspath(path), "config.json"), config)
+    write_json(os.path.join(os.fspath(path), "config.json"), config)
 
 
 # ---------------------------------------------------------------------------- tokenizers
@@ -334,4 +327,4 @@ def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
         cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens")
     for key in ("is_local", "local_files_only", "backend"):
         cfg.pop(key, None)
-    _atomic_write_json(file, cfg)
+    write_json(file, cfg)

@@ -1,22 +1,39 @@
-"""What every ``python -m dflash_jax <command>`` shares: its parser, its error handling.
+"""What every ``python -m dflash_jax <command>`` shares: how a command is declared, its
+parser, its error handling.
 
-A command is a function ``main(argv)`` that builds its parser with :func:`command_parser` and
-raises ``ValueError`` / ``OSError`` (``FileNotFoundError``, ...) for a user's mistake. Run
-through :func:`run_cli` (``python -m dflash_jax`` and every module's ``__main__`` block), such
-an error prints one line ``error: ...`` on stderr and exits with status 2; ``--debug`` (or
-``DFLASH_DEBUG=1``) shows the traceback instead. Ctrl-C exits with status 130 and one line.
+A command is a module with two functions:
+
+* ``add_arguments(parser)`` adds the command's options to an ``argparse`` parser (the
+  module docstring is the command's description in ``--help``);
+* ``run(args)`` does the work from the parsed options; it raises ``ValueError`` /
+  ``OSError`` (``FileNotFoundError``, ...) for a user's mistake.
+
+``python -m dflash_jax`` registers every command on one parser (``add_subparsers``, see
+``dflash_jax/__main__.py``); a module that also runs as ``python -m <module>`` builds the same
+parser with :func:`command_parser` and :func:`command_main`. Run through :func:`run_cli`, a
+user's mistake prints one line ``error: ...`` on stderr and exits with status 2; ``--debug``
+(or ``DFLASH_DEBUG=1``) shows the traceback instead. Ctrl-C exits with status 130 and one line.
+
+The options of a config dataclass (``TrainConfig``, ``PretrainConfig``) are derived from its
+fields by :func:`add_dataclass_arguments` and turned back into it by :func:`dataclass_from_args`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import os
+import re
 import sys
-from typing import Callable, Sequence
+import types
+import typing
+from typing import Any, Callable, Sequence
 
 PROG = "python -m dflash_jax"
 DEBUG_ENV = "DFLASH_DEBUG"
 USER_ERRORS = (ValueError, OSError)  # CheckpointError is a ValueError
+INVOCATION = "invocation"  # the attribute the parsed args carry: [command, *its arguments]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -31,15 +48,141 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return super()._format_action(action)
 
 
+def plain_description(doc: str | None) -> str | None:
+    """A module docstring as a ``--help`` description (without reStructuredText markup)."""
+    if not doc:
+        return doc
+    return doc.replace("``", "").replace(":func:", "").replace(":class:", "").replace(":data:", "")
+
+
 def command_parser(command: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
-    """The parser of ``python -m dflash_jax <command>`` (its real program name, defaults shown;
-    a module docstring given as the description loses its reStructuredText double backticks)."""
-    if description:
-        description = description.replace("``", "").replace(":func:", "").replace(":class:", "")
-    return argparse.ArgumentParser(prog=f"{PROG} {command}", description=description,
+    """The parser of ``python -m dflash_jax <command>`` (its real program name, defaults shown)."""
+    return argparse.ArgumentParser(prog=f"{PROG} {command}", description=plain_description(description),
                                    formatter_class=HelpFormatter, **kwargs)
 
 
+def parse_command(command: str, module, argv: Sequence[str] | None = None,
+                  parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """``argv`` parsed by the command's parser (``module.add_arguments`` on
+    :func:`command_parser`, or on ``parser``); the result records the invocation (see
+    :func:`invocation`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if parser is None:
+        parser = command_parser(command, module.__doc__)
+        module.add_arguments(parser)
+        args = parser.parse_args(argv)
+    else:  # python -m dflash_jax: the parser with every command, argv without the name
+        args = parser.parse_args([command, *argv])
+    setattr(args, INVOCATION, [command, *argv])
+    return args
+
+
+def command_main(command: str, module, argv: Sequence[str] | None = None):
+    """A command module's ``main(argv)``: ``module.run`` on the parsed ``argv`` (default: this
+    process's arguments); what ``run`` returns. No error handling: see :func:`run_cli`."""
+    return module.run(parse_command(command, module, argv))
+
+
+def invocation(args: argparse.Namespace) -> list[str] | None:
+    """The arguments of ``python -m dflash_jax`` that reproduce ``args`` (the command's name
+    first), or None for args not made by :func:`parse_command`."""
+    return getattr(args, INVOCATION, None)
+
+
+def options(args: argparse.Namespace) -> dict:
+    """The parsed options as a dict (for a report), without the recorded invocation."""
+    return {k: v for k, v in vars(args).items() if k != INVOCATION}
+
+
+# ------------------------------------------------------------------ options from a dataclass
+def field_help(cls) -> dict[str, str]:
+    """Each field's help text: its ``metadata["help"]``, else its entry in the class
+    docstring's ``Attributes:`` section (``name: text``, continued on deeper-indented lines)."""
+    helps: dict[str, str] = {}
+    name, inside = None, False
+    for line in (inspect.getdoc(cls) or "").splitlines():
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line and not line.startswith(" "):  # the next section
+            break
+        entry = re.match(r"^ {4}(\w+):\s*(.*)$", line)
+        if entry:
+            name = entry[1]
+            helps[name] = entry[2]
+        elif name and line.strip():
+            helps[name] += " " + line.strip()
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata:
+            helps[f.name] = f.metadata["help"]
+    return helps
+
+
+def flag(name: str) -> str:
+    """The option of a field: ``--`` and the name with dashes (``grad_clip`` -> ``--grad-clip``)."""
+    return "--" + name.replace("_", "-")
+
+
+def _argument_kwargs(name: str, hint, default) -> dict:
+    """``add_argument`` keywords for a field of type ``hint`` (``X | None`` is X, optional)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"field {name}: no command-line option for the type {hint}")
+        hint = inner[0]
+    if hint is bool:
+        return {"action": "store_true"} if default is False else {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) is typing.Literal:
+        choices = list(typing.get_args(hint))
+        return {"type": type(choices[0]), "choices": choices}
+    if hint in (int, float, str):
+        return {"type": hint}
+    if typing.get_origin(hint) in (tuple, list):
+        inner = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        if len(set(inner)) == 1 and inner[0] in (int, float, str):
+            return {"type": inner[0], "nargs": "+"}
+    raise TypeError(f"field {name}: no command-line option for the type {hint}")
+
+
+def add_dataclass_arguments(parser, cls, skip: Sequence[str] = (),
+                            exclusive: Sequence[Sequence[str]] = ()) -> list[str]:
+    """Adds an option for every field of the dataclass ``cls`` but ``skip``: ``--field-name``,
+    typed from the field's annotation (``typing.get_type_hints``: int, float, str, a
+    ``Literal`` of choices, ``X | None``, a bool as a switch), its default, and its help text
+    (:func:`field_help`). The fields of each tuple in ``exclusive`` exclude each other.
+    Returns the names of the fields added."""
+    hints = typing.get_type_hints(cls)
+    helps = field_help(cls)
+    groups = {}
+    for names in exclusive:
+        group = parser.add_mutually_exclusive_group()
+        groups.update({name: group for name in names})
+    added = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kwargs: dict[str, Any] = _argument_kwargs(f.name, hints[f.name], f.default)
+        if f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = f.default_factory()
+        else:
+            kwargs["required"] = True
+        groups.get(f.name, parser).add_argument(flag(f.name), dest=f.name, help=helps.get(f.name),
+                                               **kwargs)
+        added.append(f.name)
+    return added
+
+
+def dataclass_from_args(cls, args: argparse.Namespace, skip: Sequence[str] = ()):
+    """The dataclass ``cls`` from options :func:`add_dataclass_arguments` added (fields in
+    ``skip`` keep their defaults); its own checks (``__post_init__``) run here."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip})
+
+
+# ------------------------------------------------------------------ running a command
 def debug_requested(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 

@@ -14,7 +14,10 @@ One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
 Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:
 the T queries of the G = H / Hkv heads that share a KV head become ``T * G`` rows (padded to a
 power of two >= 16), so the drafter's 16-row block with G = 4 is one 64-row tensor-core tile and
-each K/V tile is read once for all of them. The cache is split along S into ``num_splits``
+each K/V tile is read once for all of them. T is not bounded: a block of more than
+``MAX_ROWS`` = 64 folded rows (a prefill, or a drafter block with many query heads per KV head)
+runs as chunks of ``max(1, 64 // G)`` queries (:func:`in_query_chunks`; the tests check
+chunked blocks against the reference in both modes). The cache is split along S into ``num_splits``
 chunks processed in parallel (flash-decoding); each chunk loops over ``block_k`` tiles up to
 the row's valid length only (so a short row reads a short prefix), keeps an online softmax
 (running max m, sum l, unnormalised accumulator), and a small ``jnp`` combine step merges the
@@ -44,18 +47,28 @@ MAX_ROWS = 64
 # ---------------------------------------------------------------------------- reference
 def block_attention_reference(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
                               scale: float | None = None, **_unused):
-    """Dense ``jnp`` version of :func:`block_attention` (same arguments, same result)."""
-    from dflash_jax.nn.attention import segmented_attention
-
+    """Dense ``jnp`` version of :func:`block_attention` (same arguments, same result): the
+    scores of every visible key (cache slots, then the block's own rows) under one softmax.
+    q [B, T, H, Dh]; k, v [B, S, Hkv, Dh] (one layer); kv_lens int32[B]; k_blk, v_blk
+    [B, T, Hkv, Dh] or None. Returns [B, T, H, Dh] in q's dtype; a row that sees nothing is 0."""
     _check(q, k, v, kv_lens, k_blk, v_blk, causal)
-    B, T = q.shape[:2]
-    S = k.shape[1]
-    slots = jnp.arange(S)[None, None, :]
-    limit = kv_lens[:, None, None] + (jnp.arange(T)[None, :, None] + 1 if causal else 0)
-    segments = [(k, v, slots < limit)]
-    if k_blk is not None:
-        segments.append((k_blk, v_blk, jnp.ones((1, 1, T), bool)))
-    return segmented_attention(q, segments, scale)
+    B, T, H, Dh = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    scale = Dh ** -0.5 if scale is None else scale
+    limit_BxT = kv_lens[:, None] + (jnp.arange(T)[None, :] + 1 if causal else jnp.zeros((1, T), int))
+    visible_BxTxS = jnp.arange(S)[None, None, :] < limit_BxT[:, :, None]  # slots < limit
+    if k_blk is not None:  # every query sees every row of its own block
+        k, v = jnp.concatenate([k, k_blk], axis=1), jnp.concatenate([v, v_blk], axis=1)
+        visible_BxTxS = jnp.concatenate([visible_BxTxS, jnp.ones((B, T, T), bool)], axis=-1)
+    q_grouped = q.reshape(B, T, Hkv, H // Hkv, Dh)  # the H // Hkv query heads of each KV head
+    scores = jnp.einsum("btkgd,bskd->bkgts", q_grouped, k, preferred_element_type=jnp.float32) * scale
+    visible = visible_BxTxS[:, None, None]  # [B, 1, 1, T, S']
+    row_max = jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1, keepdims=True)
+    probs = jnp.where(visible, jnp.exp(scores - jnp.where(jnp.isfinite(row_max), row_max, 0.0)), 0.0)
+    denom = jnp.sum(probs, axis=-1, keepdims=True)
+    probs = probs / jnp.where(denom > 0, denom, 1.0)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(B, T, H, Dh).astype(q.dtype)
 
 
 def _check(q, k, v, kv_lens, k_blk, v_blk, causal):

@@ -6,6 +6,24 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent compilation cache for the whole run, this process and the command-line
+# subprocesses it starts (they inherit the environment): the same engine programs are compiled
+# by many test modules (each module ends with jax.clear_caches(), below) and by every `python -m
+# dflash_jax ...` the tests run. Entries are keyed by the program and the jax/XLA version, so a
+# hit is the same executable; a fresh directory per run keeps runs independent.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="dflash-jax-tests-xla-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 import pytest
 

@@ -4,6 +4,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from conftest import make_hf_model
 
 from dflash_jax.bench import decode_speed
@@ -19,10 +22,15 @@ def test_decode_speed_writes_json_and_plot(tmp_path):
                                 "--prompt-len", "8", "--new-tokens", "5", "--repeats", "1",
                                 "--out", str(tmp_path / "out")])
     assert [r["batch"] for r in report["results"]] == [1, 2]
-    for r in report["results"]:
-        assert r["decode_steps"] == 4 and r["ms_per_step"] > 0 and r["bandwidth_fraction"] > 0
     saved = json.loads((tmp_path / "out" / "tiny_cpu_float32.json").read_text())
-    assert saved["env"]["jax"] and saved["copy_bandwidth_GBps"] > 0
+    assert saved["env"]["jax"] and saved["results"] == report["results"]
+    for r in report["results"]:  # 5 new tokens: 1 from prefill, 4 loop steps
+        assert r["decode_steps"] == 4
+        step_s = r["ms_per_step"] / 1e3
+        moved = r["bytes_per_step"]["weights"] + r["bytes_per_step"]["kv"]
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] / step_s)
+        assert r["achieved_GBps"] == pytest.approx(moved / step_s / 1e9)
+        assert r["bandwidth_fraction"] == pytest.approx(r["achieved_GBps"] / saved["copy_bandwidth_GBps"])
     assert (tmp_path / "out" / "tiny_cpu_float32.png").stat().st_size > 1000
 
 
@@ -62,8 +70,15 @@ def test_spec_speed_with_saved_target_and_drafter(tmp_path):
                               "--block-size", "4", "--prompt-len", "8", "--new-tokens", "9",
                               "--repeats", "1", "--out", str(tmp_path / "out")])
     r = report["result"]
-    assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["dflash_ms_per_iteration"] > 0
-    assert len(r["histogram"]) == 4 and 1.0 <= r["tau"] <= 4.0
+    # the library on the same prompts (seed 0, batch 1, length 8) gives the same acceptance
+    prompts = np.random.default_rng(0).integers(0, target.config.vocab_size, size=(1, 8)).tolist()
+    ref = dj.generate(target, prompts, 9, drafter=dj.load_drafter(tmp_path / "d", target), block_size=4)
+    assert r["tau"] == pytest.approx(ref.tau) and r["histogram"] == ref.acceptance_histogram.tolist()
+    assert r["dflash_equals_ar"] and r["min_matching_prefix"] == 9
+    # the derived numbers follow from the measured ones
+    assert r["iteration_over_ar_step"] == pytest.approx(r["dflash_ms_per_iteration"] / r["ar_ms_per_step"])
+    assert r["speedup"] == pytest.approx(r["ar_ms_per_token"] / r["dflash_ms_per_token"])
+    assert r["projected_speedup_at_paper_tau"] == pytest.approx(spec_speed.PAPER_TAU / r["iteration_over_ar_step"])
     assert (tmp_path / "out" / "t_cpu_float32_xla_b1_bs4.png").exists()
 
 
@@ -73,7 +88,8 @@ def test_train_speed_runs(tmp_path):
     report = train_speed.main(["--preset", "tiny", "--drafter-layers", "1", "--block-size", "4",
                                "--seq-len", "32", "--batch", "2", "--num-anchors", "4", "--steps", "2",
                                "--out", str(tmp_path)])
-    assert len(report["step_times_s"]) == 3 and report["tokens_per_s"] > 0
+    assert len(report["step_times_s"]) == 3
+    assert report["tokens_per_s"] == pytest.approx(2 * 32 / np.median(report["step_times_s"][1:]))
     assert (tmp_path / "tiny_cpu_float32_b2_L32.png").exists()
 
 
@@ -112,6 +128,8 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
     report = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference",
                            "--out", str(tmp_path / "off")])
     assert len(seen) == 2 * (1 + 2) + 2 * (1 + 4)  # AR + DFlash: warm-up and 2 gsm8k / 2x2 mt-bench turns
+    for r in report["datasets"].values():  # SPEC section 6: per response, then over responses
+        assert r["tau"] == pytest.approx(np.mean([x["tau"] for x in r["samples"] if np.isfinite(x["tau"])]))
     texts = [tok.decode(ids) for ids in seen]
     assert all(t.endswith(QWEN3_NO_THINK) for t in texts), texts
     assert any(t.count("<|im_start|>user") == 2 for t in texts)  # mt-bench turn 2 went through it
@@ -139,3 +157,25 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
         runner = harness.Runner(types.SimpleNamespace(tokenizer=tok, stop_token_ids=[0]), None, args)
         text = tok.decode(runner.encode(harness.chat(["q", "r"], ["a"])))
         assert text.endswith(end) and text.endswith(QWEN3_NO_THINK) == (end == QWEN3_NO_THINK)
+
+
+def test_spec_speed_raises_when_dflash_differs_from_ar(monkeypatch):
+    """The exactness check is an exception (python -O keeps it), with what differed."""
+    import dflash_jax as dj
+    from dflash_jax.bench import spec_speed
+
+    cfg = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64)
+    target = dj.Target.random(cfg, seed=0)
+    drafter = dj.Drafter.random(target, num_layers=1, block_size=4)
+    real = spec_speed.generate
+
+    def off_by_one(target, prompts, n, **kw):  # a DFlash that changes the last token
+        r = real(target, prompts, n, **kw)
+        if kw.get("drafter") is not None:
+            r.sequences[0][-1] = (r.sequences[0][-1] + 1) % cfg.vocab_size
+        return r
+
+    monkeypatch.setattr(spec_speed, "generate", off_by_one)
+    with pytest.raises(RuntimeError, match="differs from autoregressive.*'min_matching_prefix': 4"):
+        spec_speed.measure(target, drafter, batch=1, prompt_len=4, new_tokens=5, block_size=4, repeats=1)

@@ -22,8 +22,8 @@ import transformers
 from transformers import AutoConfig
 
 import dflash_jax as dj
-from dflash_jax.api import EMBEDDED_TARGET_DIR
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 

@@ -1,5 +1,6 @@
 """The DFlash drafter against a naive dense reference, and its released checkpoint layout."""
 
+import functools
 import json
 
 import jax
@@ -85,14 +86,15 @@ def test_forward_matches_dense_reference_with_and_without_cache(drafter):
     ctx_pos = jnp.broadcast_to(jnp.arange(C), (B, C))
     cache = KVCache.init(cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim)
 
-    # all context in the same call as the block
-    h1, c1 = model.apply({"params": d.params}, jnp.asarray(emb), blk_pos, cache, jnp.asarray(taps),
-                         ctx_pos, jnp.asarray(ctx_len))
-    # context in two chunks through the cache (prefill-style), then the block alone
-    _, c2 = model.apply({"params": d.params}, None, None, cache, jnp.asarray(taps[:, :5]),
-                        ctx_pos[:, :5], jnp.array([5, 5]))
-    h2, c2 = model.apply({"params": d.params}, jnp.asarray(emb), blk_pos, c2, jnp.asarray(taps[:, 5:]),
-                         ctx_pos[:, 5:], jnp.asarray(ctx_len))
+    project = functools.partial(model.apply, {"params": d.params}, method=DrafterModel.project_context)
+    draft = functools.partial(model.apply, {"params": d.params}, method=DrafterModel.draft)
+    # all context in one update, then the block
+    c1 = project(jnp.asarray(taps), ctx_pos, cache, jnp.asarray(ctx_len))
+    h1 = draft(jnp.asarray(emb), blk_pos, c1)
+    # context in two chunks through the cache (prefill, then a verified block), then the block
+    c2 = project(jnp.asarray(taps[:, :5]), ctx_pos[:, :5], cache, jnp.array([5, 5]))
+    c2 = project(jnp.asarray(taps[:, 5:]), ctx_pos[:, 5:], c2, jnp.asarray(ctx_len))
+    h2 = draft(jnp.asarray(emb), blk_pos, c2)
     for b in range(B):
         ref = reference_block(cfg, d.params, taps[b], ctx_len[b], emb[b], start[b])
         np.testing.assert_allclose(np.asarray(h1[b]), ref, atol=2e-5, rtol=1e-5)
@@ -116,8 +118,9 @@ def test_invisible_context_does_not_matter(drafter):
     blk = 6 + jnp.arange(cfg.block_size)[None]
 
     def run(t):
-        return np.asarray(model.apply({"params": d.params}, emb, blk, cache, jnp.asarray(t), pos,
-                                      jnp.array([6]))[0])
+        ctx = model.apply({"params": d.params}, jnp.asarray(t), pos, cache, jnp.array([6]),
+                          method=DrafterModel.project_context)
+        return np.asarray(model.apply({"params": d.params}, emb, blk, ctx, method=DrafterModel.draft))
 
     base = run(taps)
     hidden = taps.copy()

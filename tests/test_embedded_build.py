@@ -157,8 +157,8 @@ class FakeStages:
         import shutil
         import subprocess
 
-        from dflash_jax.api import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
         from dflash_jax.bench import harness
+        from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
 
         cmd = args[0]
         self.calls.append(cmd)
@@ -214,10 +214,9 @@ def fake_stages(monkeypatch, tmp_path_factory):
 
 
 def test_build_embedded_installs_into_the_work_dir_never_the_package(tmp_path, sources, fake_stages):
-    from dflash_jax.api import load_drafter, load_target
     from dflash_jax.embedded import build
-
-    from dflash_jax.api import ASSETS_DIR as real_package_assets
+    from dflash_jax.models.handles import ASSETS_DIR as real_package_assets
+    from dflash_jax.models.handles import load_drafter, load_target
 
     _, data = sources
     package_before = _tree_digest(real_package_assets)
@@ -341,7 +340,7 @@ def test_training_data_commands_say_where_to_get_the_data(tmp_path, monkeypatch,
 def test_the_shipped_package_assets_are_never_a_destination_by_accident(tmp_path, sources, monkeypatch):
     """Not patched here: the build's idea of the package directory is the real one, and every
     way of pointing --assets at it (or around it) is refused before any stage runs."""
-    from dflash_jax.api import ASSETS_DIR
+    from dflash_jax.models.handles import ASSETS_DIR
     from dflash_jax.embedded import build
 
     _, data = sources
@@ -471,7 +470,7 @@ def test_the_recorded_rebuild_command_is_portable(tmp_path):
 def test_shipped_cards_record_no_machine_paths():
     import re
 
-    from dflash_jax.api import ASSETS_DIR
+    from dflash_jax.models.handles import ASSETS_DIR
 
     for name in ("target/README.md", "target/training.json", "drafter/README.md", "drafter/recipe.json"):
         text = open(os.path.join(ASSETS_DIR, name)).read()
@@ -480,10 +479,10 @@ def test_shipped_cards_record_no_machine_paths():
 
 def test_build_embedded_without_any_data_dir_says_what_to_get(tmp_path, monkeypatch, capsys):
     from dflash_jax.__main__ import main
-    from dflash_jax.bench import prompt_sets
+    from dflash_jax import datasets
 
     monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
-    monkeypatch.setattr(prompt_sets, "default_data_dir", lambda: None)
+    monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
     with pytest.raises(SystemExit) as e:
         main(["build-embedded", "--work", str(tmp_path / "w")])
     err = capsys.readouterr().err

@@ -1,12 +1,16 @@
 """On-device autoregressive generate against transformers' generate (greedy) and the model's
 own next-token distribution (sampling)."""
 
+import time
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 import dflash_jax as dj
+import exact_sampling
 from dflash_jax.models.target import target_forward
 
 
@@ -68,35 +72,98 @@ def tiny_target():
     return dj.Target.random(cfg, seed=3, init_scale=0.3)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
-                                dict(temperature=1.3, top_p=0.8)])
-def test_sampling_first_two_tokens_follow_the_model(tiny_target, kw):
-    """Empirical joint distribution of the first two sampled tokens vs the exact one."""
-    target = tiny_target
-    cfg = target.config
-    prompt = [3, 1, 4, 1, 5]
-    n = 4000
-    result = dj.generate(target, [prompt] * n, 2, seed=11, **kw)
-    pairs = np.array(result.sequences)
-    sampling = dj.decoding.SamplingParams(kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p"))
-    V = cfg.vocab_size
+# The first two sampled tokens of many rows (one batched call) against the exact joint of the
+# model with the filters written again in numpy (tests/exact_sampling.py): per-position and
+# joint chi-squared, Bonferroni.
+AR_PROMPT, AR_ROWS, AR_ALPHA = [3, 1, 4, 1, 5], 10000, 1e-4
+AR_CASES = {  # top-k 5 and top-p 0.8 are clear of float32 rounding for this model (checked)
+    "T1": dict(temperature=1.0),
+    "T0.7-topk": dict(temperature=0.7, top_k=5),
+    "T2-topp": dict(temperature=2.0, top_p=0.8),
+}
 
-    def probs(prefix):
-        ids = jnp.asarray([prefix])
-        logits, _, _ = target_forward(cfg, target.params, ids, jnp.arange(len(prefix))[None])
-        return np.exp(np.asarray(dj.decoding.process_logits(logits[0, -1], sampling), np.float64))
 
-    p1 = probs(prompt)
-    joint = np.zeros((V, V))
-    for t in np.nonzero(p1 > 0)[0]:
-        joint[t] = p1[t] * probs(prompt + [int(t)])
-    emp = np.zeros((V, V))
-    np.add.at(emp, (pairs[:, 0], pairs[:, 1]), 1.0 / n)
-    assert emp[joint == 0].sum() == 0, "sampled a token the filters exclude"
-    tv = 0.5 * np.abs(emp - joint).sum()
-    # E[TV] for n samples over the support is about sqrt(k / (2 pi n)); a wrong rule is far off
-    support = int((joint > 0).sum())
-    assert tv < 1.5 * np.sqrt(support / (2 * np.pi * n)) + 0.01, (tv, support)
+@pytest.fixture(scope="module")
+def tiny_prefix_logits(tiny_target):
+    return exact_sampling.PrefixLogits.compute(tiny_target, AR_PROMPT, 2)
+
+
+def ar_joint(prefix_logits, kw):
+    joint, margin = prefix_logits.joint(kw["temperature"], kw.get("top_k"), kw.get("top_p"))
+    assert margin > 1e-5, "a top-k/top-p decision is too close to call in float32"
+    return joint
+
+
+@pytest.mark.parametrize("case", list(AR_CASES))
+def test_sampling_first_two_tokens_follow_the_model(tiny_target, tiny_prefix_logits, case):
+    kw = AR_CASES[case]
+    result = dj.generate(tiny_target, [AR_PROMPT] * AR_ROWS, 2, seed=11, **kw)
+    report = exact_sampling.fit(result.sequences, ar_joint(tiny_prefix_logits, kw), AR_ALPHA)
+    print(case, report)
+    assert not report.rejected, report
+
+
+def filter_mutant(real, bug):
+    """``process_logits`` with one bug: "no_temperature" (temperature ignored), "top_k+1" /
+    "top_k-1" (top-k off by one), "top_p+1" / "top_p-1" (top-p keeps one token too many / too
+    few); None: the real one."""
+    import dataclasses
+
+    def process(logits, params):
+        if bug == "no_temperature":
+            return real(logits, dataclasses.replace(params, temperature=1.0))
+        if bug in ("top_k+1", "top_k-1"):
+            return real(logits, dataclasses.replace(params, top_k=params.top_k + (1 if bug == "top_k+1" else -1)))
+        if bug in ("top_p+1", "top_p-1"):
+            x = real(logits, dataclasses.replace(params, top_p=None))
+            desc = jnp.sort(x, -1)[..., ::-1]
+            probs = jnp.exp(desc)
+            kept = jnp.sum(jnp.cumsum(probs, -1) - probs < params.top_p, -1, keepdims=True)
+            kept = jnp.clip(kept + (1 if bug == "top_p+1" else -1), 1, x.shape[-1])
+            cutoff = jnp.take_along_axis(desc, kept - 1, -1)
+            return jax.nn.log_softmax(jnp.where(x >= cutoff, x, -jnp.inf), -1)
+        return real(logits, params)
+
+    return process
+
+
+AR_MUTANTS = {  # case: rules run side by side, AR_ROWS rows each (None: the real filters)
+    "T0.7-topk": [None, "no_temperature", "top_k+1", "top_k-1"],
+    "T2-topp": [None, "no_temperature", "top_p+1", "top_p-1"],
+}
+
+
+@pytest.mark.parametrize("case", list(AR_MUTANTS))
+def test_wrong_sampling_filters_are_rejected(tiny_target, tiny_prefix_logits, monkeypatch, case):
+    """Negative controls: the library's filters replaced by plausible wrong ones (row group g
+    uses AR_MUTANTS[case][g], one compiled run) must fail the check above; the real filters,
+    called through the same patch, pass it."""
+    from dflash_jax.decoding import engine, sampling
+
+    bugs, traced, real = AR_MUTANTS[case], [], sampling.process_logits
+    variants = [filter_mutant(real, bug) for bug in bugs]
+
+    def patched(logits, params):
+        traced.append(True)
+        group = (jnp.arange(logits.shape[0]) // AR_ROWS).reshape((-1,) + (1,) * (logits.ndim - 1))
+        outs = [v(logits, params) for v in variants]
+        return jnp.select([group == g for g in range(len(bugs))], outs)
+
+    monkeypatch.setattr(sampling, "process_logits", patched)
+    monkeypatch.setattr(engine, "process_logits", patched, raising=False)
+    jax.clear_caches()  # trace the engine again, with the patch
+    try:
+        kw = AR_CASES[case]
+        result = dj.generate(tiny_target, [AR_PROMPT] * (AR_ROWS * len(bugs)), 2, seed=11, **kw)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()  # and forget the patched programs
+    assert traced, "the patched filters were not traced"
+    joint = ar_joint(tiny_prefix_logits, kw)
+    for g, bug in enumerate(bugs):
+        report = exact_sampling.fit(result.sequences[g * AR_ROWS:(g + 1) * AR_ROWS], joint, AR_ALPHA)
+        print(case, bug, report)
+        assert report.rejected == (bug is not None), (bug, str(report))
 
 
 def test_seed_reproducible_and_changes(tiny_target):
@@ -108,15 +175,21 @@ def test_seed_reproducible_and_changes(tiny_target):
 
 
 def test_result_fields(tiny_target):
+    dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)  # compiled: the next call's times are runs
+    t0 = time.perf_counter()
     r = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)
+    wall = time.perf_counter() - t0
     assert r.prompt_lengths == [2, 3]
     assert r.num_generated == [5, 5]
-    assert r.num_steps == 4 and r.prefill_time_s > 0 and r.decode_time_s > 0
+    # 1 token from prefill, then one loop iteration per token
+    assert r.acceptance_lengths == [[1] * 4] * 2 and r.num_steps == 4
+    # the two stages are timed inside the call, separately
+    assert 0 < r.prefill_time_s and 0 < r.decode_time_s and r.prefill_time_s + r.decode_time_s <= wall
 
 
 
 def test_pad_to_shares_shapes_without_changing_results(tiny_target):
-    from dflash_jax.api import plan_lengths
+    from dflash_jax.decoding.generation import plan_lengths
 
     a = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)
     b = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5, pad_to=(48, 192))

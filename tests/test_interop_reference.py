@@ -21,8 +21,8 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 import dflash_jax as dj
-from dflash_jax.api import prepare_decode
 from dflash_jax.decoding import engine
+from dflash_jax.decoding.generation import prepare_decode
 from conftest import make_hf_model
 
 TOL = 1e-4

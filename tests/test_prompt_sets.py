@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from dflash_jax.bench.prompt_sets import (DATASETS, default_data_dir, load_prompt_set, locate_prompt_set,
-                                          shipped_data_dir)
+from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, locate_prompt_set, shipped_data_dir
+from dflash_jax.datasets import default_data_dir
 from dflash_jax.prompts import CHAT_TEMPLATE, gsm8k_solution, humaneval_prompt, math_prompt, render_chat
 
 EXPECTED = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}

@@ -110,9 +110,10 @@ def test_training_blocks_equal_inference_drafts(pair):
             a = int(anchors[b, j])
             cache = KVCache.init(d.num_layers, 1, 32, d.num_kv_heads, d.head_dim)
             block = jnp.concatenate([tokens[b:b + 1, a:a + 1], jnp.full((1, bs - 1), d.mask_token_id)], 1)
-            h, _ = model.apply({"params": drafter.params}, embed(target.params, block),
-                               a + jnp.arange(bs)[None], cache, taps[b:b + 1], jnp.arange(24)[None],
-                               jnp.array([a]))
+            cache = model.apply({"params": drafter.params}, taps[b:b + 1], jnp.arange(24)[None],
+                                cache, jnp.array([a]), method=DrafterModel.project_context)
+            h = model.apply({"params": drafter.params}, embed(target.params, block),
+                            a + jnp.arange(bs)[None], cache, method=DrafterModel.draft)
             ref = np.asarray(lm_head(CFG, target.params, h))[0]
             np.testing.assert_allclose(logits[b, j], ref, atol=2e-4, rtol=1e-4)
 

@@ -181,8 +181,10 @@ def test_models_give_the_same_outputs_with_the_triton_impl():
     res = []
     for impl in ("xla", "triton"):
         cache = KVCache.init(d.num_layers, 2, 32, d.num_kv_heads, d.head_dim)
-        h, _ = DrafterModel(d, attention_impl=impl).apply(
-            {"params": drafter.params}, emb, jnp.array([[7], [12]]) + jnp.arange(4), cache, taps,
-            jnp.broadcast_to(jnp.arange(12), (2, 12)), jnp.array([7, 12]))
+        model = DrafterModel(d, attention_impl=impl)
+        cache = model.apply({"params": drafter.params}, taps, jnp.broadcast_to(jnp.arange(12), (2, 12)),
+                            cache, jnp.array([7, 12]), method=DrafterModel.project_context)
+        h = model.apply({"params": drafter.params}, emb, jnp.array([[7], [12]]) + jnp.arange(4), cache,
+                        method=DrafterModel.draft)
         res.append(np.asarray(h))
     np.testing.assert_allclose(res[0], res[1], atol=5e-5, rtol=5e-5)

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from dflash_jax.api import Target, generate
 from dflash_jax.config import TargetConfig
-from dflash_jax.bench.env import (bench_parser, command_line, copy_bandwidth, environment,
-                                  new_figure, read_bandwidth, write_report)
+from dflash_jax.decoding.generation import generate
+from dflash_jax.models.handles import Target
+from dflash_jax.bench.env import add_preset_argument, copy_bandwidth, read_bandwidth
 from dflash_jax.bench.roofline import weight_and_kv_bytes
+from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PRESETS = {
     # a smoke-test size
@@ -45,8 +48,9 @@ def step_bytes(cfg: TargetConfig, params, batch: int, kv_len: float) -> dict:
     return weight_and_kv_bytes(cfg, batch, kv_len, itemsize)
 
 
-def run(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype, repeats: int,
-        seed: int = 0) -> dict:
+def measure(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype, repeats: int,
+            seed: int = 0) -> dict:
+    """The decode benchmark of a random-weight target of config ``cfg`` at each batch size."""
     target = Target.random(cfg, seed=seed, dtype=dtype, max_len=prompt_len + new_tokens + 64)
     bandwidth = copy_bandwidth()
     read_bw = read_bandwidth()
@@ -109,8 +113,8 @@ def plot(report: dict):
     return fig
 
 
-def main(argv=None) -> dict:
-    p = bench_parser("decode-speed", __doc__, PRESETS)
+def add_arguments(p) -> None:
+    add_preset_argument(p, PRESETS)
     p.add_argument("--config", help="a Hugging Face config.json (overrides --preset)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--prompt-len", type=int, default=128)
@@ -118,7 +122,9 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/decode_speed", help="output directory")
-    args = p.parse_args(argv)
+
+
+def run(args) -> dict:
     if args.config:
         with open(args.config) as f:
             cfg = TargetConfig.from_hf_dict(json.load(f))
@@ -126,13 +132,15 @@ def main(argv=None) -> dict:
     else:
         cfg = TargetConfig(**PRESETS[args.preset])
         name = args.preset
-    report = run(cfg, args.batch, args.prompt_len, args.new_tokens, jnp.dtype(args.dtype), args.repeats)
-    report["command"] = command_line("dflash_jax.bench.decode_speed", argv)
+    report = measure(cfg, args.batch, args.prompt_len, args.new_tokens, jnp.dtype(args.dtype), args.repeats)
+    report["command"] = command_line("dflash_jax", invocation(args))
     write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}", plot)
     return report
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("decode-speed", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

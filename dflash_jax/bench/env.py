@@ -1,36 +1,14 @@
-"""What every result file records: device, versions, and a measured copy bandwidth."""
+"""What the benchmarks share: timing a compiled function, measured copy and read bandwidths,
+the model benchmarks' parser. (What a result file records and how it is written:
+``dflash_jax.reporting``.)"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import sys
 import time
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-
-
-def environment() -> dict:
-    import flax
-    import numpy
-
-    dev = jax.devices()[0]
-    return {
-        "device": getattr(dev, "device_kind", str(dev)),
-        "platform": dev.platform,
-        "num_devices": jax.device_count(),
-        "host": platform.node(),
-        "cpu_count": __import__("os").cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": __import__("jaxlib").__version__,
-        "flax": flax.__version__,
-        "numpy": numpy.__version__,
-    }
 
 
 def time_fn(fn, *args, repeats: int = 5) -> float:
@@ -85,46 +63,6 @@ def read_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
     return x.nbytes / time_fn(f, x, repeats=repeats)
 
 
-def command_line(module: str, argv) -> str:
-    """The command that produced a result, for its JSON file."""
-    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
-
-
-def new_figure(*args, **kwargs):
-    """``plt.subplots`` on the non-interactive Agg backend: ``(fig, axes)``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(*args, **kwargs)
-
-
-def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any],
-                 quiet: bool = False) -> str:
-    """Writes ``out_dir/stem.json`` and ``out_dir/stem.png`` (the figure that ``plot(report)``
-    returns), each atomically (a temporary file renamed into place); returns the path stem."""
-    import matplotlib.pyplot as plt
-
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, stem)
-    with open(path + ".json.tmp", "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(path + ".json.tmp", path + ".json")
-    fig = plot(report)
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=120)
-    plt.close(fig)
-    os.replace(path + ".tmp.png", path + ".png")
-    if not quiet:
-        print(f"wrote {path}.json and {path}.png")
-    return path
-
-
-def bench_parser(command: str, doc: str, presets) -> argparse.ArgumentParser:
-    """The argument parser the model benchmarks start from (with ``--preset``)."""
-    from dflash_jax.cli import command_parser
-
-    p = command_parser(command, doc)
+def add_preset_argument(p: argparse.ArgumentParser, presets) -> None:
+    """``--preset``: the model shape of a model benchmark (one of ``presets``)."""
     p.add_argument("--preset", choices=sorted(presets), default="small")
-    return p

@@ -38,7 +38,6 @@ GPU's compilation handler).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -47,6 +46,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Sequence
@@ -54,8 +54,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.bench.env import command_line, environment, new_figure, write_report
-from dflash_jax.cli import HelpFormatter
+from dflash_jax import files
+from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from kernels import tuning
 from kernels.block_attention import block_attention
 
@@ -617,8 +618,8 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     """The two programs ``generate(..., attention_impl="pallas")`` runs (prefill, then the
     decode loop), lowered for CUDA with abstract parameters: {"prefill": Lowered,
     "decode": Lowered}. ``drafter_cfg`` None is autoregressive decoding (block size 1)."""
-    from dflash_jax.api import round_up
     from dflash_jax.decoding import engine
+    from dflash_jax.decoding.generation import round_up
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.drafter import init_drafter_params
     from dflash_jax.models.target import init_target_params
@@ -735,9 +736,7 @@ def before_after_table(pairs: Sequence[tuple[dict, dict]]) -> str:
 def write_text(path: str, text: str) -> None:
     """Writes ``text`` to ``path`` atomically (a temporary file renamed into place)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    files.write_text(path, text)
 
 
 def sources_markdown(gpus: Sequence[GpuSpec]) -> str:
@@ -829,10 +828,7 @@ def engine_model_configs(shape: ModelShape):
     return target, drafter
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_jax.bench.gpu_compile",
-                                description=__doc__.replace("``", ""),
-                                formatter_class=HelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--model", default="qwen3-8b",
                    help=f"a named shape ({', '.join(NAMED_SHAPES)}) or a Hugging Face model directory")
     p.add_argument("--block-size", type=int, default=None,
@@ -853,11 +849,9 @@ def _parser() -> argparse.ArgumentParser:
                         "language one (kernels/triton_block_attention.py; not with --search, "
                         "--engine)")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
-    return p
 
 
-def main(argv=None) -> dict:
-    args = _parser().parse_args(argv)
+def run(args) -> dict:
     for name, values in (("--seq", args.seq), ("--batch", args.batch)):
         if min(values) < 1:
             raise ValueError(f"{name} values must be >= 1, got {values}")
@@ -869,7 +863,7 @@ def main(argv=None) -> dict:
     base = {"model": dataclasses.asdict(shape), "dtype": args.dtype, "impl": args.impl,
             "gpus": [dataclasses.asdict(g) for g in gpus], "env": _environment(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": command_line("dflash_jax.bench.gpu_compile", argv)}
+            "command": command_line("dflash_jax", invocation(args))}
     if args.engine:
         return _engine_report(args, shape, gpus, stem, base)
     configs = engine_configs(shape, args.seq, args.batch, args.dtype)
@@ -970,7 +964,9 @@ def _environment() -> dict:
     return env
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("gpu-compile", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 
 import jax
 
-from dflash_jax.bench.env import command_line, environment
-from dflash_jax.cli import command_parser
+from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.files import write_text
+from dflash_jax.reporting import command_line, environment
 
 
 def available_impls() -> list[str]:
@@ -136,12 +138,13 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> dict:
-    p = command_parser("gpu-suite", __doc__)
+def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="output directory (made if missing)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks that the suite runs (CPU, CI)")
     p.add_argument("--only", nargs="+", help="run only these stages, in this order")
-    args = p.parse_args(argv)
+
+
+def run(args) -> dict:
     if not args.smoke and jax.default_backend() != "gpu":
         raise ValueError(f"no GPU: jax's default backend is {jax.default_backend()!r}; run with "
                          "--smoke on a machine without one, or install jax with CUDA "
@@ -165,29 +168,28 @@ def main(argv=None) -> dict:
             row = {"name": name, "status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
         row["seconds"] = time.perf_counter() - t0
         results.append(row)
-        _write(args.out, results, argv, t_all)
-    summary = _write(args.out, results, argv, t_all)
+        _write(args.out, results, invocation(args), t_all)
+    summary = _write(args.out, results, invocation(args), t_all)
     print(markdown(summary))
     if any(r["status"] != "ok" for r in results):
         raise SystemExit(1)
     return summary
 
 
-def _write(out: str, results: list, argv, t_all: float) -> dict:
+def _write(out: str, results: list, command: list[str] | None, t_all: float) -> dict:
     """suite.json and suite.md, rewritten (atomically) after every stage."""
     summary = {"benchmark": "gpu_suite", "env": environment(), "stages": results,
                "impls": available_impls(), "total_s": time.perf_counter() - t_all,
                "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-               "command": command_line("dflash_jax.bench.gpu_suite", argv)}
+               "command": command_line("dflash_jax", command)}
     for name, text in (("suite.json", json.dumps(summary, indent=2)), ("suite.md", markdown(summary))):
-        path = os.path.join(out, name)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        write_text(os.path.join(out, name), text)
     return summary
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("gpu-suite", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

@@ -29,15 +29,21 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from dflash_jax.api import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
-from dflash_jax.api import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
-from dflash_jax.bench.env import command_line, environment, new_figure, write_report
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
-from dflash_jax.cli import command_parser, run_cli, status
+from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
+from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command's parser on its own (``build-embedded`` checks its --bench-args with it)."""
     p = command_parser("bench", __doc__)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p) -> None:
     p.add_argument("--target", default=EMBEDDED_TARGET, help="Hugging Face target directory (default: the embedded one)")
     p.add_argument("--drafter", default=None,
                    help="DFlash drafter directory (default: the embedded drafter, with the embedded target)")
@@ -64,7 +70,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
     p.add_argument("--out", default="runs/bench")
-    return p
 
 
 class Runner:
@@ -79,7 +84,7 @@ class Runner:
         self.stops = target.stop_token_ids
 
     def run(self, ids, drafter, pad_to):
-        from dflash_jax.api import generate
+        from dflash_jax.decoding.generation import generate
 
         a = self.args
         return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
@@ -98,7 +103,7 @@ def chat(turns, answers):
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
-    from dflash_jax.api import round_up
+    from dflash_jax.decoding.generation import round_up
 
     a, tok = runner.args, runner.target.tokenizer
     bs = runner.drafter.config.block_size if a.block_size is None else a.block_size
@@ -138,7 +143,10 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
                                    "same_output": same})
             bar.update(1)
     acc = np.asarray(rec["acceptance_lengths"], int)
-    rec["tau"] = float(acc.mean()) if acc.size else float("nan")
+    # SPEC section 6: each response's mean acceptance length, then the mean over responses
+    # (a response whose first token was its last has no iteration and no tau)
+    taus = [x["tau"] for x in rec["samples"] if np.isfinite(x["tau"])]
+    rec["tau"] = float(np.mean(taus)) if taus else float("nan")
     rec["ar_tokens_per_s"] = rec["ar_tokens"] / rec["ar_time_s"]
     rec["dflash_tokens_per_s"] = rec["dflash_tokens"] / rec["dflash_time_s"]
     rec["speedup"] = rec["dflash_tokens_per_s"] / rec["ar_tokens_per_s"]
@@ -185,13 +193,13 @@ def plot(report: dict):
     return fig
 
 
-def run(args, argv=None) -> dict:
-    """The benchmark of parsed ``args``; ``argv`` (the command's arguments, when called in-process)
-    is what the report records as the command (default: this process's command line)."""
+def run(args) -> dict:
+    """The benchmark of parsed ``args``; the report records the command that reproduces them
+    (:func:`dflash_jax.cli.invocation`; this process's command line for other ``args``)."""
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.api import load_drafter, load_target
+    from dflash_jax.models.handles import load_drafter, load_target
     from dflash_jax.prompts import has_thinking_switch
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
@@ -213,8 +221,8 @@ def run(args, argv=None) -> dict:
     drafter = load_drafter(drafter_dir, target, dtype=dtype)
     runner = Runner(target, drafter, args)
     report = {
-        "command": command_line("dflash_jax", None if argv is None else ["bench", *argv]), "environment": environment(),
-        "settings": vars(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
+        "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
+        "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
                                   "enable_thinking": args.thinking,
@@ -275,8 +283,8 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     return table
 
 
-def main(argv=None):
-    return run(parser().parse_args(argv), argv)
+def main(argv=None) -> dict:
+    return command_main("bench", sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,16 @@ measured copy bandwidth.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.bench.env import (command_line, copy_bandwidth, environment, new_figure,
-                                  time_in_program, write_report)
-from dflash_jax.cli import command_parser
+from dflash_jax.bench.env import copy_bandwidth, time_in_program
+from dflash_jax.cli import command_main, invocation, options, run_cli
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from kernels.block_attention import block_attention, block_attention_reference
 
 
@@ -53,8 +54,7 @@ def _group(rows):
     return out
 
 
-def main(argv=None) -> dict:
-    p = command_parser("kernel-speed", __doc__)
+def add_arguments(p) -> None:
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--block", type=int, default=16)
@@ -68,7 +68,9 @@ def main(argv=None) -> dict:
                    help="Pallas / Triton interpreter (CPU smoke run)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default="runs/kernel_speed")
-    args = p.parse_args(argv)
+
+
+def run(args) -> dict:
     dtype = jnp.dtype(args.dtype)
     bandwidth = copy_bandwidth()
     rng = np.random.default_rng(0)
@@ -109,14 +111,16 @@ def main(argv=None) -> dict:
                     row[f"{name}_bandwidth_fraction"] = nbytes / t / bandwidth
                 rows.append(row)
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    report = {"benchmark": "kernel_speed", "args": vars(args), "copy_bandwidth_GBps": bandwidth / 1e9,
+    report = {"benchmark": "kernel_speed", "args": options(args), "copy_bandwidth_GBps": bandwidth / 1e9,
               "results": rows, "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": command_line("dflash_jax.bench.kernel_speed", argv)}
+              "command": command_line("dflash_jax", invocation(args))}
     write_report(report, args.out, f"block_attention_{report['env']['platform']}_{args.dtype}", plot)
     return report
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("kernel-speed", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

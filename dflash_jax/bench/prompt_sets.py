@@ -24,20 +24,17 @@ A set of at most ``max_samples`` prompts is kept whole, in dataset order, by all
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib.resources
-import json
 import os
 import random
 from typing import Callable
 
 import numpy as np
 
+from dflash_jax.datasets import DATA_DIR_ENV, MBPP_TEST_IDS, read_records
 from dflash_jax.prompts import humaneval_prompt, math_prompt
 
 DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
-MBPP_TEST_IDS = range(11, 511)
-DATA_DIR_ENV = "DFLASH_DATA_DIR"
 SUBSETS = ("random", "reference", "first")  # how max_samples picks prompts (module docstring)
 
 
@@ -50,48 +47,6 @@ class Sample:
 def shipped_data_dir() -> str:
     """The directory of the prompt sets shipped inside the package."""
     return os.fspath(importlib.resources.files("dflash_jax.bench") / "data")
-
-
-def default_data_dir() -> str | None:
-    """Where the *training* data (GSM8K train, MBPP) is looked for when no directory is given:
-    ``$DFLASH_DATA_DIR``, else ``../shared/datasets`` beside the repository checkout (resolved
-    from the package's location, not the working directory) when it exists, else None."""
-    if os.environ.get(DATA_DIR_ENV):
-        return os.environ[DATA_DIR_ENV]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cand = os.path.join(os.path.dirname(repo), "shared", "datasets")
-    return cand if os.path.isdir(cand) else None
-
-
-def read_records(path: str) -> list[dict]:
-    """Rows of a .jsonl / .jsonl.gz / .json (list) file, with file:line errors."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(path)
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith(".json"):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON list of objects")
-    else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    for n, r in enumerate(rows, 1):
-        if not isinstance(r, dict):
-            raise ValueError(f"{path}: record {n} is not a JSON object")
-    if not rows:
-        raise ValueError(f"{path}: no records")
-    return rows
 
 
 def _field(path: str, n: int, row: dict, name: str, kind=str):

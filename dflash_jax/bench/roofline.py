@@ -50,13 +50,16 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import time
 from typing import Sequence
 
 import numpy as np
 
-from dflash_jax.bench.env import command_line, environment, new_figure, write_report
+from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.files import write_text
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PAPER = {"model": "Qwen3-8B", "drafter_layers": 5, "block_size": 16, "device": "h200",
          "tau": 6.49, "speedup": 4.86,
@@ -690,10 +693,7 @@ def _drafter_params(drafter: DrafterConfig) -> int:
     return drafter.num_taps * D * D + 2 * D + drafter.num_layers * per_layer
 
 
-def parser():
-    from dflash_jax.cli import command_parser
-
-    p = command_parser("roofline", __doc__)
+def add_arguments(p) -> None:
     p.add_argument("--target", help="a target directory or config.json (default: Qwen3-8B's shapes)")
     p.add_argument("--drafter", help="a DFlash drafter directory or config.json (with --target)")
     p.add_argument("--name", help="the pair's name in the report and file names (default: the "
@@ -716,7 +716,6 @@ def parser():
                    help="cache slots of the XLA cross-check programs")
     p.add_argument("--no-xla-check", action="store_true", help="skip the XLA cross-check")
     p.add_argument("--out", default="runs/roofline", help="output directory")
-    return p
 
 
 def check_args(args) -> None:
@@ -735,8 +734,7 @@ def check_args(args) -> None:
         raise ValueError(f"--xla-cache-len {args.xla_cache_len} must hold a block of {args.block_size}")
 
 
-def main(argv=None) -> dict:
-    args = parser().parse_args(argv)
+def run(args) -> dict:
     name, target, drafter = load_pair(args)
     args.block_size = args.block_size or drafter.block_size
     check_args(args)
@@ -744,7 +742,7 @@ def main(argv=None) -> dict:
     taus |= {("paper" if t == PAPER["tau"] else f"tau {t:g}"): t for t in args.tau}
     report = {
         "benchmark": "roofline",
-        "command": command_line("dflash_jax.bench.roofline", argv),
+        "command": command_line("dflash_jax", invocation(args)),
         "pair": {"name": name, "target": target.to_hf_dict(), "drafter": drafter.to_hf_dict(),
                  "target_params": target.num_params(), "drafter_params": _drafter_params(drafter),
                  "drafter_layers": drafter.num_layers, "taps": drafter.num_taps},
@@ -765,14 +763,14 @@ def main(argv=None) -> dict:
             f"_b{args.batch}")
     path = write_report(report, args.out, stem, plot)
     table = markdown(report)
-    with open(path + ".md.tmp", "w") as f:
-        f.write(table)
-    os.replace(path + ".md.tmp", path + ".md")
+    write_text(path + ".md", table)
     print(table)
     return report
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("roofline", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.api import Drafter, Target, prepare_decode, generate, load_drafter, load_target
 from dflash_jax.bench.decode_speed import PRESETS
-from dflash_jax.bench.env import (bench_parser, command_line, environment, new_figure,
-                                  time_fn, write_report)
+from dflash_jax.bench.env import add_preset_argument, time_fn
+from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
-from dflash_jax.models.target import TargetModel
+from dflash_jax.decoding.generation import generate, prepare_decode
+from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PAPER_TAU = 6.49
 
@@ -45,10 +47,7 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
     block = jnp.concatenate([state.bonus[:, None], tokens], axis=1)
     positions = state.tcache.lengths[:, None] + jnp.arange(block_size)
 
-    @jax.jit
-    def verify(tparams, block, positions, cache):
-        return TargetModel(spec.target, spec.tap_layer_ids, attention_impl=attention_impl).apply(
-            {"params": tparams}, block, positions, cache)
+    verify = jax.jit(functools.partial(engine.verify, spec))  # spec carries attention_impl
 
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
             "verify_ms": 1e3 * time_fn(verify, target.params, block, positions, state.tcache,
@@ -67,9 +66,9 @@ def sequence_agreement(ar_sequences, dflash_sequences) -> dict:
             "min_matching_prefix": min(prefixes)}
 
 
-def run(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
-        block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla",
-        exact: bool = True) -> dict:
+def measure(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
+            block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla",
+            exact: bool = True) -> dict:
     """AR and DFlash on the same random prompts. ``exact``: the run is in float32 with full-
     precision matrix products, where greedy DFlash must equal AR token for token (a mismatch
     raises). In bfloat16 (or TF32) the 16-row verify and the 1-row AR step round differently,
@@ -128,8 +127,8 @@ def plot(report: dict):
     return fig
 
 
-def main(argv=None) -> dict:
-    p = bench_parser("spec-speed", __doc__, PRESETS)
+def add_arguments(p) -> None:
+    add_preset_argument(p, PRESETS)
     p.add_argument("--target", help="a Hugging Face target directory (instead of a random preset)")
     p.add_argument("--drafter", help="a DFlash drafter directory (default: random, shaped for the target)")
     p.add_argument("--drafter-layers", type=int, default=5)
@@ -141,7 +140,9 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"])
     p.add_argument("--out", default="runs/spec_speed")
-    args = p.parse_args(argv)
+
+
+def run(args) -> dict:
     dtype = jnp.dtype(args.dtype)
     if args.target:
         target = load_target(args.target, dtype=dtype)
@@ -154,12 +155,12 @@ def main(argv=None) -> dict:
                Drafter.random(target, num_layers=args.drafter_layers, block_size=args.block_size))
     exact = args.dtype == "float32"  # full-precision products (no TF32 on a GPU): must equal AR
     with jax.default_matmul_precision("highest" if exact else None):
-        result = run(target, drafter, args.batch, args.prompt_len, args.new_tokens,
+        result = measure(target, drafter, args.batch, args.prompt_len, args.new_tokens,
                      args.block_size, args.repeats, attention_impl=args.attention_impl, exact=exact)
     report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
               "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": command_line("dflash_jax.bench.spec_speed", argv)}
+              "command": command_line("dflash_jax", invocation(args))}
     for k in ("ar_ms_per_step", "draft_ms", "verify_ms", "dflash_ms_per_iteration",
               "iteration_over_ar_step", "tau", "speedup", "projected_speedup_at_paper_tau"):
         print(f"{k:>32}: {result[k]:.3f}")
@@ -169,7 +170,9 @@ def main(argv=None) -> dict:
     return report
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("spec-speed", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.api import Target
 from dflash_jax.bench.decode_speed import PRESETS
-from dflash_jax.bench.env import bench_parser, command_line, environment, new_figure, write_report
+from dflash_jax.bench.env import add_preset_argument
+from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.models.handles import Target
+from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
 from dflash_jax.training.trainer import TrainConfig, Trainer
 
@@ -32,8 +35,8 @@ def plot(report: dict):
     return fig
 
 
-def main(argv=None) -> dict:
-    p = bench_parser("train-speed", __doc__, PRESETS)
+def add_arguments(p) -> None:
+    add_preset_argument(p, PRESETS)
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
@@ -42,7 +45,9 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=12, help="timed steps (the first, compiling, is excluded)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default="runs/train_speed")
-    args = p.parse_args(argv)
+
+
+def run(args) -> dict:
     cfg = TargetConfig(**PRESETS[args.preset])
     target = Target.random(cfg, dtype=jnp.dtype(args.dtype))
     dcfg = DrafterConfig.for_target(cfg, args.drafter_layers, args.block_size, cfg.vocab_size - 1)
@@ -73,7 +78,7 @@ def main(argv=None) -> dict:
         "tokens_per_s": args.batch * args.seq_len / steady,
         "block_rows_per_s": args.batch * args.num_anchors * args.block_size / steady,
         "wall_s_including_compile_and_checkpoint": wall, "env": environment(),
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command_line("dflash_jax.bench.train_speed", argv)}
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command_line("dflash_jax", invocation(args))}
     print(f"median step {steady:.3f} s: {report['tokens_per_s']:.0f} tokens/s, "
           f"{report['block_rows_per_s']:.0f} block rows/s")
     write_report(report, args.out, f"{args.preset}_{report['env']['platform']}_{args.dtype}_"
@@ -81,7 +86,9 @@ def main(argv=None) -> dict:
     return report
 
 
-if __name__ == "__main__":
-    from dflash_jax.cli import run_cli
+def main(argv=None) -> dict:
+    return command_main("train-speed", sys.modules[__name__], argv)
 
+
+if __name__ == "__main__":
     run_cli(main)

@@ -1,10 +1,11 @@
-"""``python -m dflash_jax generate``: text (or token-id) prompts in, continuations out."""
+"""Generate continuations of text prompts (or token ids) with a target, autoregressively or
+with a DFlash drafter (``python -m dflash_jax generate``)."""
 
 from __future__ import annotations
 
 import sys
 
-from dflash_jax.cli import command_parser, run_cli, status
+from dflash_jax.cli import command_main, run_cli, status
 
 
 def _parse_token_ids(text: str) -> list[int]:
@@ -17,11 +18,9 @@ def _parse_token_ids(text: str) -> list[int]:
     return ids
 
 
-def generate(argv):
-    from dflash_jax.api import EMBEDDED_TARGET_DIR
+def add_arguments(p) -> None:
+    from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 
-    p = command_parser("generate", "Generate continuations of text prompts (or token ids) with a target, "
-                       "autoregressively or with a DFlash drafter.")
     p.add_argument("--target", default=EMBEDDED_TARGET_DIR, help="Hugging Face checkpoint directory")
     p.add_argument("--drafter", help="DFlash drafter directory (speculative decoding; default: none, "
                                      "autoregressive)")
@@ -43,12 +42,17 @@ def generate(argv):
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
-    args = p.parse_args(argv)
+
+
+def run(args):
+    """The command: loads the target (and drafter), prints one continuation per prompt on
+    stdout and the statistics on stderr; returns the ``GenerateResult``."""
     if args.thinking and not args.chat:
         raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
     import jax.numpy as jnp
 
-    from dflash_jax.api import generate as run_generate, load_drafter, load_target
+    from dflash_jax.decoding.generation import generate as run_generate
+    from dflash_jax.models.handles import load_drafter, load_target
     from dflash_jax.prompts import encode_prompt
 
     dtype = jnp.dtype(args.dtype) if args.dtype else None
@@ -85,5 +89,9 @@ def generate(argv):
     return r
 
 
+def main(argv=None):
+    return command_main("generate", sys.modules[__name__], argv)
+
+
 if __name__ == "__main__":
-    run_cli(generate)
+    run_cli(main)

@@ -6,6 +6,14 @@ just the bonus token and verify is one target step), so the baseline and DFlash 
 line of the loop. Rows of a batch advance by their own acceptance lengths: each row has its own
 cache lengths, positions, stop ids and budget; a finished row idles.
 
+One iteration, one function per step:
+  * :func:`dflash_draft`: the deferred context update (the previous block's verified features
+    enter the drafter cache, see :class:`DecodeState`), then the drafter fills
+    ``[bonus, MASK, ...]``: draft int32[B, bs-1];
+  * :func:`verify`: the target over ``[bonus, draft]``: logits [B, bs, V] and taps;
+  * :func:`accept`: the accepted draft length and the bonus token;
+  * :func:`commit`: emit the tokens, apply stop ids and budgets, crop the target cache.
+
 Acceptance rules:
   * greedy (temperature 0): accept while ``draft[i+1] == argmax p_i``;
   * greedy draft + sampling: the target samples ``x_i ~ p_i`` at every block row and the draft
@@ -31,7 +39,7 @@ from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
 from dflash_jax.models.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
-from dflash_jax.models.target import TargetModel, embed, lm_head
+from dflash_jax.models.target import embed, lm_head, target_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,23 +71,27 @@ class EngineSpec:
 
 @flax.struct.dataclass
 class DecodeState:
-    """The loop carry. out int32[B, out_len] generated ids (-1 = none); n int32[B] count;
-    done bool[B]; bonus int32[B] last committed token (at position tcache.lengths);
-    pending_taps [B, bs, k*D] / pending_pos int32[B, bs]: target features of the last verified
-    block, not yet projected into the drafter cache (positions >= ctx_len are ignored);
-    acc int32[B, out_len] acceptance length of each iteration; iters int32[B]."""
+    """The loop carry. B rows, bs = block size, k*D = width of the target's taps.
 
-    out: jax.Array
-    n: jax.Array
-    done: jax.Array
-    tcache: KVCache
-    dcache: Any
-    bonus: jax.Array
-    pending_taps: Any
-    pending_pos: jax.Array
-    acc: jax.Array
-    iters: jax.Array
-    key: jax.Array
+    Deferred context update: the drafter's context is the target's features of the committed
+    tokens, but verify produces them for the whole block before accept knows how many rows will
+    be committed. So the verified block's taps wait in ``pending_taps`` and enter the drafter
+    cache at the next draft (``DrafterModel.project_context`` in :func:`dflash_draft`), whose
+    context length, the committed length, makes the rows past the accepted ones invisible (they
+    are overwritten by a later block before they are read).
+    """
+
+    out: jax.Array  # int32[B, out_len] generated ids (-1 = none yet)
+    n: jax.Array  # int32[B] number of ids in out
+    done: jax.Array  # bool[B] the row stopped or spent its budget; it idles
+    tcache: KVCache  # the target's cache: k, v [L, B, S, Hkv, Dh]; lengths int32[B] committed
+    dcache: Any  # the drafter's context cache (KVCache, lengths = its context length) or None
+    bonus: jax.Array  # int32[B] last committed token, at position tcache.lengths (next anchor)
+    pending_taps: Any  # [B, bs, k*D] taps of the last verified block, not yet in dcache; or None
+    pending_pos: jax.Array  # int32[B, bs] their positions (S = nothing pending: writes dropped)
+    accept_lens: jax.Array  # int32[B, out_len] acceptance length (accepted drafts + 1) per iteration
+    iters: jax.Array  # int32[B] iterations each row took part in
+    key: jax.Array  # PRNG key
 
 
 def is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
@@ -100,9 +112,10 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
     dtype = tparams["embed_tokens"]["embedding"].dtype
     key, sub = jax.random.split(key)
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-    logits, taps, tcache = TargetModel(cfg, spec.tap_layer_ids, attention_impl=spec.attention_impl).apply(
-        {"params": tparams}, tokens, positions, KVCache.for_config(cfg, B, cache_len, dtype),
-        logit_index=lengths - 1)
+    logits, taps, tcache = target_forward(cfg, tparams, tokens, positions,
+                                          KVCache.for_config(cfg, B, cache_len, dtype),
+                                          tap_layer_ids=spec.tap_layer_ids, logit_index=lengths - 1,
+                                          attention_impl=spec.attention_impl)
     first = sample_tokens(sub, logits[:, 0], spec.sampling)
     tcache = tcache.crop(lengths)
     bs = spec.block_size
@@ -111,9 +124,9 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
         d = spec.drafter
         dcache = KVCache.init(d.num_layers, B, cache_len, d.num_kv_heads, d.head_dim, dtype)
         if dparams is not None:
-            _, dcache = DrafterModel(d, attention_impl=spec.attention_impl).apply(
-                {"params": dparams}, None, None, dcache, taps,
-                                              positions, lengths)
+            dcache = DrafterModel(d, attention_impl=spec.attention_impl).apply(
+                {"params": dparams}, taps, positions, dcache, lengths,
+                method=DrafterModel.project_context)
         pending = jnp.zeros((B, bs, taps.shape[-1]), taps.dtype)
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(first)
     n = jnp.ones((B,), jnp.int32)
@@ -121,16 +134,21 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
         out=out, n=n, done=is_stop(first, stop_ids) | (n >= max_new), tcache=tcache,
         dcache=dcache, bonus=first, pending_taps=pending,
         pending_pos=jnp.full((B, bs), cache_len, jnp.int32),  # nothing pending: dropped writes
-        acc=jnp.zeros((B, spec.out_len), jnp.int32), iters=jnp.zeros((B,), jnp.int32), key=key)
+        accept_lens=jnp.zeros((B, spec.out_len), jnp.int32), iters=jnp.zeros((B,), jnp.int32),
+        key=key)
 
 
 # ---------------------------------------------------------------------------- drafting
 def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     """One DFlash draft of the block ``[bonus, MASK * (bs-1)]`` at ``start = tcache.lengths``.
 
+    First the deferred context update (see :class:`DecodeState`): the last verified block's taps
+    enter the drafter cache, whose context length becomes ``start`` (the committed tokens).
+    Then the drafter fills the block. With ``num_denoise_steps = s > 1`` it runs s times; after
+    each pass but the last, the most confident still-masked rows keep their prediction as input
+    to the next pass.
+
     Returns (draft int32[B, bs-1], draft log-probs float32[B, bs-1, V] or None, drafter cache).
-    With ``num_denoise_steps = s > 1`` the drafter runs s times; after each pass but the last,
-    the most confident still-masked rows keep their prediction as input to the next pass.
     """
     d, bs, steps = spec.drafter, spec.block_size, spec.num_denoise_steps
     start = state.tcache.lengths
@@ -139,12 +157,12 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     model = DrafterModel(d, attention_impl=spec.attention_impl)
     fill = jnp.full((B, bs - 1), d.mask_token_id, jnp.int32)
     filled = jnp.zeros((B, bs - 1), bool)
-    dcache = state.dcache
+    dcache = model.apply({"params": dparams}, state.pending_taps, state.pending_pos, state.dcache,
+                         start, method=DrafterModel.project_context)
     for step in range(steps):
         block = jnp.concatenate([state.bonus[:, None], fill], axis=1)
-        ctx = (state.pending_taps, state.pending_pos) if step == 0 else (None, None)
-        h, dcache = model.apply({"params": dparams}, embed(tparams, block), positions, dcache,
-                                *ctx, start)
+        h = model.apply({"params": dparams}, embed(tparams, block), positions, dcache,
+                        method=DrafterModel.draft)
         logits = lm_head(spec.target, tparams, h[:, 1:])
         if step == steps - 1:
             break
@@ -165,76 +183,114 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
 
 # ---------------------------------------------------------------------------- acceptance
 def accept(spec: EngineSpec, draft, q_logp, logits, key):
-    """Returns (a int32[B] accepted draft tokens, bonus int32[B] the target's next token).
+    """Decides how many draft tokens the target accepts, and the token it adds after them.
 
-    draft int32[B, bs-1]; q_logp float32[B, bs-1, V] (sampled drafts) or None;
-    logits float32[B, bs, V] the target's logits at the block rows."""
+    Args:
+      draft: int32[B, bs-1] the drafted tokens of block rows 1..bs-1.
+      q_logp: float32[B, bs-1, V] the draft distribution each was sampled from (sampled
+        drafts), or None (greedy drafts).
+      logits: float32[B, bs, V] the target's logits at the block rows (row i predicts row i+1).
+      key: PRNG key.
+
+    Returns:
+      (accepted int32[B] in 0..bs-1: the length of the accepted draft prefix,
+       bonus int32[B]: the target's token after it; see the rules in the module docstring).
+    """
     B, bs, V = logits.shape
     if not spec.sampled_draft:
         # greedy: argmax; sampling with a greedy draft: one independent target sample per row
-        choice = sample_tokens(key, logits, spec.sampling)
-        match = draft == choice[:, :-1]
-        a = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
-        return a, jnp.take_along_axis(choice, a[:, None], 1)[:, 0]
+        choice_BxBs = sample_tokens(key, logits, spec.sampling)
+        match = draft == choice_BxBs[:, :-1]
+        accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
+        return accepted, jnp.take_along_axis(choice_BxBs, accepted[:, None], 1)[:, 0]
     k_u, k_res = jax.random.split(key)
-    p_logp = process_logits(logits, spec.sampling)
-    p_d = jnp.take_along_axis(p_logp[:, :-1], draft[..., None], -1)[..., 0]
+    p_logp = process_logits(logits, spec.sampling)  # [B, bs, V]
+    p_d = jnp.take_along_axis(p_logp[:, :-1], draft[..., None], -1)[..., 0]  # [B, bs-1]
     q_d = jnp.take_along_axis(q_logp, draft[..., None], -1)[..., 0]
     u = jax.random.uniform(k_u, (B, bs - 1))
     ok = jnp.log(u) < p_d - q_d  # u < p/q  (always when p >= q)
-    a = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
-    p_a = jnp.exp(jnp.take_along_axis(p_logp, a[:, None, None], 1)[:, 0])
+    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
+    p_a = jnp.exp(jnp.take_along_axis(p_logp, accepted[:, None, None], 1)[:, 0])  # [B, V]
     q_pad = jnp.concatenate([jnp.exp(q_logp), jnp.zeros((B, 1, V), q_logp.dtype)], axis=1)
-    q_a = jnp.take_along_axis(q_pad, a[:, None, None], 1)[:, 0]  # zeros after a full block
+    q_a = jnp.take_along_axis(q_pad, accepted[:, None, None], 1)[:, 0]  # zeros after a full block
     resid = jnp.maximum(p_a - q_a, 0.0)
     mass = jnp.sum(resid, -1, keepdims=True)
     resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_a)
     bonus = jax.random.categorical(k_res, jnp.log(resid), axis=-1).astype(jnp.int32)
-    return a, bonus
+    return accepted, bonus
+
+
+# ---------------------------------------------------------------------------- verify
+def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tcache: KVCache):
+    """The target over the block ``[bonus, draft...]`` (tokens int32[B, T]) at positions
+    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its cache.
+
+    Returns (logits float32[B, T, V]: row i predicts the token after ``block[:, i]``;
+    taps [B, T, k*D] of the block rows, None without a drafter; the cache with the whole block
+    written, ``lengths = positions[:, -1] + 1``, cropped later by :func:`commit`).
+    """
+    return target_forward(spec.target, tparams, block, positions, tcache,
+                          tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl)
+
+
+# ---------------------------------------------------------------------------- commit
+def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax.Array,
+           bonus: jax.Array, tcache: KVCache, max_new: jax.Array, stop_ids: jax.Array) -> DecodeState:
+    """Appends this iteration's tokens to every live row and crops the target cache to them.
+
+    A row emits ``draft[:accepted]`` then ``bonus`` (``accepted + 1`` tokens), cut after its
+    first stop id and at its budget; it is done when it emitted a stop id or reached
+    ``max_new`` tokens. Verify wrote the whole block into ``tcache``; the row keeps
+    ``start + accepted + 1`` positions (the anchor and the accepted drafts), so the bonus, not
+    yet seen by the target, is the next block's anchor. A row that was done changes nothing.
+
+    Args:
+      state: the carry before this iteration (``state.tcache.lengths`` = the block's start).
+      draft: int32[B, bs-1]; accepted: int32[B] accepted draft tokens; bonus: int32[B].
+      tcache: the target cache returned by :func:`verify`.
+      max_new: int32[B] token budget; stop_ids: int32[B, n_stop] (-1 = none).
+    """
+    bs = spec.block_size
+    B = bonus.shape[0]
+    rows, j = jnp.arange(B), jnp.arange(bs)
+    live = ~state.done
+    start = state.tcache.lengths
+    emit_BxBs = jnp.where(j[None] < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))), bonus[:, None])
+    count = accepted + 1
+    stop_at = jnp.where(is_stop(emit_BxBs, stop_ids) & (j[None] < count[:, None]), j[None], bs)
+    first_stop = jnp.min(stop_at, axis=1)
+    count = jnp.minimum(jnp.minimum(count, first_stop + 1), max_new - state.n)
+    write = live[:, None] & (j[None] < count[:, None])
+    cols = jnp.where(write, state.n[:, None] + j[None], spec.out_len)  # out_len: dropped
+    out = state.out.at[rows[:, None], cols].set(emit_BxBs, mode="drop")
+    n = state.n + jnp.where(live, count, 0)
+    done = state.done | (live & ((first_stop < bs) & (first_stop < count) | (n >= max_new)))
+    accept_lens = state.accept_lens.at[rows, jnp.where(live, state.iters, spec.out_len)].set(
+        accepted + 1, mode="drop")
+    return state.replace(
+        out=out, n=n, done=done, tcache=tcache.crop(jnp.where(live, start + accepted + 1, start)),
+        bonus=jnp.where(live, bonus, state.bonus), accept_lens=accept_lens,
+        iters=state.iters + live)
 
 
 # ---------------------------------------------------------------------------- the loop
 def _iteration(spec: EngineSpec, tparams, dparams, max_new, stop_ids, state: DecodeState):
+    """draft -> verify -> accept -> commit for every row, then the deferred context update."""
     bs = spec.block_size
     B = state.bonus.shape[0]
-    rows = jnp.arange(B)
     key, k_draft, k_accept = jax.random.split(state.key, 3)
-    start = state.tcache.lengths
-    positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-
+    positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
     if spec.speculative:
-        draft_fn = spec.draft_fn or dflash_draft
-        draft, q_logp, dcache = draft_fn(spec, tparams, dparams, state, k_draft)
-        block = jnp.concatenate([state.bonus[:, None], draft], axis=1)
-    else:
-        draft = jnp.zeros((B, 0), jnp.int32)
-        q_logp, dcache, block = None, state.dcache, state.bonus[:, None]
-
-    logits, taps, tcache = TargetModel(spec.target, spec.tap_layer_ids,
-                                       attention_impl=spec.attention_impl).apply(
-        {"params": tparams}, block, positions, state.tcache)
-    a, bonus = accept(spec, draft, q_logp, logits, k_accept)
-
-    # tokens emitted this iteration: draft[0..a-1] then the bonus; cut at a stop and the budget
-    j = jnp.arange(bs)
-    emit = jnp.where(j[None] < a[:, None], jnp.pad(draft, ((0, 0), (0, 1))), bonus[:, None])
-    count = a + 1
-    stop_at = jnp.where(is_stop(emit, stop_ids) & (j[None] < count[:, None]), j[None], bs)
-    first_stop = jnp.min(stop_at, axis=1)
-    count = jnp.minimum(jnp.minimum(count, first_stop + 1), max_new - state.n)
-    live = ~state.done
-    write = live[:, None] & (j[None] < count[:, None])
-    cols = jnp.where(write, state.n[:, None] + j[None], spec.out_len)
-    out = state.out.at[rows[:, None], cols].set(emit, mode="drop")
-    n = state.n + jnp.where(live, count, 0)
-    done = state.done | (live & ((first_stop < bs) & (first_stop < count) | (n >= max_new)))
-    acc = state.acc.at[rows, jnp.where(live, state.iters, spec.out_len)].set(a + 1, mode="drop")
-    new_len = jnp.where(live, start + a + 1, start)
-    return DecodeState(
-        out=out, n=n, done=done, tcache=tcache.crop(new_len), dcache=dcache,
-        bonus=jnp.where(live, bonus, state.bonus),
-        pending_taps=taps if spec.drafter is not None else None,
-        pending_pos=positions, acc=acc, iters=state.iters + live, key=key)
+        draft, q_logp, dcache = (spec.draft_fn or dflash_draft)(spec, tparams, dparams, state, k_draft)
+    else:  # autoregressive: the block is the bonus alone
+        draft, q_logp, dcache = jnp.zeros((B, 0), jnp.int32), None, state.dcache
+    block = jnp.concatenate([state.bonus[:, None], draft], axis=1)
+    logits, taps, tcache = verify(spec, tparams, block, positions, state.tcache)
+    accepted, bonus = accept(spec, draft, q_logp, logits, k_accept)
+    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids)
+    # the verified block's taps enter the drafter cache at the next draft (see DecodeState)
+    return state.replace(dcache=dcache, pending_taps=taps if spec.drafter is not None else None,
+                         pending_pos=positions, key=key)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

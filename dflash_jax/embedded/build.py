@@ -44,8 +44,9 @@ import shutil
 import subprocess
 import sys
 
-from dflash_jax.api import ASSETS_DIR as PACKAGE_ASSETS
-from dflash_jax.cli import command_parser
+from dflash_jax.cli import command_main, command_parser
+from dflash_jax.files import check_settings, write_json
+from dflash_jax.models.handles import ASSETS_DIR as PACKAGE_ASSETS
 
 EVAL_PROMPTS = 16  # held-out sequences the drafter trainer evaluates tau on
 BLOCK_SIZE = 16
@@ -74,7 +75,13 @@ BENCH_OWN = ("target", "drafter", "out")
 
 
 def parser():
+    """The command's parser on its own."""
     p = command_parser("build-embedded", __doc__)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p) -> None:
     p.add_argument("--work", default=os.path.join("runs", "embedded"),
                    help="working directory: corpus, runs, data, exports (resumed when it exists)")
     p.add_argument("--assets", default=None,
@@ -103,7 +110,6 @@ def parser():
     p.add_argument("--bench-args", default="",
                    help="extra arguments for the final bench run, checked up front (not --target/--drafter/"
                         "--out), e.g. --bench-args='--datasets gsm8k --max-samples 4'")
-    return p
 
 
 # ------------------------------------------------------------------------------- checks
@@ -217,17 +223,9 @@ def recipe_settings(a) -> dict:
 
 def check_resume(a) -> None:
     """A work directory is resumed only with the settings it was started with."""
-    path = os.path.join(a.work, SETTINGS)
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        old = json.load(f)
-    new = json.loads(json.dumps(recipe_settings(a)))
-    diff = [k for k in new if old.get(k) != new[k]]
-    if diff:
-        said = ", ".join(f"--{k.replace('_', '-')} {_show(old.get(k))} (now {_show(new[k])})" for k in diff)
-        raise ValueError(f"{a.work} was started with other settings: {said}; rerun with those to "
-                         "resume it, or use a new --work")
+    check_settings(os.path.join(a.work, SETTINGS), recipe_settings(a), holder=f"{a.work} was started",
+                   remedy="rerun with those to resume it, or use a new --work",
+                   lead="", show_key=lambda k: f"--{k.replace('_', '-')}", show_value=_show)
 
 
 def _show(v) -> str:
@@ -248,7 +246,7 @@ def available_prompts(data_dir: str, num: int) -> int:
 
 def check_data(a) -> str | None:
     """The training data directory, checked, when a stage still needs it (None otherwise)."""
-    from dflash_jax.bench.prompt_sets import default_data_dir
+    from dflash_jax.datasets import default_data_dir
     from dflash_jax.embedded.corpus import check_training_data
 
     work = a.work
@@ -340,18 +338,14 @@ def portable_command(a, p=None) -> str:
 
 
 # ------------------------------------------------------------------------------- the build
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = parser()
-    a = p.parse_args(argv)
+def run(a) -> None:
+    """The build (see the module docstring) with the parsed options ``a``."""
     assets = PACKAGE_ASSETS if a.into_package else (a.assets or os.path.join(a.work, "assets"))
     data_dir, bench_extra = validate(a, assets)  # nothing has been written before this returns
     data = ["--data-dir", data_dir] if data_dir else []
     w = a.work
     os.makedirs(w, exist_ok=True)
-    with open(os.path.join(w, SETTINGS + ".tmp"), "w") as f:
-        json.dump(recipe_settings(a), f, indent=2)
-    os.replace(os.path.join(w, SETTINGS + ".tmp"), os.path.join(w, SETTINGS))
+    write_json(os.path.join(w, SETTINGS), recipe_settings(a))
     if not os.path.exists(os.path.join(w, CORPUS, "corpus.json")):
         _run(["build-corpus", "--out", CORPUS, *data], w)
     _run(["pretrain", "--corpus", CORPUS, "--run", TARGET_RUN, "--preset", a.preset,
@@ -363,7 +357,7 @@ def main(argv=None):
           "--max-new-tokens", str(a.max_new_tokens), "--max-len", str(REGEN_MAX_LEN), "--batch-size", "32"], w)
     recipe = {"num_prompts": a.num_prompts, "max_new_tokens": a.max_new_tokens, "steps": a.drafter_steps,
               "batch_size": a.drafter_batch, "num_anchors": a.num_anchors, "learning_rate": a.drafter_lr,
-              "gamma": 7.0, "commands": portable_command(a, p)}
+              "gamma": 7.0, "commands": portable_command(a)}
     _run(["train", "--target", TARGET, "--data", REGEN, "--run", DRAFTER_RUN, "--dtype", "float32",
           "--drafter-layers", str(a.drafter_layers), "--block-size", str(BLOCK_SIZE), "--taps", *map(str, a.taps),
           "--steps", str(a.drafter_steps), "--batch-size", str(a.drafter_batch), "--num-anchors",
@@ -379,6 +373,10 @@ def main(argv=None):
     write_cards(os.path.join(w, EXPORT), recipe, os.path.join(w, BENCH, "bench.json"))
     install(os.path.join(w, EXPORT), assets)
     print(f"embedded default written to {assets}")
+
+
+def main(argv=None):
+    return command_main("build-embedded", sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from dflash_jax.bench.prompt_sets import MBPP_TEST_IDS, read_records
 from dflash_jax.checkpoints import save_tokenizer
+from dflash_jax.datasets import MBPP_TEST_IDS, read_records
 from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, MASK, SPECIAL_TOKENS, gsm8k_solution,
                                 humaneval_prompt, math_prompt, render_chat)
 

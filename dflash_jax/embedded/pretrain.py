@@ -1,11 +1,12 @@
-"""Pretraining of the embedded target: next-token cross-entropy on the packed corpus with the
-drafter trainer's pieces (optax AdamW + warmup/cosine, Orbax checkpoints, exact resume,
-JSONL metrics). The batch of step s depends only on (seed, s), so a killed run resumes
-without repeating or losing a step.
+"""Pretraining of the embedded target: next-token cross-entropy on the packed corpus in the
+drafter trainer's loop (``dflash_jax/training/loop.py``: optax AdamW + warmup/cosine, Orbax
+checkpoints, exact resume, JSONL metrics; the run directory of ``training/run_dir.py``). The
+batch of step s depends only on (seed, s), so a killed run resumes without repeating or losing
+a step.
 
     python -m dflash_jax build-corpus --out runs/corpus
     python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --preset cpu
-    python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --export DIR
+    python -m dflash_jax export-target --corpus runs/corpus --run runs/target --out DIR
 """
 
 from __future__ import annotations
@@ -13,21 +14,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from tqdm import tqdm
 
 from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.config import TargetConfig
+from dflash_jax.files import atomic_path, write_json
 from dflash_jax.models.target import init_target_params, target_forward
-from dflash_jax.training.trainer import (check_run_file, checkpoint_manager, make_optimizer,
-                                        make_schedule, restore_latest, truncate_metrics)
+from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
+from dflash_jax.training.run_dir import (METRICS_FILE, RUN_FILE, check_run_file, checkpoint_manager,
+                                         restore_latest)
 
 # Model shapes: "cpu" (16.8M parameters, 4 layers: ~1550 tokens/s on 2 CPU cores, so the
 # default 1200 steps of 16 x 256 tokens take about 55 minutes; 2600 steps fit in two hours);
@@ -44,6 +43,22 @@ MODEL_PRESETS = {
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
+    """The pretraining settings; every field is an option of ``python -m dflash_jax pretrain``.
+
+    Attributes:
+        steps: training steps of the whole run
+        batch_size: packed corpus rows per step
+        learning_rate: peak AdamW learning rate (linear warmup, then cosine decay to 0)
+        warmup_fraction: fraction of the run's steps that warm the learning rate up
+        grad_clip: clip the gradients to this global norm
+        weight_decay: AdamW weight decay
+        seed: seed of the initial weights and the order of the rows
+        checkpoint_every: save a checkpoint every this many steps (and at the end)
+        keep_checkpoints: how many of the newest checkpoints to keep
+        eval_every: held-out loss every this many steps (0: only at the end)
+        eval_rows: held-out rows the loss is measured on
+    """
+
     steps: int = 1200
     batch_size: int = 16
     learning_rate: float = 2e-3
@@ -69,15 +84,11 @@ def lm_loss(params, cfg: TargetConfig, tokens):
     B, L = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(L - 1, dtype=jnp.int32), (B, L - 1))
     logits, _, _ = target_forward(cfg, params, tokens[:, :-1], pos)
-    logp = jax.nn.log_softmax(logits, -1)
-    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None].astype(jnp.int32), -1))
+    return jnp.mean(optax.losses.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), tokens[:, 1:].astype(jnp.int32)))
 
 
-def batch_rows(step: int, n: int, batch: int, seed: int) -> np.ndarray:
-    per_epoch = n // batch
-    epoch, i = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch, 11]).permutation(n)
-    return np.sort(perm[i * batch:(i + 1) * batch])
+BATCH_STREAM = 11  # pretraining's stream of batch orders (training.loop.batch_rows)
 
 
 class Pretrainer:
@@ -127,51 +138,38 @@ class Pretrainer:
                   for i in range(0, len(rows) - 15, 16)]
         return float(np.mean(losses))
 
+    def batch(self, step: int) -> tuple[jax.Array]:
+        """(tokens int32[batch_size, L],): the packed rows of training step ``step``."""
+        _, rows = batch_rows(step, len(self.train), self.pcfg.batch_size, self.pcfg.seed, BATCH_STREAM)
+        return (jnp.asarray(self.train[rows], jnp.int32),)
+
     def run(self, stop_after: int | None = None, max_minutes: float | None = None) -> dict:
         """Trains to ``steps`` (or ``stop_after`` more steps, or until ``max_minutes`` pass,
-        ending on a checkpoint)."""
-        state = self.restore_or_init()
-        start = int(state["step"])
-        metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
-        truncate_metrics(metrics_file, start)
-        end = self.pcfg.steps if stop_after is None else min(self.pcfg.steps, start + stop_after)
-        t_start = time.time()
+        ending on a checkpoint); :func:`~dflash_jax.training.loop.run_loop`."""
         L = self.train.shape[1]
-        bar = tqdm(range(start, end), initial=start, total=self.pcfg.steps, desc="pretraining target")
-        if start < end:
-            bar.write("compiling the training step (the first step's time includes it) ...")
-        with open(metrics_file, "a") as log:
-            for step in bar:
-                t0 = time.perf_counter()
-                rows = batch_rows(step, len(self.train), self.pcfg.batch_size, self.pcfg.seed)
-                state, m = self._step(state, jnp.asarray(self.train[rows], jnp.int32))
-                m = jax.device_get(m)
-                dt = time.perf_counter() - t0
-                done = step + 1
-                row = {"step": done, "loss": float(m["loss"]), "lr": float(m["lr"]),
-                       "grad_norm": float(m["grad_norm"]), "tokens_per_s": self.pcfg.batch_size * L / dt,
-                       "tokens_seen": done * self.pcfg.batch_size * L, "time_s": dt}
-                timeout = max_minutes is not None and time.time() - t_start > 60 * max_minutes
-                if (self.pcfg.eval_every and done % self.pcfg.eval_every == 0) or done == self.pcfg.steps or timeout:
-                    row["heldout_loss"] = self.heldout_loss(state["params"])
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-                if done % self.pcfg.checkpoint_every == 0 or done == self.pcfg.steps or timeout:
-                    self.manager.save(done, args=ocp.args.StandardSave(state))
-                if timeout:
-                    break
-        self.manager.wait_until_finished()
-        return state
+
+        def evaluate(state, done, last):
+            if (self.pcfg.eval_every and done % self.pcfg.eval_every == 0) or last:
+                return {"heldout_loss": self.heldout_loss(state["params"])}
+            return {}
+
+        return run_loop(
+            self.restore_or_init(), self._step, self.batch, self.manager,
+            os.path.join(self.run_dir, METRICS_FILE), num_steps=self.pcfg.steps,
+            checkpoint_every=self.pcfg.checkpoint_every, tokens_per_step=self.pcfg.batch_size * L,
+            row_metrics=lambda done, m: {"tokens_seen": done * self.pcfg.batch_size * L},
+            evaluate=evaluate, stop_after=stop_after, max_minutes=max_minutes,
+            desc="pretraining target",
+            postfix=lambda row: {"loss": f"{row['loss']:.3f}", "tok_s": f"{row['tokens_per_s']:.0f}"})
 
 
 def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat16,
                   command: str = "") -> dict:
     """Writes the run's newest target as a Hugging Face directory (config, bf16 safetensors,
     tokenizer, README model card) and returns the card's facts."""
-    from dflash_jax.api import Target
+    from dflash_jax.models.handles import Target
 
-    with open(os.path.join(run_dir, "run.json")) as f:
+    with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     pcfg = PretrainConfig(**record["train"])
     pre = Pretrainer(corpus_dir, run_dir, record["preset"], pcfg)
@@ -181,18 +179,14 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
     held = pre.heldout_loss(state["params"])
     params = jax.tree.map(lambda x: x.astype(dtype), state["params"])
-    tmp = out_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    Target(pre.cfg, params).save(tmp)
-    save_tokenizer(pre.tokenizer, tmp)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     facts = {"parameters": n_params, "steps": step, "tokens_seen": step * pcfg.batch_size * pre.train.shape[1],
              "heldout_loss": round(held, 4), "heldout_loss_bf16": round(pre.heldout_loss(
                  jax.tree.map(lambda x: x.astype(jnp.float32), params)), 4),
              "preset": record["preset"], "train": record["train"], "corpus": pre.corpus,
              "command": command}
-    with open(os.path.join(tmp, "training.json"), "w") as f:
-        json.dump(facts, f, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    with atomic_path(out_dir) as tmp:  # the directory appears complete or not at all
+        Target(pre.cfg, params).save(tmp)
+        save_tokenizer(pre.tokenizer, tmp)
+        write_json(os.path.join(tmp, "training.json"), facts)
     return facts

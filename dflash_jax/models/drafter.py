@@ -8,6 +8,17 @@ projections, and the block queries attend, non-causally, to every valid context 
 block row. The per-layer K/V of context rows live in a KVCache (``lengths`` = number of valid
 context positions); the block's own K/V are never stored.
 
+``DrafterModel`` has one method per use, called with ``apply(..., method=...)``:
+
+  project_context(taps [B, C, k*D], positions int32[B, C], cache, ctx_len int32[B]) -> cache
+      the K/V of new context rows (the prompt at prefill, then each verified block) written
+      into every layer's cache slots;
+  draft(block_embeds [B, T, D], block_positions int32[B, T], cache) -> hidden [B, T, D]
+      one block against the cached context (decoding);
+  train_blocks(block_embeds [B, N*T, D], block_positions int32[B, N*T], taps [B, S, k*D],
+               anchors int32[B, N], valid bool[B, N]) -> hidden [B, N*T, D]
+      all training blocks of whole sequences, each seeing the context before its anchor.
+
 Parameter tree (kernels [in, out]):
 
   fc/kernel                          [k*D, D]
@@ -34,78 +45,124 @@ from dflash_jax.nn.layers import random_init
 
 
 class DrafterAttention(nn.Module):
+    """One layer's attention (SPEC section 3): q/k/v/o projections with q_norm / k_norm per head.
+
+    Context rows and block rows go through the SAME k/v projections; the block's queries attend,
+    non-causally, to the visible context rows and to every row of their own block.
+    """
+
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
 
-    @nn.compact
-    def __call__(self, x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache: KVCache, layer,
-                 train_blocks=None):
+    def setup(self):
         cfg = self.cfg
-        H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        dense = lambda n, name: nn.Dense(n, use_bias=False, param_dtype=self.param_dtype, name=name)
-        q_proj, k_proj = dense(H * Dh, "q_proj"), dense(Hkv * Dh, "k_proj")
-        v_proj, o_proj = dense(Hkv * Dh, "v_proj"), dense(cfg.hidden_size, "o_proj")
-        q_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="q_norm")
-        k_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="k_norm")
+        dense = lambda n: nn.Dense(n, use_bias=False, param_dtype=self.param_dtype)
+        self.q_proj = dense(cfg.num_heads * cfg.head_dim)
+        self.k_proj = dense(cfg.num_kv_heads * cfg.head_dim)
+        self.v_proj = dense(cfg.num_kv_heads * cfg.head_dim)
+        self.o_proj = dense(cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
+        self.k_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
 
-        def keys_values(rows, rope):
-            B, T, _ = rows.shape
-            k = apply_rope(k_norm(k_proj(rows).reshape(B, T, Hkv, Dh)), *rope)
-            return k, v_proj(rows).reshape(B, T, Hkv, Dh)
+    def queries(self, x_BxTxD: jax.Array, rope) -> jax.Array:
+        """Normed, rotated queries [B, T, H, Dh] of rows x (rope: cos, sin [B, T, Dh])."""
+        B, T, _ = x_BxTxD.shape
+        q = self.q_proj(x_BxTxD).reshape(B, T, self.cfg.num_heads, self.cfg.head_dim)
+        return apply_rope(self.q_norm(q), *rope)
 
-        if train_blocks is not None:  # training: all blocks of whole sequences, no cache
-            anchors, valid = train_blocks
-            B, NT, _ = x.shape
-            N = anchors.shape[1]
-            q = apply_rope(q_norm(q_proj(x).reshape(B, NT, H, Dh)), *blk_rope)
-            kb, vb = keys_values(x, blk_rope)
-            kc, vc = keys_values(ctx, ctx_rope)
-            blocks = lambda a: a.reshape(B, N, NT // N, *a.shape[2:])
-            out = block_sparse_attention(blocks(q), kc, vc, blocks(kb), blocks(vb), anchors, valid)
-            return o_proj(out.reshape(B, NT, H * Dh)), cache
-        if ctx is not None:  # project the new context rows into this layer's cache
-            kc, vc = keys_values(ctx, ctx_rope)
-            cache = cache.write(layer, kc, vc, ctx_pos)
-        if x is None:
-            return None, cache
-        B, T, _ = x.shape
-        q = apply_rope(q_norm(q_proj(x).reshape(B, T, H, Dh)), *blk_rope)
-        kb, vb = keys_values(x, blk_rope)
+    def keys_values(self, x_BxTxD: jax.Array, rope) -> tuple[jax.Array, jax.Array]:
+        """Normed, rotated keys and values [B, T, Hkv, Dh] of rows x (context or block rows)."""
+        B, T, _ = x_BxTxD.shape
+        heads = (B, T, self.cfg.num_kv_heads, self.cfg.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(x_BxTxD).reshape(heads)), *rope)
+        return k, self.v_proj(x_BxTxD).reshape(heads)
+
+    def over_cache(self, x_BxTxD: jax.Array, rope, cache: KVCache, layer: jax.Array) -> jax.Array:
+        """Inference: the block's rows see context slots ``< cache.lengths[b]`` of this layer's
+        cache ``cache.k[layer], cache.v[layer]`` [B, S, Hkv, Dh] and every block row.
+
+        Returns [B, T, D]."""
+        B, T, _ = x_BxTxD.shape
+        q_BxTxHxDh = self.queries(x_BxTxD, rope)
+        k_blk, v_blk = self.keys_values(x_BxTxD, rope)  # never stored in the cache
         if self.attention_impl in BLOCK_ATTENTION:  # a kernel ("pallas" or "triton")
-            out = BLOCK_ATTENTION[self.attention_impl](q, cache.k, cache.v, cache.lengths,
-                                                       causal=False, layer=layer, k_blk=kb, v_blk=vb)
+            out = BLOCK_ATTENTION[self.attention_impl](q_BxTxHxDh, cache.k, cache.v, cache.lengths,
+                                                       causal=False, layer=layer, k_blk=k_blk,
+                                                       v_blk=v_blk)
         else:
-            out = segmented_attention(q, [(cache.k[layer], cache.v[layer], ctx_visible),
-                                          (kb, vb, jnp.ones((1, 1, T), bool))])
-        return o_proj(out.reshape(B, T, H * Dh)), cache
+            ctx_visible_Bx1xS = (jnp.arange(cache.max_len)[None, :] < cache.lengths[:, None])[:, None, :]
+            out = segmented_attention(q_BxTxHxDh, [(cache.k[layer], cache.v[layer], ctx_visible_Bx1xS),
+                                                   (k_blk, v_blk, jnp.ones((1, 1, T), bool))])
+        return self.o_proj(out.reshape(B, T, -1))
+
+    def over_blocks(self, x_BxNTxD: jax.Array, rope, ctx_BxSxD: jax.Array, ctx_rope,
+                    anchors_BxN: jax.Array, valid_BxN: jax.Array) -> jax.Array:
+        """Training: N blocks of T rows each (``x`` [B, N*T, D]); block j sees the context rows
+        at positions ``< anchors[b, j]`` and its own rows (``nn.block_sparse_attention``).
+
+        Returns [B, N*T, D]."""
+        B, NT, _ = x_BxNTxD.shape
+        N = anchors_BxN.shape[1]
+        blocks = lambda a: a.reshape(B, N, NT // N, *a.shape[2:])  # [B, N*T, ...] -> [B, N, T, ...]
+        q = self.queries(x_BxNTxD, rope)
+        k_blk, v_blk = self.keys_values(x_BxNTxD, rope)
+        k_ctx, v_ctx = self.keys_values(ctx_BxSxD, ctx_rope)
+        out = block_sparse_attention(blocks(q), k_ctx, v_ctx, blocks(k_blk), blocks(v_blk),
+                                     anchors_BxN, valid_BxN)
+        return self.o_proj(out.reshape(B, NT, -1))
 
 
 class DrafterLayer(nn.Module):
-    """carry = (h or None, cache, layer index); shared = rope tables, context rows, masks."""
+    """One pre-norm layer (attention + SwiGLU MLP, the target's layer layout). ``DrafterModel``
+    scans it over the layers (parameters and cache stacked on axis 0); each method is one use of
+    the drafter, with the scan carry first and the inputs shared by every layer after it."""
 
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
 
-    @nn.compact
-    def __call__(self, carry, shared):
-        h, cache, layer = carry
-        blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, train_blocks = shared
+    def setup(self):
         cfg = self.cfg
-        x = None if h is None else RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h)
-        attn_out, cache = DrafterAttention(cfg, self.param_dtype, self.attention_impl, name="self_attn")(
-            x, blk_rope, ctx, ctx_rope, ctx_pos, ctx_visible, cache, layer, train_blocks)
-        if h is not None:
-            h = h + attn_out
-            h = h + MLP(cfg.intermediate_size, self.param_dtype, name="mlp")(
-                RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(h))
-        return (h, cache, layer + 1), None
+        self.input_layernorm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
+        self.self_attn = DrafterAttention(cfg, self.param_dtype, self.attention_impl)
+        self.post_attention_layernorm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
+        self.mlp = MLP(cfg.intermediate_size, self.param_dtype)
+
+    def _residual(self, h: jax.Array, attention) -> jax.Array:
+        h = h + attention(self.input_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def project_context(self, carry, ctx_BxCxD, ctx_rope, ctx_positions_BxC):
+        """carry = (cache, layer index): writes this layer's K/V of the context rows at slots
+        ``ctx_positions`` (positions outside the cache are dropped)."""
+        cache, layer = carry
+        k, v = self.self_attn.keys_values(ctx_BxCxD, ctx_rope)
+        return (cache.write(layer, k, v, ctx_positions_BxC), layer + 1), None
+
+    def draft(self, carry, rope, cache: KVCache):
+        """carry = (h [B, T, D], layer index); the block attends to this layer's cached context."""
+        h, layer = carry
+        h = self._residual(h, lambda x: self.self_attn.over_cache(x, rope, cache, layer))
+        return (h, layer + 1), None
+
+    def train_blocks(self, h_BxNTxD, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN):
+        """carry = h [B, N*T, D]; every block attends to its own context prefix."""
+        h = self._residual(h_BxNTxD, lambda x: self.self_attn.over_blocks(
+            x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN))
+        return h, None
 
 
 class DrafterModel(nn.Module):
-    """``attention_impl``: "xla", "pallas" or "triton" for the block attention over the context
-    cache (training always uses the XLA block-sparse path)."""
+    """The drafter, with one method per use (call them with ``apply(..., method=...)``):
+
+      ``project_context``  target taps of new context rows -> their K/V in the drafter cache
+      ``draft``            one block ``[anchor, MASK, ...]`` against the cached context
+      ``train_blocks``     all training blocks of whole sequences, context from all taps
+
+    ``attention_impl``: "xla", "pallas" or "triton" for the block attention over the context
+    cache in ``draft`` (``train_blocks`` always uses the XLA block-sparse path).
+    """
 
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
@@ -114,51 +171,61 @@ class DrafterModel(nn.Module):
     def setup(self):
         cfg = self.cfg
         check_attention_impl(self.attention_impl)
-        self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype, name="fc")
-        self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="hidden_norm")
+        self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype)
+        self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
         self.layers = nn.scan(DrafterLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                               in_axes=nn.broadcast, length=cfg.num_layers,
-                              )(cfg, self.param_dtype, self.attention_impl, name="layers")
-        self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
+                              methods=("project_context", "draft", "train_blocks"),
+                              )(cfg, self.param_dtype, self.attention_impl)
+        self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
 
-    def __call__(self, block_embeds, block_positions, cache: KVCache, ctx_taps=None,
-                 ctx_positions=None, ctx_len=None):
-        """Projects new context rows into the cache and/or drafts one block.
+    def context_rows(self, taps_BxCxKD: jax.Array) -> jax.Array:
+        """``c = hidden_norm(fc(taps))`` [B, C, D]: the target's k tapped features of each
+        context position (``taps`` [B, C, k*D]) projected to one drafter row."""
+        cfg = self.cfg
+        if taps_BxCxKD.shape[-1] != cfg.num_taps * cfg.hidden_size:
+            raise ValueError(f"taps last dim {taps_BxCxKD.shape[-1]} != {cfg.num_taps} taps x "
+                             f"hidden {cfg.hidden_size}")
+        return self.hidden_norm(self.fc(taps_BxCxKD))
+
+    def project_context(self, taps: jax.Array, positions: jax.Array, cache: KVCache,
+                        ctx_len: jax.Array) -> KVCache:
+        """Projects new context rows into every layer's cache.
+
+        Args:
+          taps: [B, C, k*D] target features of the new context rows.
+          positions: int32[B, C] their positions (= cache slots); rows at positions outside
+            the cache (e.g. ``S``) are dropped.
+          cache: the drafter's context KVCache (k, v [n, B, S, Hkv, Dh]).
+          ctx_len: int32[B] number of valid context positions after this update.
+
+        Returns:
+          the cache with the rows' K/V written and ``lengths = ctx_len``.
+        """
+        ctx_rope = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope)
+        (cache, _), _ = self.layers.project_context((cache, jnp.int32(0)), self.context_rows(taps),
+                                                    ctx_rope, positions)
+        return cache.crop(ctx_len)
+
+    def draft(self, block_embeds: jax.Array, block_positions: jax.Array, cache: KVCache) -> jax.Array:
+        """One forward pass over a block against the cached context (read only).
 
         Args:
           block_embeds: [B, T, D] target embeddings of ``[anchor, MASK, ...]`` (or of partly
-            filled blocks when denoising in several steps); None = context update only.
+            filled blocks when denoising in several steps).
           block_positions: int32[B, T] absolute positions of the block rows.
-          cache: the drafter's context KVCache (k, v [n, B, S, Hkv, Dh]).
-          ctx_taps: [B, C, k*D] target taps of new context rows (None: nothing new); rows at
-            positions outside the cache (e.g. ``S``) are dropped.
-          ctx_positions: int32[B, C] positions (= cache slots) of those rows.
-          ctx_len: int32[B] number of valid context positions after this update (the block
-            sees slots ``< ctx_len``); default: the cache's current lengths.
+          cache: the drafter's context KVCache; the block sees slots ``< cache.lengths[b]``.
 
         Returns:
-          (hidden [B, T, D] after the final norm, or None; cache with lengths = ctx_len).
+          hidden [B, T, D] after the final norm (the target's ``lm_head`` gives the logits).
         """
-        cfg = self.cfg
-        if ctx_taps is not None and ctx_taps.shape[-1] != cfg.num_taps * cfg.hidden_size:
-            raise ValueError(f"ctx_taps last dim {ctx_taps.shape[-1]} != {cfg.num_taps} taps x "
-                             f"hidden {cfg.hidden_size}")
-        ctx_len = cache.lengths if ctx_len is None else ctx_len
-        ctx = ctx_rope = None
-        if ctx_taps is not None:
-            ctx = self.hidden_norm(self.fc(ctx_taps))
-            ctx_rope = rope_cos_sin(ctx_positions, cfg.head_dim, cfg.rope)
-        blk_rope = visible = None
-        if block_embeds is not None:
-            blk_rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
-            visible = (jnp.arange(cache.max_len)[None, :] < ctx_len[:, None])[:, None, :]
-        cache = cache.crop(ctx_len)  # writes ignore lengths; the Pallas path reads them
-        (h, cache, _), _ = self.layers((block_embeds, cache, jnp.int32(0)),
-                                       (blk_rope, ctx, ctx_rope, ctx_positions, visible, None))
-        return (None if h is None else self.norm(h)), cache
+        rope = rope_cos_sin(block_positions, self.cfg.head_dim, self.cfg.rope)
+        (h, _), _ = self.layers.draft((block_embeds, jnp.int32(0)), rope, cache)
+        return self.norm(h)
 
-    def train_blocks(self, block_embeds, block_positions, taps, anchors, valid):
-        """All training blocks of whole sequences in one pass (SPEC section 5).
+    def train_blocks(self, block_embeds: jax.Array, block_positions: jax.Array, taps: jax.Array,
+                     anchors: jax.Array, valid: jax.Array) -> jax.Array:
+        """All training blocks of whole sequences in one pass, no cache (SPEC section 5).
 
         Args:
           block_embeds: [B, N*bs, D] target embeddings of the N blocks ``[x_a, MASK, ...]``.
@@ -170,11 +237,10 @@ class DrafterModel(nn.Module):
         """
         cfg = self.cfg
         S = taps.shape[1]
-        ctx = self.hidden_norm(self.fc(taps))
         ctx_rope = rope_cos_sin(jnp.broadcast_to(jnp.arange(S), taps.shape[:2]), cfg.head_dim, cfg.rope)
-        blk_rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
-        (h, _, _), _ = self.layers((block_embeds, None, jnp.int32(0)),
-                                   (blk_rope, ctx, ctx_rope, None, None, (anchors, valid)))
+        rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
+        h, _ = self.layers.train_blocks(block_embeds, rope, self.context_rows(taps), ctx_rope,
+                                        anchors, valid)
         return self.norm(h)
 
 
@@ -182,14 +248,14 @@ def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
                         init_scale: float = 0.02):
     """Random drafter parameters (normal(init_scale) kernels, unit norms), built under jit."""
     model = DrafterModel(cfg, param_dtype=dtype)
-    B, T = 1, 2
-    cache = KVCache.init(cfg.num_layers, B, 4, cfg.num_kv_heads, cfg.head_dim, dtype)
+    B, T = 1, 2  # one block of two rows, anchored at 0 (train_blocks touches every parameter)
     emb = jnp.zeros((B, T, cfg.hidden_size), dtype)
     pos = jnp.zeros((B, T), jnp.int32)
     taps = jnp.zeros((B, T, cfg.num_taps * cfg.hidden_size), dtype)
+    anchors, valid = jnp.zeros((B, 1), jnp.int32), jnp.ones((B, 1), bool)
 
     def init(k):
-        params = model.init(k, emb, pos, cache, taps, pos, jnp.zeros((B,), jnp.int32))["params"]
+        params = model.init(k, emb, pos, taps, anchors, valid, method=DrafterModel.train_blocks)["params"]
         return random_init(params, k, init_scale, dtype)
 
     return jax.jit(init)(key)

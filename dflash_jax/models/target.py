@@ -1,9 +1,11 @@
 """The target LLM: a Qwen3 / Llama-3.x decoder in Flax Linen, used functionally.
 
-``TargetModel(cfg, tap_layer_ids).apply({"params": p}, tokens, positions, cache)`` returns
-``(logits, taps, cache)``. Decoder layers are stacked with ``nn.scan`` (parameters carry a
-leading layer axis), which keeps compile time flat in depth and lets the KV cache, stacked
-the same way, be updated in place.
+``target_forward(cfg, params, tokens, positions, cache, tap_layer_ids=...)`` (the one place
+that applies ``TargetModel``) returns ``(logits, taps, cache)``; ``embed`` and ``lm_head`` are
+the target's embedding and LM head as functions of its parameters, which drafters share (the
+model's own logits go through the same ``lm_head``). Decoder layers are stacked with
+``nn.scan`` (parameters carry a leading layer axis), which keeps compile time flat in depth
+and lets the KV cache, stacked the same way, be updated in place.
 
 Parameter tree (shapes; kernels are [in, out], the transpose of PyTorch's Linear weights):
 
@@ -122,8 +124,7 @@ class TargetModel(nn.Module):
         )(cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl, name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Dense(cfg.vocab_size, use_bias=False,
-                                    param_dtype=self.param_dtype, name="lm_head")
+            self.lm_head = LMHeadKernel(cfg.hidden_size, cfg.vocab_size, self.param_dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None,
                  logit_index: jax.Array | None = None, compute_logits: bool = True):
@@ -176,14 +177,22 @@ class TargetModel(nn.Module):
             return None, taps, cache
         if logit_index is not None:
             h = jnp.take_along_axis(h, logit_index.astype(jnp.int32)[:, None, None], axis=1)
-        h = self.norm(h)
-        if cfg.tie_word_embeddings:
-            # one dot_general, as in lm_head(): flax's attend, jnp.dot(h, E.T), becomes a loop fusion
-            # that XLA:CPU of jaxlib >= 0.11 leaves unvectorized (a decode step 1.7x slower)
-            logits = jnp.einsum("...d,vd->...v", h, self.embed_tokens.embedding)
-        else:
-            logits = self.lm_head(h)
-        return logits.astype(jnp.float32), taps, cache
+        head = ({"embed_tokens": {"embedding": self.embed_tokens.embedding}}
+                if cfg.tie_word_embeddings else {"lm_head": {"kernel": self.lm_head()}})
+        return lm_head(cfg, head, self.norm(h)), taps, cache
+
+
+class LMHeadKernel(nn.Module):
+    """The untied LM head's parameter ``lm_head/kernel`` [D, V]; :func:`lm_head` applies it."""
+
+    hidden_size: int
+    vocab_size: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        return self.param("kernel", nn.initializers.lecun_normal(),
+                          (self.hidden_size, self.vocab_size), self.param_dtype)
 
 
 def check_token_array(x, name: str) -> None:
@@ -221,8 +230,12 @@ def embed(params, tokens: jax.Array) -> jax.Array:
 
 
 def lm_head(cfg: TargetConfig, params, h: jax.Array) -> jax.Array:
-    """The target's LM head on already-normed hidden states h [..., D] -> float32 logits."""
+    """The target's LM head on already-normed hidden states h [..., D] -> float32 logits [..., V]
+    (the one implementation: ``TargetModel`` and the drafters call it). ``params`` needs only
+    ``embed_tokens/embedding`` [V, D] (tied) or ``lm_head/kernel`` [D, V]."""
     if cfg.tie_word_embeddings:
+        # one dot_general: flax's attend, jnp.dot(h, E.T), becomes a loop fusion that XLA:CPU
+        # of jaxlib >= 0.11 leaves unvectorized (a decode step 1.7x slower)
         w = params["embed_tokens"]["embedding"]
         logits = jnp.einsum("...d,vd->...v", h, w.astype(h.dtype))
     else:

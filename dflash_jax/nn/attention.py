@@ -114,7 +114,11 @@ def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=
                            v_blk=None):
     """The Pallas kernel of ``kernels.block_attention``: compiled (Triton) where the program is
     lowered for a GPU, interpreted elsewhere. The choice is made per lowering platform, so a
-    program traced on a CPU host and lowered for CUDA holds the compiled kernel."""
+    program traced on a CPU host and lowered for CUDA holds the compiled kernel.
+
+    q [B, T, H, Dh]; k_cache, v_cache: the stacked cache [L, B, S, Hkv, Dh], read in place at
+    ``layer``; kv_lens int32[B]; k_blk, v_blk [B, T, Hkv, Dh] (non-causal only). Returns
+    [B, T, H, Dh]."""
     from kernels.block_attention import block_attention
 
     def kernel(interpret: bool):
@@ -128,7 +132,8 @@ def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=
 def triton_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
                            v_blk=None):
     """The Triton kernel of ``kernels.triton_block_attention`` through jax-triton on a GPU; off a
-    GPU, the same kernel in Triton's interpreter (slow; needs torch)."""
+    GPU, the same kernel in Triton's interpreter (slow; needs torch). Same arguments and result
+    as :func:`pallas_block_attention`."""
     from kernels.triton_block_attention import block_attention_triton
 
     return block_attention_triton(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal,

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
 
 
@@ -75,9 +76,9 @@ def shard_path(out_dir: str, i: int) -> str:
 
 
 def write_npz_atomic(path: str, **arrays) -> None:
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    """``np.savez`` to ``path`` atomically (:func:`dflash_jax.files.atomic_path`)."""
+    with atomic_path(path, keep_extension=True) as tmp:
+        np.savez(tmp, **arrays)
 
 
 def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: int = 256,
@@ -92,33 +93,25 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
     Text and chat prompts go through the target's chat template with the thinking switch
     ``enable_thinking`` (Qwen3's; off by default, as the DFlash reference renders prompts:
     a drafter trained on thinking-mode data and used without it, or the other way round,
-    loses most of its acceptance). The setting is recorded in ``metadata.json``."""
-    from dflash_jax.api import generate
+    loses most of its acceptance). The setting is recorded in ``metadata.json``. A response
+    ends at one of ``stop_token_ids`` (default: the target's, ``Target.stop_token_ids``)."""
+    from dflash_jax.decoding.generation import generate
 
     os.makedirs(out_dir, exist_ok=True)
     tok = target.tokenizer
-    stops = list(stop_token_ids) if stop_token_ids is not None else list(target.config.eos_token_id)
-    if tok is not None and tok.eos_token_id is not None and tok.eos_token_id not in stops:
-        stops.append(tok.eos_token_id)
+    stops = target.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
     settings = dict(max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, stop_token_ids=stops, shard_size=shard_size,
                     num_prompts=len(prompts), target=target.path, source=source,
                     enable_thinking=bool(enable_thinking))
     meta_file = os.path.join(out_dir, "metadata.json")
-    if os.path.exists(meta_file):
-        with open(meta_file) as f:
-            old = json.load(f).get("settings")
-        if (isinstance(old, dict) and "enable_thinking" not in old and not has_thinking_switch(tok)):
-            # written before the setting was recorded; without a switch in the template the
-            # prompts are the same either way
-            old = {**old, "enable_thinking": settings["enable_thinking"]}
-        if old != settings:
-            diff = sorted(k for k in settings if not isinstance(old, dict) or old.get(k) != settings[k])
-            raise ValueError(f"{out_dir} holds data made with other settings (differs in {', '.join(diff)}: "
-                             f"{old}); use a new output directory, or rerun with the same settings")
-    with open(meta_file + ".tmp", "w") as f:
-        json.dump({"settings": settings, "complete": False}, f, indent=2)
-    os.replace(meta_file + ".tmp", meta_file)
+    # data written before enable_thinking was recorded resumes when the template has no such
+    # switch: the prompts are the same either way
+    added = None if has_thinking_switch(tok) else {"enable_thinking": settings["enable_thinking"]}
+    check_settings(meta_file, settings, section="settings", added=added,
+                   holder=f"{out_dir} holds data made",
+                   remedy="use a new output directory, or rerun with the same settings")
+    write_json(meta_file, {"settings": settings, "complete": False})
 
     encoded = [encode_prompt(p, tok, enable_thinking=enable_thinking) for p in prompts]
     for i, p in enumerate(encoded):
@@ -152,9 +145,7 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
             counts["stopped"] += int(z["stopped"])
     bar.close()
     meta = {"settings": settings, "complete": True, "num_shards": num_shards, **counts}
-    with open(meta_file + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(meta_file + ".tmp", meta_file)
+    write_json(meta_file, meta)
     return meta
 
 

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.training.loss import target_features
 
 TAP_CONVENTION = "hf_hidden_states[i+1]"
@@ -32,14 +33,8 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
     meta = {"target": target.path, "tap_layer_ids": list(taps), "data_dir": os.path.abspath(data_dir),
             "dtype": jnp.dtype(target.dtype).name, "tap_convention": TAP_CONVENTION}
     meta_file = os.path.join(out_dir, "features.json")
-    if os.path.exists(meta_file):
-        with open(meta_file) as f:
-            old = json.load(f)
-        if old != meta:
-            raise ValueError(f"{out_dir} holds features made with other settings ({old}); use a new directory")
-    with open(meta_file + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(meta_file + ".tmp", meta_file)
+    check_settings(meta_file, meta, holder=f"{out_dir} holds features made", remedy="use a new directory")
+    write_json(meta_file, meta)
     fn = jax.jit(lambda p, t: target_features(target.config, p, t, taps))
     shards = sorted(f for f in glob.glob(os.path.join(data_dir, "shard-*.npz")) if not f.endswith(".tmp.npz"))
     for shard in tqdm(shards, desc="target features", unit="shard"):
@@ -55,9 +50,8 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
         arr = np.concatenate(parts)
         if arr.dtype == ml_dtypes.bfloat16:
             arr = arr.view(np.uint16)
-        tmp = out + ".tmp.npy"
-        np.save(tmp, arr)
-        os.replace(tmp, out)
+        with atomic_path(out, keep_extension=True) as tmp:
+            np.save(tmp, arr)
     return meta
 
 

@@ -6,10 +6,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import DrafterModel
-from dflash_jax.models.target import TargetModel, embed, lm_head
+from dflash_jax.models.target import embed, lm_head, target_forward
 from dflash_jax.training.blocks import build_blocks
 
 
@@ -17,8 +18,8 @@ def target_features(tcfg: TargetConfig, tparams, tokens, tap_layer_ids) -> jax.A
     """Teacher-forced taps [B, L, k*D] of the clean sequences (frozen target, no LM head)."""
     B, L = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-    _, taps, _ = TargetModel(tcfg, tuple(tap_layer_ids)).apply(
-        {"params": tparams}, tokens, positions, None, compute_logits=False)
+    _, taps, _ = target_forward(tcfg, tparams, tokens, positions, tap_layer_ids=tap_layer_ids,
+                                compute_logits=False)
     return jax.lax.stop_gradient(taps)
 
 
@@ -32,7 +33,7 @@ def block_logits(dcfg: DrafterConfig, tcfg: TargetConfig, dparams, tparams, toke
     emb = embed(tparams, inputs.reshape(B, N * bs))
     h = DrafterModel(dcfg).apply({"params": dparams}, emb, positions.reshape(B, N * bs),
                                  taps.astype(emb.dtype), anchors, valid,
-                                 method=DrafterModel.train_blocks)
+                                 method=DrafterModel.train_blocks)  # [B, N*bs, D]
     logits = lm_head(tcfg, tparams, h).reshape(B, N, bs, -1)
     return logits, labels, label_mask
 
@@ -42,16 +43,15 @@ def drafter_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weig
     """Weighted mean cross-entropy over labelled block rows, and metrics.
 
     weights: float32[bs] (row 0 is 0). Returns (loss, metrics) with per-position accuracy
-    ``acc_per_pos`` float32[bs-1] (rows 1..bs-1) and the label count."""
+    ``accuracy_per_pos`` float32[bs-1] (top-1 accuracy of rows 1..bs-1) and the label count."""
     logits, labels, label_mask = block_logits(dcfg, tcfg, dparams, tparams, tokens, loss_mask,
                                               taps, anchors, valid)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    ce = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
     w = weights[None, None, :] * label_mask
     loss = jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1e-9)
     correct = (jnp.argmax(logits, -1) == labels) & label_mask
     per_pos = jnp.sum(correct, (0, 1)) / jnp.maximum(jnp.sum(label_mask, (0, 1)), 1)
-    return loss, {"loss": loss, "acc_per_pos": per_pos[1:], "num_labels": jnp.sum(label_mask)}
+    return loss, {"loss": loss, "accuracy_per_pos": per_pos[1:], "num_labels": jnp.sum(label_mask)}
 
 
 @functools.partial(jax.jit, static_argnames=("dcfg", "tcfg"))

@@ -17,22 +17,23 @@ import dataclasses
 import json
 import math
 import os
-import time
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from tqdm import tqdm
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.training.blocks import block_loss_weights, check_gamma, epoch_anchors
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
+from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.loss import drafter_loss, target_features
+from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, RUN_FILE, check_run_file,
+                                         checkpoint_manager, restore_latest)
 
 
 DEFAULT_STEPS = 1000  # the length of a run given neither steps nor epochs
@@ -50,7 +51,31 @@ class TrainConfig:
     ``steps`` or ``epochs`` (not both) sets the length of the run; with neither it is
     :data:`DEFAULT_STEPS` steps (:meth:`total_steps`). The loss weighs block row k >= 1 by
     ``exp(-(k-1)/gamma)`` (``gamma`` > 0; None: the paper's for the block size), or by 1 with
-    ``uniform_weights``.
+    ``uniform_weights``. Every field is an option of ``python -m dflash_jax train``, with the
+    help text below.
+
+    Attributes:
+        steps: training steps (with neither steps nor epochs: 1000, DEFAULT_STEPS)
+        epochs: train for this many epochs instead of steps (the recipe's unit; fractions
+            allowed): ceil(epochs * (training sequences // batch size)) steps, every epoch a new
+            order of the sequences and new anchors
+        batch_size: training sequences per step
+        learning_rate: peak AdamW learning rate (linear warmup, then cosine decay to 0)
+        warmup_fraction: fraction of the run's steps that warm the learning rate up
+        grad_clip: clip the gradients to this global norm
+        weight_decay: AdamW weight decay (the paper is silent; SpecForge's value)
+        num_anchors: anchors (block starts) sampled per training sequence
+        gamma: loss decay: block row k weighs exp(-(k-1)/gamma), gamma > 0 (not given: the
+            paper's for the block size: 7 for 16, 5 for 10, 4 for 8)
+        uniform_weights: weigh every predicted block row the same (instead of the decay;
+            excludes gamma)
+        seed: seed of the initial weights, the order of the data and the anchors
+        checkpoint_every: save a checkpoint every this many steps (and at the end)
+        keep_checkpoints: how many of the newest checkpoints to keep
+        eval_every: measure tau on the held-out prompts every this many steps (0: never)
+        eval_max_new_tokens: tokens generated per held-out prompt to measure tau
+        compute_dtype: dtype of the forward and backward passes (not given: the target's);
+            the master weights stay float32
     """
 
     steps: int | None = None
@@ -68,7 +93,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     eval_every: int = 0
     eval_max_new_tokens: int = 64
-    compute_dtype: str | None = None  # None: the target's dtype (bf16 on GPU), masters stay fp32
+    compute_dtype: Literal["float32", "bfloat16"] | None = None  # None: the target's dtype (bf16 on GPU)
 
     def __post_init__(self):
         if self.steps is not None and self.epochs is not None:
@@ -102,91 +127,19 @@ class TrainConfig:
         return max(1, math.ceil(round(self.epochs * per_epoch, 9)))  # round: 0.1 * 30 is 3, not 4
 
 
-def make_schedule(cfg, steps: int | None = None):
-    """Warmup (``warmup_fraction`` of the run) then cosine decay to 0 over ``steps`` (default
-    ``cfg.steps``)."""
-    steps = cfg.steps if steps is None else steps
-    if steps is None:
-        raise ValueError("make_schedule needs the run's length: pass steps (TrainConfig.total_steps)")
-    warmup = max(1, int(round(cfg.warmup_fraction * steps)))
-    return optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(steps, warmup + 1), 0.0)
-
-
-def make_optimizer(cfg, steps: int | None = None):
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                       optax.adamw(make_schedule(cfg, steps), weight_decay=cfg.weight_decay))
+BATCH_STREAM = 7  # the drafter's stream of batch orders (training.loop.batch_rows)
 
 
 def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
-    """(sequence ids, anchors, valid) of a step: a per-epoch permutation and per-epoch anchors."""
-    per_epoch = steps_per_epoch(len(data), cfg.batch_size)
-    epoch, i = divmod(step, per_epoch)
-    perm = np.random.default_rng([cfg.seed, epoch, 7]).permutation(len(data))
-    ids = np.sort(perm[i * cfg.batch_size:(i + 1) * cfg.batch_size])
+    """(sequence ids, anchors, valid) of a step: the step's rows of the epoch's permutation
+    (:func:`~dflash_jax.training.loop.batch_rows`) and their anchors of that epoch."""
+    epoch, ids = batch_rows(step, len(data), cfg.batch_size, cfg.seed, BATCH_STREAM)
     anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch)
     return ids, anchors, valid
 
 
-def check_run_file(run_dir: str, record: dict, added: dict | None = None) -> None:
-    """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings.
-
-    ``added``: ``{section: {key: value}}``, settings added to ``record[section]`` after some
-    runs were started, with the value those runs had implicitly; an old ``run.json`` without
-    them resumes when the new record has that value."""
-    path = os.path.join(run_dir, "run.json")
-    record = json.loads(json.dumps(record))
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
-        for section, keys in (added or {}).items():
-            if isinstance(old.get(section), dict):
-                old[section] = {**json.loads(json.dumps(keys)), **old[section]}
-        if old != record:
-            diff = sorted(k for k in record if record[k] != old.get(k))
-            raise ValueError(f"{run_dir} belongs to a run with other settings (differs in "
-                             f"{', '.join(diff)}); resume with the same settings or use a new run directory")
-    else:
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f, indent=2)
-        os.replace(path + ".tmp", path)
-
-
-def checkpoint_manager(run_dir: str, keep: int) -> ocp.CheckpointManager:
-    """Synchronous Orbax checkpoints in ``run_dir/checkpoints`` (a kill never leaves half a step)."""
-    return ocp.CheckpointManager(
-        os.path.join(run_dir, "checkpoints"),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False))
-
-
-def restore_latest(manager: ocp.CheckpointManager, fresh: dict) -> dict:
-    """The newest checkpoint restored into the structure of ``fresh``, or ``fresh`` if none."""
-    latest = manager.latest_step()
-    if latest is None:
-        return fresh
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
-    return manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-
-
 # settings added to TrainConfig after runs were started, with the value those runs had
 RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False}}
-
-
-def truncate_metrics(path: str, step: int) -> None:
-    """Drops metric lines of steps after the restored checkpoint (they will run again)."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        rows = [line for line in f if line.strip()]
-    keep = []
-    for line in rows:
-        try:
-            if json.loads(line)["step"] <= step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError):
-            break  # a line cut by a kill: everything after it is stale
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
 
 
 class Trainer:
@@ -272,7 +225,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def evaluate_tau(self, params) -> float:
-        from dflash_jax.api import Drafter, generate
+        from dflash_jax.decoding.generation import generate
+        from dflash_jax.models.handles import Drafter
 
         drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
         r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens, drafter=drafter)
@@ -280,45 +234,33 @@ class Trainer:
 
     def run(self, stop_after: int | None = None) -> dict:
         """Trains until the run's length (``num_steps``; or ``stop_after`` more steps); returns
-        the final state."""
-        state = self.restore_or_init()
-        start = int(state["step"])
-        metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
-        truncate_metrics(metrics_file, start)
-        end = self.num_steps if stop_after is None else min(self.num_steps, start + stop_after)
-        bar = tqdm(range(start, end), initial=start, total=self.num_steps, desc="training drafter")
-        if start < end:
-            bar.write("compiling the training step (the first step's time includes it) ...")
-        with open(metrics_file, "a") as log:
-            for step in bar:
-                t0 = time.perf_counter()
-                state, m = self._step_fn(state, self.target.params, *self.step_inputs(step))
-                m = jax.device_get(m)
-                dt = time.perf_counter() - t0
-                row = {"step": step + 1, "epoch": round((step + 1) / self.steps_per_epoch, 4),
-                       "loss": float(m["loss"]), "lr": float(m["lr"]),
-                       "grad_norm": float(m["grad_norm"]),
-                       "acc_per_pos": [round(float(x), 4) for x in m["acc_per_pos"]],
-                       "tokens_per_s": self.cfg.batch_size * self.data.seq_len / dt,
-                       "time_s": dt}
-                done = step + 1
-                if self.eval_prompts and self.cfg.eval_every and done % self.cfg.eval_every == 0:
-                    row["eval_tau"] = self.evaluate_tau(state["params"])
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc_per_pos'][0]:.2f}")
-                if done % self.cfg.checkpoint_every == 0 or done == self.num_steps:
-                    self.manager.save(done, args=ocp.args.StandardSave(state))
-        self.manager.wait_until_finished()
-        return state
+        the final state (:func:`~dflash_jax.training.loop.run_loop`)."""
+
+        def row_metrics(done, m):
+            return {"epoch": round(done / self.steps_per_epoch, 4),
+                    "accuracy_per_pos": [round(float(x), 4) for x in m["accuracy_per_pos"]]}
+
+        def evaluate(state, done, last):
+            if self.eval_prompts and self.cfg.eval_every and done % self.cfg.eval_every == 0:
+                return {"eval_tau": self.evaluate_tau(state["params"])}
+            return {}
+
+        return run_loop(
+            self.restore_or_init(), lambda state, *inputs: self._step_fn(state, self.target.params, *inputs),
+            self.step_inputs, self.manager, os.path.join(self.run_dir, METRICS_FILE),
+            num_steps=self.num_steps, checkpoint_every=self.cfg.checkpoint_every,
+            tokens_per_step=self.cfg.batch_size * self.data.seq_len, row_metrics=row_metrics,
+            evaluate=evaluate, stop_after=stop_after, desc="training drafter",
+            postfix=lambda row: {"loss": f"{row['loss']:.3f}",
+                                 "accuracy1": f"{row['accuracy_per_pos'][0]:.2f}"})
 
 
 def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
     """(drafter config, fp32 params, step) of a run's newest checkpoint."""
-    with open(os.path.join(run_dir, "run.json")) as f:
+    with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     dcfg = DrafterConfig.from_hf_dict(record["drafter"])
-    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), "checkpoints"),
+    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), CHECKPOINTS),
                                     options=ocp.CheckpointManagerOptions(read_only=True))
     step = manager.latest_step()
     if step is None:
@@ -329,7 +271,7 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in the released layout (loadable by ``load_drafter``)."""
-    from dflash_jax.api import Drafter, save_drafter
+    from dflash_jax.models.handles import Drafter, save_drafter
 
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:

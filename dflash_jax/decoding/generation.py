@@ -1,0 +1,378 @@
+"""Generation as the library user calls it: checks the arguments, pads the prompts to a shape
+bucket, runs ``engine.prefill`` and ``engine.decode`` and turns the device state into a
+:class:`GenerateResult` (tokens, finish reasons, acceptance statistics, timings).
+
+``generate(target, prompts, max_new_tokens, drafter=..., temperature=..., ...)`` and
+``generate_stream`` take the same keyword options, defined once by :class:`GenerateOptions`;
+``prepare_decode`` is their shared first half (checks + prefill), which the step benchmark uses
+too. ``dflash_jax.generate`` / ``dflash_jax.generate_stream`` are these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.models.handles import Drafter, Target
+from dflash_jax.nn.attention import check_attention_impl
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """How a generation decodes: the keyword options of :func:`generate`,
+    :func:`generate_stream` and :func:`prepare_decode` (besides ``drafter``), defined once.
+
+    temperature / top_k / top_p: 0 = greedy; otherwise sampling with these filters (applied
+      identically to draft and target).
+    stop_token_ids: ids that end a row (one id, one list for all rows, or one list per row).
+    seed: PRNG seed.
+    block_size: speculative block size (default: the drafter's training block size).
+    num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
+    sampled_draft: sample the draft from the drafter's distribution and use rejection
+      sampling, instead of the greedy draft the paper uses (both are lossless).
+    draft_fn: advanced: a custom proposer replacing the DFlash draft (see
+      ``decoding.engine.dflash_draft`` for the signature).
+    attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
+      slowly, when not on a GPU) for attention through the KV caches.
+    pad_to: (prompt width, cache length) to pad to at least, so that calls with different
+      prompts reuse one compiled program (benchmarks); default: the smallest bucket.
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_token_ids: Any = ()
+    seed: int = 0
+    block_size: int | None = None
+    num_denoise_steps: int = 1
+    sampled_draft: bool = False
+    draft_fn: Callable | None = None
+    attention_impl: str = "xla"
+    pad_to: tuple[int, int] | None = None
+
+    @classmethod
+    def from_keywords(cls, function: str, options: Mapping[str, Any]) -> "GenerateOptions":
+        """The options given to ``function`` as keywords; an unknown keyword is the
+        ``TypeError`` Python raises for any function, naming the options there are."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in options if k not in names]
+        if unknown:
+            raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r} (the "
+                            f"options, fields of GenerateOptions: {', '.join(names)})")
+        return cls(**options)
+
+
+# ---------------------------------------------------------------------------- input checks
+def _unpack_encoding(prompts) -> list[list[int]]:
+    """Token-id rows of what a tokenizer returns (``tokenizer(...)``,
+    ``apply_chat_template(..., tokenize=True)``: a ``BatchEncoding`` or dict with
+    ``input_ids``): a flat list is one prompt; padding is removed with ``attention_mask``."""
+    if "input_ids" not in prompts:
+        raise ValueError("prompts is a mapping without 'input_ids': pass token-id lists, or what "
+                         "the tokenizer returns (tokenizer(text) / apply_chat_template(..., tokenize=True))")
+    as_list = lambda x: x.tolist() if hasattr(x, "tolist") else x  # numpy / torch arrays
+    ids, mask = as_list(prompts["input_ids"]), prompts.get("attention_mask")
+    mask = as_list(mask) if mask is not None else None
+    if len(ids) and isinstance(ids[0], int):  # one prompt
+        ids, mask = [ids], ([mask] if mask is not None else None)
+    if mask is None:
+        return [list(r) for r in ids]
+    return [[t for t, m in zip(r, mr) if m] for r, mr in zip(ids, mask)]
+
+
+def _as_prompt_list(prompts, vocab_size: int) -> list[np.ndarray]:
+    if isinstance(prompts, Mapping):  # BatchEncoding is a Mapping too
+        prompts = _unpack_encoding(prompts)
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+        arr = np.asarray(prompts)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"a prompt array must have rank 2 [batch, length], got shape {arr.shape}; "
+                "for one prompt pass [token_ids]")
+        prompts = list(arr)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise ValueError("prompts must be a list of token-id lists (one list per prompt)")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)):
+            raise ValueError(f"prompt {i} is a string: tokenize it first (target.tokenizer.encode)")
+        if isinstance(p, (int, np.integer)):
+            raise ValueError("prompts must be a list of token-id lists; for one prompt pass [token_ids]")
+        arr = np.asarray(p)
+        if arr.ndim != 1:
+            raise ValueError(f"prompt {i} must be a 1-D sequence of token ids, got shape {arr.shape}")
+        if arr.size == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"prompt {i} must hold integer token ids, got dtype {arr.dtype}")
+        if arr.min() < 0 or arr.max() >= vocab_size:
+            raise ValueError(
+                f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): "
+                f"min {arr.min()}, max {arr.max()}")
+        out.append(arr.astype(np.int32))
+    return out
+
+
+def _per_row(value, batch: int, name: str) -> list:
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) and not np.isscalar(value):
+        if len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} entries for {batch} prompts")
+        return list(value)
+    return [value] * batch
+
+
+def _stop_array(stop_token_ids, batch: int, vocab_size: int) -> np.ndarray:
+    """int32[B, S] stop ids, -1 padded; accepts one id, one shared list or one list per row."""
+    if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
+        stop_token_ids = [stop_token_ids]
+    ids = list(stop_token_ids) if stop_token_ids is not None else []
+    per_row = ids and all(isinstance(x, (list, tuple, np.ndarray)) for x in ids)
+    rows = [list(x) for x in ids] if per_row else [ids] * batch
+    if len(rows) != batch:
+        raise ValueError(f"stop_token_ids has {len(rows)} per-row lists for {batch} prompts")
+    width = max(1, max(len(r) for r in rows))
+    out = np.full((batch, width), -1, np.int32)
+    for b, r in enumerate(rows):
+        for j, t in enumerate(r):
+            if not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+                raise ValueError(f"stop token id {t!r} is not an id in the vocabulary [0, {vocab_size})")
+            out[b, j] = t
+    return out
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def plan_lengths(target: Target, prompt_lens: Sequence[int], max_new: Sequence[int],
+                 extra: int = 0, pad_to: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Padded prompt width and cache length (bucketed so shapes, and compiles, repeat).
+
+    ``extra`` reserves slots past the last token (the speculative block). ``pad_to`` =
+    (min prompt width, min cache length) makes calls with different prompts share one
+    compiled program. Raises ValueError when a row's prompt + budget exceeds the target's
+    ``max_len``.
+    """
+    need = [p + m for p, m in zip(prompt_lens, max_new)]
+    worst = int(np.argmax(need))
+    if need[worst] > target.max_len:
+        raise ValueError(
+            f"prompt {worst} has {prompt_lens[worst]} tokens and max_new_tokens is "
+            f"{max_new[worst]}: {need[worst]} > the cache length max_len={target.max_len}. "
+            "Shorten the prompt, lower max_new_tokens, or load the target with a larger max_len "
+            "(load_target(..., max_len=N); --max-len N on the command line).")
+    cache_len = min(round_up(max(need) + extra, 64), target.max_len + extra)
+    prompt_width = min(round_up(max(prompt_lens), 16), cache_len)
+    if pad_to is not None:
+        width, length = (int(x) for x in pad_to)
+        if width < 1 or length < width + extra:
+            raise ValueError(f"pad_to=(prompt width {width}, cache length {length}) must have a "
+                             f"positive width and a cache length >= width + block ({extra})")
+        prompt_width, cache_len = max(prompt_width, width), max(cache_len, length)
+    return prompt_width, cache_len
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """What ``generate`` returns.
+
+    sequences: per prompt, the generated token ids only (a stop token, when hit, is last).
+    finish_reasons: per prompt, "stop" (hit a stop token) or "length" (used its budget).
+    acceptance_lengths: per prompt, the acceptance length of every iteration (accepted draft
+      tokens + the bonus, so 1..block_size; all 1 for autoregressive decoding).
+    prefill_time_s / decode_time_s: wall time of the two device stages (the first call of a
+      new shape includes compilation; benchmarks warm up first).
+    num_steps: loop iterations (target forward passes after prefill) of the longest row.
+    """
+
+    sequences: list[list[int]]
+    finish_reasons: list[str]
+    prompt_lengths: list[int]
+    acceptance_lengths: list[list[int]]
+    block_size: int
+    prefill_time_s: float
+    decode_time_s: float
+    num_steps: int
+
+    @property
+    def num_generated(self) -> list[int]:
+        return [len(s) for s in self.sequences]
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length: per row, then over rows (SPEC section 6)."""
+        per_row = [np.mean(a) for a in self.acceptance_lengths if a]
+        return float(np.mean(per_row)) if per_row else float("nan")
+
+    @property
+    def acceptance_histogram(self) -> np.ndarray:
+        """Counts of acceptance lengths 1..block_size (index 0 = length 1)."""
+        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
+        return np.bincount(flat - 1, minlength=self.block_size)[:self.block_size] if flat.size else \
+            np.zeros(self.block_size, int)
+
+    @property
+    def position_acceptance_rate(self) -> np.ndarray:
+        """float[block_size - 1]: for draft position i = 1..bs-1, the fraction of iterations
+        whose draft token i was accepted (acceptance length > i)."""
+        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
+        if not flat.size:
+            return np.zeros(self.block_size - 1)
+        return np.array([(flat > i).mean() for i in range(1, self.block_size)])
+
+    def summary(self) -> dict:
+        return {"tau": self.tau, "histogram": self.acceptance_histogram.tolist(),
+                "position_acceptance_rate": self.position_acceptance_rate.tolist(),
+                "num_generated": self.num_generated, "num_steps": self.num_steps,
+                "prefill_time_s": self.prefill_time_s, "decode_time_s": self.decode_time_s}
+
+
+@dataclasses.dataclass
+class StreamChunk:
+    """Tokens committed since the previous chunk (per prompt) and which rows are finished."""
+
+    tokens: list[list[int]]
+    done: list[bool]
+
+
+@dataclasses.dataclass
+class PreparedDecode:
+    """A validated, prefilled generation, ready for ``engine.decode``."""
+
+    spec: engine.EngineSpec
+    drafter_params: Any
+    max_new: jax.Array
+    stop_ids: jax.Array
+    state: engine.DecodeState
+    stops: np.ndarray
+    prompt_lengths: list[int]
+    prefill_time_s: float
+
+
+def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+                   **options) -> PreparedDecode:
+    """Checks the arguments of :func:`generate` (same meaning; ``options`` are the fields of
+    :class:`GenerateOptions`) and runs the prefill; the step benchmark uses it to get a
+    realistic loop state."""
+    return _prepare(target, prompts, max_new_tokens, drafter,
+                    GenerateOptions.from_keywords("prepare_decode", options))
+
+
+def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
+             opt: GenerateOptions) -> PreparedDecode:
+    cfg = target.config
+    rows = _as_prompt_list(prompts, cfg.vocab_size)
+    B = len(rows)
+    budgets = _per_row(max_new_tokens, B, "max_new_tokens")
+    for m in budgets:
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {m!r}")
+    sampling = SamplingParams(float(opt.temperature), opt.top_k, opt.top_p)
+    stops = _stop_array(opt.stop_token_ids, B, cfg.vocab_size)
+    block_size, num_denoise_steps = opt.block_size, opt.num_denoise_steps
+    if drafter is None:
+        if block_size not in (None, 1):
+            raise ValueError("block_size > 1 needs a drafter (generate(..., drafter=...))")
+        bs, dcfg, dparams = 1, None, None
+    else:
+        if not isinstance(drafter, Drafter):
+            raise ValueError(f"drafter must be a dflash_jax.Drafter (load_drafter), got {type(drafter).__name__}")
+        drafter.config.check_target(cfg)
+        bs = drafter.config.block_size if block_size is None else int(block_size)
+        if bs < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if bs > target.max_len:
+            raise ValueError(f"block_size={bs} is larger than the target's cache (max_len="
+                             f"{target.max_len}): a block must fit in the cache; use a block size "
+                             f"up to {target.max_len} (the drafter was trained with "
+                             f"{drafter.config.block_size})")
+        dcfg, dparams = drafter.config, drafter.params
+    if int(num_denoise_steps) != num_denoise_steps or num_denoise_steps < 1:
+        raise ValueError(f"num_denoise_steps must be a positive integer, got {num_denoise_steps!r}")
+    if num_denoise_steps > 1 and opt.sampled_draft:
+        raise ValueError("sampled_draft=True supports num_denoise_steps=1 only (the proposal "
+                         "distribution of a multi-step draft is not defined); use the greedy draft")
+    lens = [len(r) for r in rows]
+    width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=opt.pad_to)
+    spec = engine.EngineSpec(
+        target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
+        sampled_draft=bool(opt.sampled_draft) and bs > 1 and not sampling.greedy,
+        num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
+        draft_fn=opt.draft_fn, attention_impl=check_attention_impl(opt.attention_impl))
+    tokens = np.zeros((B, width), np.int32)
+    for b, r in enumerate(rows):
+        tokens[b, :len(r)] = r
+    max_new = jnp.asarray(budgets, jnp.int32)
+    stop_ids = jnp.asarray(stops)
+    t0 = time.perf_counter()
+    state = engine.prefill(target.params, dparams, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32),
+                           max_new, stop_ids, jax.random.key(opt.seed), spec=spec, cache_len=cache_len)
+    jax.block_until_ready(state.out)
+    return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
+                          time.perf_counter() - t0)
+
+
+def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+             **options) -> GenerateResult:
+    """Generates continuations of a batch of (ragged) token-id prompts, all on device.
+
+    Args:
+      target: a loaded :class:`Target`.
+      prompts: list of token-id lists (lengths may differ), or an int array [B, T].
+      max_new_tokens: new-token budget, one int or one per prompt.
+      drafter: a DFlash :class:`Drafter` for speculative decoding (None: autoregressive).
+      **options: the fields of :class:`GenerateOptions`: ``temperature``, ``top_k``,
+        ``top_p`` (0 = greedy), ``stop_token_ids``, ``seed``, ``block_size``,
+        ``num_denoise_steps``, ``sampled_draft``, ``draft_fn``, ``attention_impl``, ``pad_to``.
+    """
+    pre = _prepare(target, prompts, max_new_tokens, drafter,
+                   GenerateOptions.from_keywords("generate", options))
+    t1 = time.perf_counter()
+    state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                          jnp.int32(np.iinfo(np.int32).max), spec=pre.spec)
+    out, n, accept_lens, iters = jax.device_get((state.out, state.n, state.accept_lens, state.iters))
+    decode_s = time.perf_counter() - t1
+    return _finish(out, n, accept_lens, iters, pre.stops, pre.prompt_lengths, pre.spec.block_size,
+                   pre.prefill_time_s, decode_s)
+
+
+def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+                    iterations_per_chunk: int = 4, **options):
+    """Like :func:`generate` (the same ``options``), but yields :class:`StreamChunk` s of newly
+    committed tokens every ``iterations_per_chunk`` loop iterations (the same compiled loop,
+    run in slices)."""
+    if iterations_per_chunk < 1:
+        raise ValueError(f"iterations_per_chunk must be >= 1, got {iterations_per_chunk}")
+    pre = _prepare(target, prompts, max_new_tokens, drafter,
+                   GenerateOptions.from_keywords("generate_stream", options))
+    state = pre.state
+    out, n, done = jax.device_get((state.out, state.n, state.done))
+    seen = np.zeros_like(n)
+    while True:
+        yield StreamChunk([out[b, seen[b]:n[b]].tolist() for b in range(len(n))], done.tolist())
+        if done.all():
+            return
+        seen = n
+        state = engine.decode(target.params, pre.drafter_params, state, pre.max_new, pre.stop_ids,
+                              jnp.int32(iterations_per_chunk), spec=pre.spec)
+        out, n, done = jax.device_get((state.out, state.n, state.done))
+
+
+def _finish(out, n, accept_lens, iters, stops, lens, block_size, prefill_s, decode_s) -> GenerateResult:
+    seqs, reasons, acceptance_lengths = [], [], []
+    for b in range(out.shape[0]):
+        seq = [int(t) for t in out[b, :n[b]]]
+        seqs.append(seq)
+        reasons.append("stop" if seq and seq[-1] in set(stops[b][stops[b] >= 0].tolist()) else "length")
+        acceptance_lengths.append([int(x) for x in accept_lens[b, :iters[b]]])
+    return GenerateResult(seqs, reasons, list(lens), acceptance_lengths, block_size, prefill_s, decode_s,
+                          int(iters.max()))

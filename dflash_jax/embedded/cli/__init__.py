@@ -1,0 +1,28 @@
+"""The commands that build the embedded default, one module each (``add_arguments(parser)``
+and ``run(args)``, see ``dflash_jax/cli.py``):
+
+    python -m dflash_jax build-corpus       the corpus and byte-level BPE tokenizer
+    python -m dflash_jax pretrain           pretrain the embedded target on it (resumable)
+    python -m dflash_jax export-target      a pretraining run as a Hugging Face directory
+    python -m dflash_jax embedded-prompts   the embedded drafter's training prompts (jsonl)
+
+(``build-embedded``, ``dflash_jax/embedded/build.py``, runs them all.)
+"""
+
+from __future__ import annotations
+
+
+def add_data_dir_argument(p) -> None:
+    """``--data-dir``: where the training data is read (build-corpus, embedded-prompts)."""
+    from dflash_jax.datasets import default_data_dir
+
+    p.add_argument("--data-dir", default=default_data_dir(),
+                   help="training data (DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json); default "
+                        "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout")
+
+
+def training_prompts(argv=None):
+    """``embedded-prompts`` in-process on ``argv`` (no error handling)."""
+    from dflash_jax.embedded.cli import embedded_prompts
+
+    return embedded_prompts.main(argv)

@@ -1,0 +1,37 @@
+"""Build the embedded model's corpus and byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from dflash_jax.cli import command_main, run_cli
+from dflash_jax.embedded.cli import add_data_dir_argument
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="corpus directory to write")
+    add_data_dir_argument(p)
+    p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per packed training row")
+
+
+def run(args) -> dict:
+    from dflash_jax.embedded.corpus import build_corpus, check_training_data
+
+    check_training_data(args.data_dir)
+    if not 1024 <= args.vocab_size <= 65535:
+        raise ValueError("--vocab-size must be within 1024..65535 (tokens are stored as uint16)")
+    if args.seq_len < 2:
+        raise ValueError(f"--seq-len must be >= 2 (a row predicts its next tokens), got {args.seq_len}")
+    meta = build_corpus(args.out, args.data_dir, args.vocab_size, args.seq_len)
+    print(json.dumps({k: meta[k] for k in ("vocab_size", "train", "heldout")}, indent=2))
+    return meta
+
+
+def main(argv=None):
+    return command_main("build-corpus", sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,160 @@
+"""Model handles: a loaded target (:class:`Target`) or drafter (:class:`Drafter`) is its static
+config, its parameter pytree and where it came from; ``load_target`` / ``load_drafter`` /
+``save_drafter`` / ``load_embedded`` read and write them through ``dflash_jax.checkpoints``.
+The public names are re-exported by ``dflash_jax`` (``dj.load_target``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.checkpoints import (load_drafter_params, load_target_params, save_drafter_params,
+                                    save_target_params, save_tokenizer)
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.models.target import init_target_params
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
+"""The package's shipped assets: the embedded pair (``target/``, ``drafter/``)."""
+EMBEDDED_TARGET_DIR = os.path.join(ASSETS_DIR, "target")
+"""The embedded default target shipped in the package (a Hugging Face Qwen3 directory)."""
+EMBEDDED_DRAFTER_DIR = os.path.join(ASSETS_DIR, "drafter")
+"""Its DFlash drafter (the released drafter layout)."""
+
+
+@dataclasses.dataclass
+class Target:
+    """A loaded target LM: static config, parameter pytree, optional tokenizer.
+
+    ``max_len`` is the largest KV cache a ``generate`` call may allocate (prompt plus new
+    tokens, per row); it defaults to the model's ``max_position_embeddings`` and may exceed it
+    only with ``allow_extrapolation=True`` (positions the model was not trained on).
+    """
+
+    config: TargetConfig
+    params: Any
+    tokenizer: Any = None
+    max_len: int | None = None
+    path: str | None = None
+    allow_extrapolation: bool = False
+
+    def __post_init__(self):
+        limit = self.config.max_position_embeddings
+        if self.max_len is None:
+            self.max_len = limit
+        if isinstance(self.max_len, bool) or not isinstance(self.max_len, (int, np.integer)):
+            raise ValueError(f"max_len must be an integer, got {self.max_len!r}")
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be at least 2, got {self.max_len}")
+        if self.max_len > limit and not self.allow_extrapolation:
+            raise ValueError(
+                f"max_len={self.max_len} is above the model's max_position_embeddings={limit} "
+                "(the longest context it was trained for): use max_len <= "
+                f"{limit}, or pass allow_extrapolation=True to use positions beyond it knowingly")
+
+    @property
+    def dtype(self):
+        return self.params["embed_tokens"]["embedding"].dtype
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The config's eos ids, plus the tokenizer's eos when it is another id."""
+        stops = list(self.config.eos_token_id)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None and eos not in stops:
+            stops.append(eos)
+        return stops
+
+    @classmethod
+    def random(cls, config: TargetConfig, seed: int = 0, dtype=jnp.float32,
+               max_len: int | None = None, init_scale: float = 0.02) -> "Target":
+        """A target with random weights (benchmarks, tests)."""
+        return cls(config, init_target_params(config, jax.random.key(seed), dtype, init_scale),
+                   max_len=max_len)
+
+    def save(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
+        """Writes config.json + safetensors (and the tokenizer, when there is one)."""
+        save_target_params(path, self.config, self.params, max_shard_bytes)
+        if self.tokenizer is not None:
+            save_tokenizer(self.tokenizer, path)
+
+
+def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
+                allow_extrapolation: bool = False) -> Target:
+    """Loads a Hugging Face Qwen3 / Llama-3.x checkpoint directory.
+
+    Args:
+      path: directory with config.json and model.safetensors (or a sharded index).
+      dtype: cast the weights (e.g. ``jnp.bfloat16``); None keeps the stored dtype.
+      max_len: KV cache capacity limit; default the config's max_position_embeddings.
+      allow_extrapolation: allow ``max_len`` above max_position_embeddings.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"target directory {path!r} does not exist")
+    config, params = load_target_params(path, dtype=dtype)
+    tokenizer = None
+    if any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return Target(config, params, tokenizer, max_len, path, allow_extrapolation)
+
+
+@dataclasses.dataclass
+class Drafter:
+    """A DFlash drafter: config (released layout) and parameters; uses the target's embedding
+    and LM head, which are never copied into ``params``."""
+
+    config: DrafterConfig
+    params: Any
+    path: str | None = None
+
+    @property
+    def dtype(self):
+        return self.params["fc"]["kernel"].dtype
+
+    @classmethod
+    def random(cls, target: Target, num_layers: int = 1, block_size: int = 16,
+               mask_token_id: int | None = None, target_layer_ids=None, seed: int = 0,
+               dtype=None, init_scale: float = 0.02) -> "Drafter":
+        """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row)."""
+        mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
+        cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids)
+        cfg.check_target(target.config)
+        params = init_drafter_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
+        return cls(cfg, params)
+
+
+def load_drafter(path: str | os.PathLike, target: Target, dtype=None) -> Drafter:
+    """Loads a drafter in the released DFlash layout and checks it fits ``target``.
+
+    ``dtype`` defaults to the target's dtype (drafter and target compute together)."""
+    path = os.fspath(path)
+    cfg = DrafterConfig.from_pretrained(path)
+    cfg.check_target(target.config)
+    params = load_drafter_params(path, cfg, dtype=dtype or target.dtype)
+    return Drafter(cfg, params, path)
+
+
+def save_drafter(drafter: Drafter, path: str | os.PathLike) -> None:
+    """Writes config.json + model.safetensors in the released DFlash layout."""
+    save_drafter_params(path, drafter.config, drafter.params)
+
+
+def load_embedded(dtype=None, max_len: int | None = None) -> tuple["Target", "Drafter"]:
+    """The embedded default pair shipped in the package: ``(target, drafter)``.
+
+    ``dtype`` casts both (None keeps the stored bfloat16; ``jnp.float32`` is faster on most
+    CPUs); the directories are :data:`EMBEDDED_TARGET_DIR` and :data:`EMBEDDED_DRAFTER_DIR`.
+    """
+    target = load_target(EMBEDDED_TARGET_DIR, dtype=dtype, max_len=max_len)
+    return target, load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=dtype)

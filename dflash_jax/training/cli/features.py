@@ -1,0 +1,34 @@
+"""Write offline target features (the tapped hidden states) for a data directory."""
+
+from __future__ import annotations
+
+import sys
+
+from dflash_jax.cli import command_main, run_cli
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", required=True, help="Hugging Face target directory")
+    p.add_argument("--data", required=True, help="data directory written by train-data")
+    p.add_argument("--out", required=True, help="features directory to write")
+    p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+
+
+def run(args) -> None:
+    import jax.numpy as jnp
+
+    from dflash_jax.models.handles import load_target
+    from dflash_jax.training.features import write_features
+
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None)
+    write_features(target, args.data, args.out, args.taps, args.batch_size)
+
+
+def main(argv=None):
+    return command_main("features", sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    run_cli(main)

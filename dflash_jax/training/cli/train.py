@@ -1,0 +1,70 @@
+"""Train a DFlash drafter on a data directory written by train-data (optax AdamW, Orbax
+checkpoints; a run directory that exists is resumed). The training settings are the fields of
+TrainConfig (dflash_jax/training/trainer.py), one option each."""
+
+from __future__ import annotations
+
+import sys
+
+from dflash_jax.cli import add_dataclass_arguments, command_main, dataclass_from_args, run_cli
+
+
+def add_arguments(p) -> None:
+    from dflash_jax.training.trainer import TrainConfig
+
+    p.add_argument("--target", required=True, help="Hugging Face target directory")
+    p.add_argument("--data", required=True, help="data directory written by train-data")
+    p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--features", help="offline features directory (default: online)")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: SPEC formula)")
+    p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
+    p.add_argument("--eval-prompts", type=int, default=0,
+                   help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
+    p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
+    p.add_argument("--init-from", help="start from this drafter directory (released layout; its config "
+                   "replaces --drafter-layers/--block-size/--taps) instead of random weights")
+    p.add_argument("--dtype", help="dtype the target is loaded in (default: the checkpoint's)")
+    add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
+                            exclusive=[("steps", "epochs")])
+
+
+def run(args) -> None:
+    from dflash_jax.training.trainer import TrainConfig
+
+    cfg = dataclass_from_args(TrainConfig, args)  # the settings are checked before anything is loaded
+    import jax.numpy as jnp
+
+    from dflash_jax.models.handles import load_target
+    from dflash_jax.config import DrafterConfig
+    from dflash_jax.training.data import TokenDataset
+    from dflash_jax.training.features import FeatureStore
+    from dflash_jax.training.trainer import Trainer
+
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None)
+    mask = args.mask_token_id
+    if mask is None:
+        tok = target.tokenizer
+        mask = getattr(tok, "mask_token_id", None) if tok is not None else None
+        if mask is None:
+            raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
+                             "of the target's embedding that is not pad or eos)")
+    if args.init_from:
+        dcfg = DrafterConfig.from_pretrained(args.init_from)
+    else:
+        dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size, mask,
+                                        tuple(args.taps) if args.taps else None)
+    data = TokenDataset(args.data)
+    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
+    feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
+    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts,
+            init_from=args.init_from).run(stop_after=args.stop_after)
+
+
+def main(argv=None):
+    return command_main("train", sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    run_cli(main)

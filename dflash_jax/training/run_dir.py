@@ -1,0 +1,69 @@
+"""A training run's directory, shared by the drafter trainer and the embedded target's
+pretraining:
+
+    run.json        the run's settings; a resume with other settings is refused
+    checkpoints/    Orbax checkpoints of the training state (params, optimizer state, step)
+    metrics.jsonl   one JSON line per step
+
+A resume restores the newest checkpoint and drops the metric lines of the steps after it
+(they run again), so a run killed at any point and resumed repeats no step and loses none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from dflash_jax.files import atomic_path, check_settings, write_json
+
+RUN_FILE = "run.json"
+CHECKPOINTS = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+
+
+def check_run_file(run_dir: str, record: dict, added: dict | None = None) -> None:
+    """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings.
+
+    ``added``: ``{section: {key: value}}``, settings added to ``record[section]`` after some
+    runs were started, with the value those runs had implicitly; an old ``run.json`` without
+    them resumes when the new record has that value (:func:`dflash_jax.files.check_settings`)."""
+    path = os.path.join(run_dir, RUN_FILE)
+    if check_settings(path, record, holder=f"{run_dir} belongs to a run", added=added,
+                      remedy="resume with the same settings or use a new run directory") is None:
+        write_json(path, record)
+
+
+def checkpoint_manager(run_dir: str, keep: int) -> ocp.CheckpointManager:
+    """Synchronous Orbax checkpoints in ``run_dir/checkpoints`` (a kill never leaves half a step)."""
+    return ocp.CheckpointManager(
+        os.path.join(run_dir, CHECKPOINTS),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False))
+
+
+def restore_latest(manager: ocp.CheckpointManager, fresh: dict) -> dict:
+    """The newest checkpoint restored into the structure of ``fresh``, or ``fresh`` if none."""
+    latest = manager.latest_step()
+    if latest is None:
+        return fresh
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
+    return manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+
+
+def truncate_metrics(path: str, step: int) -> None:
+    """Drops metric lines of steps after the restored checkpoint ``step`` (they will run again)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip()]
+    keep = []
+    for line in rows:
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break  # a line cut by a kill: everything after it is stale
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.writelines(keep)
