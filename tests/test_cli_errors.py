@@ -15,6 +15,9 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.__main__ import COMMANDS, main, usage
 
+# one pytest-xdist worker runs the whole module: its module fixture writes the bad inputs once
+pytestmark = pytest.mark.xdist_group("test_cli_errors")
+
 EMBEDDED = dj.EMBEDDED_TARGET_DIR
 
 

@@ -25,6 +25,9 @@ import dflash_jax as dj
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 
+# one pytest-xdist worker runs the whole module: its module fixture saves ten checkpoints once
+pytestmark = pytest.mark.xdist_group("test_config_interop")
+
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4, num_heads=4,

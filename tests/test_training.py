@@ -24,6 +24,9 @@ from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.training.loss import block_logits, eval_loss, target_features
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
 
+# one pytest-xdist worker runs the whole module: its module fixtures regenerate training data once
+pytestmark = pytest.mark.xdist_group("test_training")
+
 CFG = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
 
