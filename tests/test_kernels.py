@@ -11,8 +11,8 @@ import pytest
 import dflash_jax as dj
 from kernels import block_attention, block_attention_reference
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import target_forward
+from model_parity import drafter_outputs
 
 # on a GPU the same tests run the compiled kernel (python -m dflash_jax.bench.gpu_suite runs them)
 INTERPRET = jax.default_backend() != "gpu"
@@ -146,18 +146,7 @@ def test_models_give_the_same_outputs_with_either_impl():
     for a, b in zip(outs["xla"], outs["pallas"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
     # drafter: context through the cache + a non-causal block
-    d = drafter.config
-    taps = jnp.asarray(rng.normal(size=(2, 12, d.num_taps * d.hidden_size)), jnp.float32)
-    emb = jnp.asarray(rng.normal(size=(2, 4, d.hidden_size)), jnp.float32)
-    res = []
-    for impl in ("xla", "pallas"):
-        cache = KVCache.init(d.num_layers, 2, 32, d.num_kv_heads, d.head_dim)
-        model = DrafterModel(d, attention_impl=impl)
-        cache = model.apply({"params": drafter.params}, taps, jnp.broadcast_to(jnp.arange(12), (2, 12)),
-                            cache, jnp.array([7, 12]), method=DrafterModel.project_context)
-        h = model.apply({"params": drafter.params}, emb, jnp.array([[7], [12]]) + jnp.arange(4), cache,
-                        method=DrafterModel.draft)
-        res.append(np.asarray(h))
+    res = drafter_outputs(drafter, ("xla", "pallas"), rng)
     np.testing.assert_allclose(res[0], res[1], atol=5e-5, rtol=5e-5)
     # and the whole engine: greedy speculative decoding with the kernel == AR with XLA
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]

@@ -17,8 +17,8 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.bench import gpu_compile as gc
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import target_forward
+from model_parity import drafter_outputs
 from kernels import block_attention_reference, tuning
 from kernels.triton_block_attention import block_attention_triton, plan_launch
 
@@ -175,16 +175,5 @@ def test_models_give_the_same_outputs_with_the_triton_impl():
                            attention_impl=impl)[:2] for impl in ("xla", "triton")]
     for a, b in zip(*outs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
-    d = drafter.config
-    taps = jnp.asarray(rng.normal(size=(2, 12, d.num_taps * d.hidden_size)), jnp.float32)
-    emb = jnp.asarray(rng.normal(size=(2, 4, d.hidden_size)), jnp.float32)
-    res = []
-    for impl in ("xla", "triton"):
-        cache = KVCache.init(d.num_layers, 2, 32, d.num_kv_heads, d.head_dim)
-        model = DrafterModel(d, attention_impl=impl)
-        cache = model.apply({"params": drafter.params}, taps, jnp.broadcast_to(jnp.arange(12), (2, 12)),
-                            cache, jnp.array([7, 12]), method=DrafterModel.project_context)
-        h = model.apply({"params": drafter.params}, emb, jnp.array([[7], [12]]) + jnp.arange(4), cache,
-                        method=DrafterModel.draft)
-        res.append(np.asarray(h))
+    res = drafter_outputs(drafter, ("xla", "triton"), rng)
     np.testing.assert_allclose(res[0], res[1], atol=5e-5, rtol=5e-5)
