@@ -4,10 +4,14 @@
     python -m dflash_jax bench --target Qwen/Qwen3-8B-dir --drafter z-lab-dflash-dir \\
         --max-samples 80 --max-new-tokens 2048 --dtype bfloat16
 
-Per prompt set it prints the speedup (AR wall time / DFlash wall time over the same prompts,
-batch 1, compiles excluded by a warm-up) and tau (mean acceptance length), then their
-averages, the acceptance-length histogram, and writes ``bench.json``, ``bench.md`` and
-``bench.png`` under ``--out``. At temperature 0 it also counts the prompts whose DFlash
+Per prompt set it prints SPEC section 6's metrics (``dflash_jax.metrics``): tau (per response
+the mean acceptance length, then the mean over responses) and the decode-only speedup (mean
+AR time per output token / mean DFlash time per output token over the responses, prefill
+excluded; batch 1, compiles excluded by a warm-up), each with a 95 % bootstrap interval over
+the responses, beside the pooled tau and the end-to-end speedup (prefill included); then the
+averages over the sets, the acceptance-length histogram and the per-position acceptance
+rates, and writes ``bench.json``, ``bench.md`` and ``bench.png`` under ``--out``. At
+temperature 0 it also counts the prompts whose DFlash
 output equals the autoregressive output (it must be all of them). mt-bench is two-turn:
 each method's turn-2 prompt carries the autoregressive answer to turn 1.
 
@@ -29,10 +33,12 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
+from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 
@@ -116,9 +122,7 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
               "and warming up; the timings exclude this", file=sys.stderr)
     for d in (None, runner.drafter):  # warm-up: compile both programs for these shapes
         runner.run(first, d, pad_to)
-    rec = {"samples": [], "ar_time_s": 0.0, "dflash_time_s": 0.0, "ar_decode_s": 0.0, "dflash_decode_s": 0.0,
-           "ar_tokens": 0, "dflash_tokens": 0,
-           "acceptance_lengths": [], "same_output": 0, "turns": 0}
+    rec = {"samples": [], "same_output": 0, "turns": 0}
     for s in samples:
         answers = []
         for t in range(len(s.turns)):
@@ -126,70 +130,74 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
             ar = runner.run(ids, None, pad_to)
             df = runner.run(ids, runner.drafter, pad_to)
             answers.append(tok.decode(ar.sequences[0], skip_special_tokens=True) if tok else "")
-            ar_t, df_t = ar.prefill_time_s + ar.decode_time_s, df.prefill_time_s + df.decode_time_s
             same = ar.sequences[0] == df.sequences[0]
-            rec["ar_time_s"] += ar_t
-            rec["dflash_time_s"] += df_t
-            rec["ar_decode_s"] += ar.decode_time_s
-            rec["dflash_decode_s"] += df.decode_time_s
-            rec["ar_tokens"] += len(ar.sequences[0])
-            rec["dflash_tokens"] += len(df.sequences[0])
-            rec["acceptance_lengths"] += df.acceptance_lengths[0]
             rec["same_output"] += int(same)
             rec["turns"] += 1
-            rec["samples"].append({"id": s.id, "turn": t + 1, "prompt_tokens": len(ids),
-                                   "ar_tokens": len(ar.sequences[0]), "dflash_tokens": len(df.sequences[0]),
-                                   "ar_time_s": ar_t, "dflash_time_s": df_t, "tau": df.tau,
-                                   "same_output": same})
+            rec["samples"].append({"id": s.id, "turn": t + 1, "prompt_tokens": len(ids), "same_output": same,
+                                   "ar": metrics.response(ar).to_dict(), "dflash": metrics.response(df).to_dict()})
             bar.update(1)
-    acc = np.asarray(rec["acceptance_lengths"], int)
-    # SPEC section 6: each response's mean acceptance length, then the mean over responses
-    # (a response whose first token was its last has no iteration and no tau)
-    taus = [x["tau"] for x in rec["samples"] if np.isfinite(x["tau"])]
-    rec["tau"] = float(np.mean(taus)) if taus else float("nan")
-    rec["ar_tokens_per_s"] = rec["ar_tokens"] / rec["ar_time_s"]
-    rec["dflash_tokens_per_s"] = rec["dflash_tokens"] / rec["dflash_time_s"]
-    rec["speedup"] = rec["dflash_tokens_per_s"] / rec["ar_tokens_per_s"]
-    # the loop alone (prefill excluded): the first token comes from the prefill in both methods
-    ar_loop = (rec["ar_tokens"] - rec["turns"]) / max(rec["ar_decode_s"], 1e-9)
-    rec["decode_speedup"] = (rec["dflash_tokens"] - rec["turns"]) / max(rec["dflash_decode_s"], 1e-9) / max(ar_loop, 1e-9)
-    rec["histogram"] = np.bincount(acc - 1, minlength=bs)[:bs].tolist() if acc.size else [0] * bs
-    del rec["acceptance_lengths"]
+    rec.update(metrics.summarize(*responses(rec), bs))
     return rec
 
 
+def responses(record: dict) -> tuple[list, list]:
+    """(AR responses, DFlash responses) of a prompt set's record, paired, in order."""
+    rows = record["samples"]
+    return ([metrics.Response.from_dict(x["ar"]) for x in rows],
+            [metrics.Response.from_dict(x["dflash"]) for x in rows])
+
+
+def average(datasets: dict) -> dict:
+    """The average over the finished prompt sets (``metrics.average``)."""
+    return metrics.average({name: responses(r) for name, r in datasets.items()})
+
+
 def markdown(report: dict) -> str:
+    """The table: SPEC section 6's tau and decode-only speedup with 95 % bootstrap intervals
+    over responses, then the pooled tau and the end-to-end (prefill included) speedup."""
     greedy = report["settings"]["temperature"] == 0
-    head = ("| dataset | prompts | AR tok/s | DFlash tok/s | speedup | decode-loop speedup | tau |"
-            + (" DFlash == AR |" if greedy else ""))
+    head = ("| dataset | responses | tau [95% CI] | speedup, decode [95% CI] | tau pooled | speedup, end to end "
+            "| AR ms/token | DFlash ms/token |" + (" DFlash == AR |" if greedy else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in report["datasets"].items():
-        row = (f"| {name} | {r['turns']} | {r['ar_tokens_per_s']:.1f} | {r['dflash_tokens_per_s']:.1f} | "
-               f"{r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | {r['tau']:.2f} |")
+        row = (f"| {name} | {r['turns']} | {metrics.interval_text(r['tau'], r['tau_ci'])} | "
+               f"{metrics.interval_text(r['speedup'], r['speedup_ci'])}x | {r['tau_pooled']:.2f} | "
+               f"{r['end_to_end_speedup']:.2f}x | {r['ar_decode_ms_per_token']:.2f} | "
+               f"{r['dflash_decode_ms_per_token']:.2f} |")
         lines.append(row + (f" {r['same_output']}/{r['turns']} |" if greedy else ""))
     av = report["average"]
-    lines.append(f"| **average** | | | | **{av['speedup']:.2f}x** | {av['decode_speedup']:.2f}x | **{av['tau']:.2f}** |"
-                 + (" |" if greedy else ""))
+    lines.append(f"| **average** | | **{metrics.interval_text(av['tau'], av['tau_ci'])}** | "
+                 f"**{metrics.interval_text(av['speedup'], av['speedup_ci'])}x** | {av['tau_pooled']:.2f} | "
+                 f"{av['end_to_end_speedup']:.2f}x | | |" + (" |" if greedy else ""))
     return "\n".join(lines)
 
 
 def plot(report: dict):
     names = list(report["datasets"])
-    fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = new_figure(1, 3, figsize=(15, 4))
     x = np.arange(len(names))
-    sp = [report["datasets"][n]["speedup"] for n in names]
-    tau = [report["datasets"][n]["tau"] for n in names]
-    ax1.bar(x - 0.2, sp, 0.4, label="speedup (x)")
-    ax1.bar(x + 0.2, tau, 0.4, label="tau")
+    for off, key, label in ((-0.2, "speedup", "speedup, decode (x)"), (0.2, "tau", "tau")):
+        vals = np.array([report["datasets"][n][key] for n in names])
+        ci = np.array([report["datasets"][n][key + "_ci"] for n in names], float).reshape(len(names), 2)
+        err = np.where(np.isfinite(ci), np.abs(ci - vals[:, None]), 0).T
+        ax1.bar(x + off, vals, 0.4, yerr=err, capsize=3, label=label)
     ax1.axhline(1.0, color="k", lw=0.8)
     ax1.set_xticks(x, names)
-    ax1.set_title(f"DFlash vs AR ({report['environment']['device']}, T={report['settings']['temperature']})")
+    ax1.set_title(f"DFlash vs AR ({report['environment']['device']}, T={report['settings']['temperature']}), 95% CI")
     ax1.legend()
     hist = np.sum([report["datasets"][n]["histogram"] for n in names], axis=0)
     ax2.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
     ax2.set_xlabel("acceptance length (accepted drafts + 1)")
     ax2.set_ylabel("fraction of iterations")
     ax2.set_title("acceptance-length histogram (all sets)")
+    for n in names:
+        rate = report["datasets"][n]["position_acceptance"]
+        ax3.plot(np.arange(1, len(rate) + 1), rate, marker=".", label=n)
+    ax3.set_xlabel("draft position k")
+    ax3.set_ylabel("P(draft token k accepted)")
+    ax3.set_ylim(0, 1)
+    ax3.set_title("per-position acceptance")
+    ax3.legend(fontsize=8)
     return fig
 
 
@@ -252,6 +260,9 @@ def run(args) -> dict:
     print("\n" + table + "\n")
     print("acceptance-length histogram (length: count): "
           + ", ".join(f"{i + 1}: {c}" for i, c in enumerate(hist)))
+    rate = metrics.position_acceptance([r for d in report["datasets"].values() for r in responses(d)[1]],
+                                       len(hist))
+    print("P(draft position k accepted), all sets: " + ", ".join(f"{k + 1}: {p:.2f}" for k, p in enumerate(rate)))
     print(f"{report['wall_time_s']:.0f} s for the runs (compilation and warm-up included; the "
           f"per-set timings exclude them), peak resident memory {report['peak_rss_mib']:.0f} MiB")
     return report
@@ -269,17 +280,20 @@ def _portable(path: str) -> str:
 def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     """Writes bench.json / .md / .png for the sets finished so far; returns the table."""
     results = report["datasets"]
-    report["average"] = {k: float(np.mean([r[k] for r in results.values()]))
-                         for k in ("speedup", "decode_speedup", "tau")}
+    report["average"] = average(results)
     report["wall_time_s"] = time.perf_counter() - t0
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     table = markdown(report)
     write_report(report, out, "bench", plot, quiet=quiet)
-    with open(os.path.join(out, "bench.md"), "w") as f:
-        st = report["settings"]
-        f.write(f"`{report['command']}` on {report['environment']['device']} "
-                f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
-                f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n")
+    st = report["settings"]
+    write_text(os.path.join(out, "bench.md"),
+               f"`{report['command']}` on {report['environment']['device']} "
+               f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
+               f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n\n"
+               "tau: per response the mean acceptance length, then the mean over responses; speedup: "
+               "mean AR time per output token / mean DFlash time per output token, decode phase only "
+               "(SPEC section 6); [95% CI]: percentile bootstrap over the responses (seed 0); tau pooled: "
+               "all iterations in one mean; end to end: the same speedup with the prefill included.\n")
     return table
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dflash_jax import metrics
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.models.handles import Drafter, Target
@@ -209,25 +210,19 @@ class GenerateResult:
 
     @property
     def tau(self) -> float:
-        """Mean acceptance length: per row, then over rows (SPEC section 6)."""
-        per_row = [np.mean(a) for a in self.acceptance_lengths if a]
-        return float(np.mean(per_row)) if per_row else float("nan")
+        """Mean acceptance length: per row, then over rows (SPEC section 6; ``metrics.tau``)."""
+        return metrics.tau(self.acceptance_lengths)
 
     @property
     def acceptance_histogram(self) -> np.ndarray:
         """Counts of acceptance lengths 1..block_size (index 0 = length 1)."""
-        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
-        return np.bincount(flat - 1, minlength=self.block_size)[:self.block_size] if flat.size else \
-            np.zeros(self.block_size, int)
+        return metrics.acceptance_histogram(self.acceptance_lengths, self.block_size)
 
     @property
     def position_acceptance_rate(self) -> np.ndarray:
         """float[block_size - 1]: for draft position i = 1..bs-1, the fraction of iterations
-        whose draft token i was accepted (acceptance length > i)."""
-        flat = np.concatenate([np.asarray(a, int) for a in self.acceptance_lengths] + [np.zeros(0, int)])
-        if not flat.size:
-            return np.zeros(self.block_size - 1)
-        return np.array([(flat > i).mean() for i in range(1, self.block_size)])
+        whose draft token i was accepted (acceptance length > i; ``metrics.position_acceptance``)."""
+        return metrics.position_acceptance(self.acceptance_lengths, self.block_size)
 
     def summary(self) -> dict:
         return {"tau": self.tau, "histogram": self.acceptance_histogram.tolist(),
