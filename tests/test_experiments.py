@@ -1,0 +1,229 @@
+"""The ablation framework (experiments/): both experiments' smoke presets end to end on the
+embedded target (real regeneration, training, export and evaluation), reuse of finished
+cells, exact resume of a killed cell, the settings hash, and the errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+from experiments import ablate_block_size, ablate_depth, framework
+
+pytestmark = pytest.mark.xdist_group("test_experiments")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _files(root: str, name: str) -> dict:
+    """{path: (mtime_ns, bytes)} of every ``name`` file under ``root``."""
+    out = {}
+    for d, _, files in os.walk(root):
+        if name in files:
+            p = os.path.join(d, name)
+            with open(p, "rb") as f:
+                out[p] = (os.stat(p).st_mtime_ns, f.read())
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Both experiments' smoke presets, one run directory (they share data and a drafter)."""
+    root = tmp_path_factory.mktemp("experiments")
+    work = str(root / "work")
+    depth = ablate_depth.run("smoke", out=str(root / "depth"), work=work)
+    block = ablate_block_size.run("smoke", out=str(root / "block"), work=work)
+    return root, work, depth, block
+
+
+def test_smoke_presets_write_tables_with_the_papers_numbers(smoke):
+    root, work, depth, block = smoke
+    for name, table, n in (("depth", depth, 2), ("block", block, 4)):
+        out = root / name
+        for f in ("table.md", "table.json", "plot.png", "README.md"):
+            assert (out / f).stat().st_size > 0, f
+        saved = json.loads((out / "table.json").read_text())
+        assert saved["experiment"] == table.experiment.name and len(saved["rows"]) == n
+        assert saved["paper"] == table.experiment.paper_rows and saved["budget"]["steps"] == 8
+        md = (out / "table.md").read_text()
+        assert "The paper, same ablation" in md and "Qwen3-8B" in md
+        readme = (out / "README.md").read_text()
+        assert "8 steps x 4 sequences x 8 anchors" in readme and "What the data shows" in readme
+        for row in saved["rows"]:
+            av = row["average"]
+            assert av["tau_ci"][0] <= av["tau"] <= av["tau_ci"][1]
+            assert av["speedup_ci"][0] <= av["speedup"] <= av["speedup_ci"][1] and av["speedup"] > 0
+            assert row["draft_ms"] > 0 and row["verify_ms"] > 0 and row["drafter_params"] > 0
+    assert [r["label"]["layers"] for r in depth.rows] == [1, 2]
+    assert depth.rows[1]["drafter_params"] > depth.rows[0]["drafter_params"]
+    labels = [(r["label"]["train_block_size"], r["label"]["eval_block_size"]) for r in block.rows]
+    assert labels == [(8, 8), (8, 16), (16, 8), (16, 16)]
+    # the grid shares drafters: each training block size is trained once, and the 1-layer
+    # block-16 drafter of the depth grid is the block-16 drafter here (same data, same settings)
+    assert len(os.listdir(os.path.join(work, "drafters"))) == 3
+    assert block.rows[2]["cells"] == block.rows[3]["cells"] == depth.rows[0]["cells"]
+    assert block.rows[0]["cells"] == block.rows[1]["cells"] != block.rows[2]["cells"]
+
+
+def test_cells_are_lossless_and_their_metrics_follow_from_the_responses(smoke):
+    """Oracles: at T = 0 every DFlash response equals the autoregressive one, and each cell's
+    tau, histogram and decode speedup recomputed with plain numpy from its saved responses."""
+    _, work, _, _ = smoke
+    cells = [json.load(open(p)) for p in _files(os.path.join(work, "cells"), "cell.json")]
+    assert len(cells) == 5  # depth's (1 layer, block 16) cell is block size's (16 -> 16) cell
+    for c in cells:
+        bs = c["settings"]["evaluation"]["block_size"]
+        for r in c["datasets"].values():
+            assert r["same_output"] == r["turns"] == len(r["samples"]) == 2
+            df = [x["dflash"] for x in r["samples"]]
+            ar = [x["ar"] for x in r["samples"]]
+            assert r["tau"] == pytest.approx(np.mean([np.mean(x["acceptance_lengths"]) for x in df]))
+            lengths = np.concatenate([x["acceptance_lengths"] for x in df])
+            assert r["histogram"] == [int((lengths == k).sum()) for k in range(1, bs + 1)]
+            tpot = lambda xs: np.mean([x["decode_s"] / (x["new_tokens"] - 1) for x in xs])
+            assert r["speedup"] == pytest.approx(tpot(ar) / tpot(df))
+            assert all(x["new_tokens"] == y["new_tokens"] for x, y in zip(ar, df))
+
+
+def test_a_second_run_reuses_every_cell(smoke):
+    root, work, depth, block = smoke
+    before = {n: _files(work, n) for n in ("cell.json", "train.json", "metrics.jsonl")}
+    again = ablate_depth.run("smoke", out=str(root / "depth"), work=work)
+    again_block = ablate_block_size.run("smoke", out=str(root / "block"), work=work)
+    for n, files in before.items():
+        assert _files(work, n) == files, f"a {n} was rewritten: a finished cell was recomputed"
+    plain = lambda rows: json.loads(json.dumps(rows))
+    assert plain(again.rows) == plain(depth.rows) and plain(again_block.rows) == plain(block.rows)
+
+
+def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
+    """SIGKILL during a cell's training, rerun: the exported drafter equals the one the
+    uninterrupted smoke run trained (the trainer resumes from its Orbax checkpoint)."""
+    _, work, depth, _ = smoke
+    killed = tmp_path / "work"
+    shutil.copytree(os.path.join(work, "data"), killed / "data")  # the same data: skip regenerating
+    cmd = [sys.executable, "-m", "experiments.ablate_depth", "--preset", "smoke", "--depths", "1",
+           "--work", str(killed), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    drafter = depth.rows[0]["cells"][0]
+    metrics = killed / "drafters" / drafter / "run" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    lines = len(metrics.read_text().splitlines())
+    assert 3 <= lines < 8 and not (killed / "drafters" / drafter / "train.json").exists(), \
+        "the run was not killed during training"
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    ref = os.path.join(work, "drafters", drafter, "drafter", "model.safetensors")
+    got = killed / "drafters" / drafter / "drafter" / "model.safetensors"
+    assert got.read_bytes() == open(ref, "rb").read()
+
+
+def _cells(experiment, **overrides):
+    from dflash_jax.config import TargetConfig
+
+    s, train, axes = framework.resolve(experiment, "smoke", overrides)
+    s = framework.dataclasses.replace(s, mask_token_id=1)
+    work = framework.Work("/nonexistent", s, None)
+    cells = framework.check_settings(experiment, s, train, axes, TargetConfig.from_pretrained(EMBEDDED_TARGET_DIR))
+    return [(framework.stable_hash(work.drafter_key(c)), framework.stable_hash(work.cell_key(c))) for c in cells]
+
+
+def test_the_hash_changes_when_and_only_when_a_setting_changes():
+    base = _cells(ablate_depth.EXPERIMENT)
+    assert _cells(ablate_depth.EXPERIMENT) == base and len(set(base)) == 2
+    # settings that do not change the drafter or the measurement: the same hashes
+    assert _cells(ablate_depth.EXPERIMENT, checkpoint_every=1) == base
+    # a training setting: every drafter and every cell change
+    for change in ({"learning_rate": 5e-4}, {"steps": 9}, {"num_anchors": 4}, {"taps": (1, 2)},
+                   {"num_prompts": 15}, {"gamma": 3.0}, {"seed": 1}):
+        new = _cells(ablate_depth.EXPERIMENT, **change)
+        assert all(n[0] != b[0] and n[1] != b[1] for n, b in zip(new, base)), change
+    # an evaluation setting: the same drafters, other cells
+    for change in ({"max_samples": 3}, {"max_new_tokens": 17}, {"temperature": 1.0}, {"eval_block_size": 8},
+                   {"datasets": ("mbpp",)}, {"num_denoise_steps": 2}):
+        new = _cells(ablate_depth.EXPERIMENT, **change)
+        assert all(n[0] == b[0] and n[1] != b[1] for n, b in zip(new, base)), change
+    # the varied setting changes only its own cell
+    assert _cells(ablate_depth.EXPERIMENT, depths=(1, 3)) == [base[0], _cells(ablate_depth.EXPERIMENT, depths=(3,))[0]]
+    # two seeds: the first seed's cells are the one-seed cells
+    assert _cells(ablate_depth.EXPERIMENT, seeds=2)[:2] == base
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"no_such_setting": 1}, "has no setting 'no_such_setting'"),
+    ({"train_block_sizes": (1, 8)}, "block size >= 2"),
+    ({"eval_block_sizes": (1,)}, "inference block size 1"),
+    ({"depths": (1, 9)}, "9-layer drafter"),
+    ({"datasets": ("gsm8k", "nope")}, "unknown prompt set nope"),
+    ({"steps": 0}, "steps must be an integer >= 1"),
+    ({"num_prompts": 0}, "num_prompts must be >= 1"),
+    ({"prompt_source": "elsewhere"}, "prompt_source must be one of"),
+])
+def test_bad_settings_are_refused_before_anything_runs(tmp_path, overrides, message):
+    experiment = ablate_block_size if "train_block_sizes" in overrides or "eval_block_sizes" in overrides else ablate_depth
+    if "depths" in overrides and experiment is not ablate_depth:
+        experiment = ablate_depth
+    with pytest.raises(ValueError, match=message):
+        experiment.run("smoke", out=str(tmp_path / "out"), work=str(tmp_path / "work"), **overrides)
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_bad_targets_presets_and_outputs_are_refused(tmp_path):
+    work = tmp_path / "work"
+    no_tok = tmp_path / "target"
+    no_tok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(EMBEDDED_TARGET_DIR, f), no_tok / f)
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        ablate_depth.run("smoke", target=str(no_tok), out=str(tmp_path / "o1"), work=str(work))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ablate_depth.run("smoke", target=str(tmp_path / "missing"), out=str(tmp_path / "o1"), work=str(work))
+    with pytest.raises(ValueError, match="unknown preset"):
+        ablate_depth.run("laptop", out=str(tmp_path / "o1"), work=str(work))
+    with pytest.raises(ValueError, match="needs --target"):
+        ablate_depth.run("gpu", out=str(tmp_path / "o1"), work=str(work))
+    # an --out of another experiment, or a directory that is not an experiment's: untouched
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "table.json").write_text(json.dumps({"experiment": "ablate_block_size"}))
+    with pytest.raises(ValueError, match="holds the results of experiment 'ablate_block_size'"):
+        ablate_depth.run("smoke", out=str(other), work=str(work))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match="without a table.json"):
+        ablate_depth.run("smoke", out=str(mine), work=str(work))
+    assert (mine / "README.md").read_text() == "my notes"
+    assert json.loads((other / "table.json").read_text()) == {"experiment": "ablate_block_size"}
+    assert not work.exists()
+    # the command line: a clear one-line error, exit code 2
+    r = subprocess.run([sys.executable, "-m", "experiments.ablate_depth", "--preset", "smoke", "--depths", "0",
+                        "--work", str(work), "--out", str(tmp_path / "o2")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "error:" in r.stderr and "0-layer drafter" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "experiments.ablate_depth", "--help"], cwd=ROOT, capture_output=True,
+                       text=True)
+    text = " ".join(r.stdout.split())  # argparse wraps the help
+    assert r.returncode == 0 and "--depths" in text and "(defaults: smoke 1 2, cpu 1 2 3, gpu 3 5 8)" in text
+
+
+def test_an_out_of_other_settings_needs_overwrite(smoke, tmp_path):
+    root, work, _, _ = smoke
+    with pytest.raises(ValueError, match="other settings"):
+        ablate_depth.run("smoke", out=str(root / "depth"), work=work, depths=(1,))
+    before = (root / "depth" / "table.json").read_text()
+    t = ablate_depth.run("smoke", out=str(tmp_path / "one"), work=work, depths=(1,))  # reused cell
+    assert len(t.rows) == 1 and (root / "depth" / "table.json").read_text() == before
