@@ -142,10 +142,10 @@ BASE_PRESETS: dict[str, dict[str, Any]] = {
                   steps=8, batch_size=4, num_anchors=8, learning_rate=1e-3, checkpoint_every=2,
                   datasets=("gsm8k",), max_samples=2, max_new_tokens=16, timing_repeats=2, taps=(1, 2, 3)),
     "cpu": dict(prompt_source="embedded-recipe", num_prompts=1024, regen_max_new_tokens=128,
-                regen_max_len=384, regen_batch_size=32, steps=300, batch_size=8, num_anchors=32,
+                regen_max_len=384, regen_batch_size=32, steps=400, batch_size=4, num_anchors=32,
                 learning_rate=1e-3, checkpoint_every=50, max_samples=6, max_new_tokens=96,
                 taps=(1, 2, 3)),
-    "gpu": dict(target=None, dtype="bfloat16", prompt_source="embedded-recipe", num_prompts=100_000,
+    "gpu": dict(target=None, dtype="bfloat16", prompt_source=None, num_prompts=100_000,
                 regen_max_new_tokens=2048, regen_max_len=3072, regen_batch_size=64, layers=5,
                 steps=None, epochs=6, batch_size=32, num_anchors=512, checkpoint_every=1000,
                 max_samples=128, max_new_tokens=2048, timing_repeats=20),
@@ -655,6 +655,10 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     settings, train, axes = resolve(experiment, preset, overrides)
     if settings.target is None:
         raise ValueError(f"the {preset} preset needs --target: a Hugging Face target directory (e.g. Qwen3-8B)")
+    if settings.prompt_source is None:
+        raise ValueError(f"the {preset} preset needs --prompt-source FILE.jsonl: the training prompts (the paper's "
+                         "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, SPEC section 5; "
+                         "train-data's formats), answered by the target")
     out = out or default_out(experiment, preset)
     work = work or DEFAULT_WORK
     command = command or _api_command(experiment, preset, out, work, overrides)
@@ -681,6 +685,7 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     identity = {"preset": preset, "settings": _jsonable(settings), "train": train, "axes": _jsonable(axes)}
     check_out(out, experiment, identity, overwrite)
 
+    # dtype None: the platform's (float32 on CPU, bfloat16 on GPUs); hashed as given
     dtype = jnp.dtype(settings.dtype) if settings.dtype else (
         jnp.float32 if jax.devices()[0].platform == "cpu" else jnp.bfloat16)
     target = load_target(settings.target, dtype=dtype)

@@ -84,7 +84,7 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
         s = bench["settings"]
         lines.append(f"## Acceptance (temperature {s['temperature']}, block {s['block_size']}, "
                      f"{s['max_new_tokens']} new tokens, {s['max_samples']} prompts per set)\n")
-        lines.append("| prompt set | tau | speedup vs AR (CPU) |\n|---|---|---|")
+        lines.append("| prompt set | tau | speedup vs AR, decode only (CPU) |\n|---|---|---|")
         for name, r in bench["datasets"].items():
             lines.append(f"| {name} | {r['tau']:.2f} | {r['speedup']:.2f}x |")
         lines.append(f"| average | {bench['average']['tau']:.2f} | {bench['average']['speedup']:.2f}x |\n")
