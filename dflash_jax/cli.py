@@ -125,7 +125,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _argument_kwargs(name: str, hint, default) -> dict:
+def argument_kwargs(name: str, hint, default) -> dict:
     """``add_argument`` keywords for a field of type ``hint`` (``X | None`` is X, optional)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -163,7 +163,7 @@ def add_dataclass_arguments(parser, cls, skip: Sequence[str] = (),
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kwargs: dict[str, Any] = _argument_kwargs(f.name, hints[f.name], f.default)
+        kwargs: dict[str, Any] = argument_kwargs(f.name, hints[f.name], f.default)
         if f.default is not dataclasses.MISSING:
             kwargs["default"] = f.default
         elif f.default_factory is not dataclasses.MISSING:

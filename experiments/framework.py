@@ -54,7 +54,7 @@ import numpy as np
 
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
-from dflash_jax.cli import field_help, flag, _argument_kwargs
+from dflash_jax.cli import argument_kwargs, field_help, flag
 from dflash_jax.files import atomic_path, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 from dflash_jax.training.trainer import TrainConfig
@@ -783,7 +783,7 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
                          ("train", [f.name for f in train_fields()])):
         for name in names:
             hint = hints.get(name, tuple[int, ...])
-            kwargs = _argument_kwargs(name, hint, None)
+            kwargs = argument_kwargs(name, hint, None)
             if kwargs.get("action") == "store_true":
                 kwargs = {"action": argparse.BooleanOptionalAction}
             if name == "datasets":
