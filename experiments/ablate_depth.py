@@ -56,6 +56,15 @@ def findings(table) -> list[str]:
     out.append("the paper (Qwen3-8B, H200): tau rises with depth on every set (MATH-500 5.64 / 5.99 / 6.33 "
                "for 3 / 5 / 8 layers) while the speedup is flat or falls (4.69 / 4.71 / 4.64x): the trade-off "
                "between drafting better and drafting slower")
+    if len(rows) >= 2:
+        lo, hi = rows[0], rows[-1]
+        rises = hi["average"]["tau"] > lo["average"]["tau"]
+        sure = framework.separated(lo, hi)
+        out.append(f"against the paper's direction: tau {'rises' if rises else 'does not rise'} from {name(lo)} to "
+                   f"{name(hi)} here ({lo['average']['tau']:.2f} -> {hi['average']['tau']:.2f}), "
+                   + ("agreeing with the paper" if rises and sure else
+                      "disagreeing with the paper" if sure else
+                      "a difference within the 95 % intervals: this budget neither confirms nor contradicts the paper"))
     return out
 
 
