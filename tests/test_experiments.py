@@ -227,3 +227,31 @@ def test_an_out_of_other_settings_needs_overwrite(smoke, tmp_path):
     before = (root / "depth" / "table.json").read_text()
     t = ablate_depth.run("smoke", out=str(tmp_path / "one"), work=work, depths=(1,))  # reused cell
     assert len(t.rows) == 1 and (root / "depth" / "table.json").read_text() == before
+
+
+def test_seeds_are_aggregated_into_one_row_with_their_spread():
+    """Two seeds of one cell: the row's tau and speedup are the means over the seeds (per set,
+    then over sets), each seed is listed, and the intervals come from the pooled strata."""
+    from dflash_jax.metrics import Response
+
+    def record(seed, lengths, ar_s, df_s):
+        resp = lambda n, acc, s: Response(n, tuple(acc), 0.01, s).to_dict()
+        rows = [{"ar": resp(9, [1] * 8, a), "dflash": resp(9, acc, d)} for acc, a, d in zip(lengths, ar_s, df_s)]
+        return {"datasets": {"gsm8k": {"samples": rows, "histogram": [0] * 4, "position_acceptance": [0.0] * 3,
+                                       "same_output": 2, "turns": 2}},
+                "average": {"tau": float(np.mean([np.mean(x) for x in lengths])),
+                            "speedup": float(np.mean(ar_s) / np.mean(df_s))},
+                "draft_ms": 1.0 + seed, "verify_ms": 2.0, "training": {"drafter_params": 10, "minutes": 1.5},
+                "drafter_hash": f"d{seed}"}
+
+    cells = [framework.Cell({"layers": 1, "seed": s}, {}, {}, {}) for s in (0, 1)]
+    recs = [record(0, [[4, 4], [2, 2, 2, 2]], [0.8, 0.8], [0.4, 0.2]),   # tau (4 + 2) / 2 = 3, speedup 0.8 / 0.3
+            record(1, [[2, 2, 2, 2], [2, 2, 2, 2]], [0.8, 0.8], [0.4, 0.4])]  # tau 2, speedup 2
+    (row,) = framework.aggregate(cells, recs)
+    assert row["label"] == {"layers": 1}
+    assert row["average"]["tau"] == pytest.approx((3 + 2) / 2)
+    assert row["average"]["speedup"] == pytest.approx((0.8 / 0.3 + 2.0) / 2)
+    assert [s["tau"] for s in row["seeds"]] == [3.0, 2.0] and row["cells"] == ["d0", "d1"]
+    assert row["draft_ms"] == 1.5 and row["train_minutes"] == 3.0
+    lo, hi = row["average"]["tau_ci"]
+    assert 2.0 <= lo <= 2.5 <= hi <= 3.0
