@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 from experiments import ablate_block_size, ablate_depth, framework
+from processes import kill_after_lines
 
 pytestmark = pytest.mark.xdist_group("test_experiments")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,14 +113,7 @@ def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     drafter = depth.rows[0]["cells"][0]
     metrics = killed / "drafters" / drafter / "run" / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    lines = len(metrics.read_text().splitlines())
+    lines = kill_after_lines(proc, metrics, 3)
     assert 3 <= lines < 8 and not (killed / "drafters" / drafter / "train.json").exists(), \
         "the run was not killed during training"
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)

@@ -3,10 +3,8 @@ online vs offline features, resume after SIGKILL, and a tiny end-to-end run."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +21,7 @@ from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.training.loss import block_logits, eval_loss, target_features
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
+from processes import kill_after_lines
 
 # one pytest-xdist worker runs the whole module: its module fixtures regenerate training data once
 pytestmark = pytest.mark.xdist_group("test_training")
@@ -241,14 +240,7 @@ def test_resume_after_sigkill_is_bitwise_identical(data_dir, regenerated, tmp_pa
     proc = subprocess.Popen(_train_cmd(data_dir, regenerated, tmp_path / "killed", steps), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 8:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = len(metrics.read_text().splitlines())
+    killed_at = kill_after_lines(proc, metrics, 8, timeout=300)
     assert 8 <= killed_at < steps, "the run was not killed mid-way"
     subprocess.run(_train_cmd(data_dir, regenerated, tmp_path / "killed", steps), check=True, env=env,
                    capture_output=True)
