@@ -45,7 +45,8 @@ def plot(table):
             for j in range(len(evals)):
                 r = next(r for r in table.rows if r["label"] == {"train_block_size": trains[i], "eval_block_size": evals[j]})
                 lo, hi = r["average"][key + "_ci"]
-                ax.text(j, i, f"{m[i, j]:.2f}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center", color="w", fontsize=8)
+                ax.text(j, i, f"{m[i, j]:.2f}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center", fontsize=8,
+                        bbox=dict(boxstyle="round", facecolor="white", alpha=0.7, lw=0))
         fig.colorbar(im, ax=ax)
         ax.set_title(f"{name} ({table.preset} preset, 95% CI)")
     return fig
