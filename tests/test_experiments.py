@@ -32,9 +32,11 @@ def _files(root: str, name: str) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
-    """Both experiments' smoke presets, one run directory (they share data and a drafter)."""
+    """Both experiments' smoke presets, one run directory (they share data and a drafter).
+    Session scope: xdist interleaves this module's tests with others on its worker, and a
+    module-scoped fixture would be built again after each interruption."""
     root = tmp_path_factory.mktemp("experiments")
     work = str(root / "work")
     depth = ablate_depth.run("smoke", out=str(root / "depth"), work=work)
