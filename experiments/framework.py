@@ -398,7 +398,7 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
     data = TokenDataset(data_dir)
     cfg = TrainConfig(**cell.train)
     trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg)
-    trainer.run()
+    state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):
         tmp = drafter_dir + f".tmp-{os.getpid()}"
@@ -413,7 +413,7 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
               "minutes": sum(r.get("time_s", 0.0) for r in rows) / 60,
               "final_loss": rows[-1]["loss"] if rows else None,
               "final_accuracy_per_pos": rows[-1].get("accuracy_per_pos") if rows else None,
-              "training_sequences": len(data), "drafter_params": _count(trainer.init_state()["params"])}
+              "training_sequences": len(data), "drafter_params": _count(state["params"])}
     write_json(record_path, record)
     return record
 
