@@ -476,6 +476,27 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     return tuple(int(round(1 + j * (N - 4) / (n - 1))) for j in range(n))
 
 
+CONDITIONINGS = ("kv", "input", "none")
+"""How a drafter sees the target's features (``DrafterConfig.conditioning``)."""
+
+
+def check_conditioning(value, where: str = "conditioning") -> str:
+    """``value`` if it is one of :data:`CONDITIONINGS`, else a ValueError naming ``where``."""
+    if not isinstance(value, str) or value not in CONDITIONINGS:
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, CONDITIONINGS))}, got "
+                         f"{value!r}")
+    return value
+
+
+def conditioning_from_hf(d: Mapping[str, Any]) -> str:
+    """The conditioning a drafter ``config.json`` records in ``dflash_config.conditioning``
+    (absent: ``"kv"``, the released drafters); an unknown value is a ValueError."""
+    dflash = d.get("dflash_config") or {}
+    if "conditioning" not in dflash:
+        return "kv"
+    return check_conditioning(dflash["conditioning"], "drafter config.json dflash_config.conditioning")
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     """A DFlash drafter (SPEC section 3): ``num_layers`` = n Qwen3-style layers with the
@@ -483,6 +504,19 @@ class DrafterConfig:
 
     ``block_size`` is the training block size (the default at inference);
     ``mask_token_id`` must be a row of the target's embedding.
+
+    ``conditioning``: how the target's projected features ``c = hidden_norm(fc(taps))`` enter
+    the drafter (``models.drafter``):
+
+      * ``"kv"`` (the paper's method, the released drafters): injected into the keys and values
+        of every layer;
+      * ``"input"`` (the paper's "input fusion" comparison): only as input rows of the first
+        layer, before the block rows; they go through the layers causally like an ordinary
+        prefix, and layer j's block rows attend to layer j's K/V of those rows;
+      * ``"none"`` (no target features): the block attends only to itself; no ``fc`` or
+        ``hidden_norm`` parameters.
+
+    ``config.json`` records it as ``dflash_config.conditioning`` when it is not ``"kv"``.
     """
 
     num_layers: int
@@ -499,8 +533,10 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     rope: RopeConfig = RopeConfig()
     max_position_embeddings: int = 4096
+    conditioning: str = "kv"
 
     def __post_init__(self):
+        check_conditioning(self.conditioning)
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not self.target_layer_ids:
@@ -516,8 +552,10 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int,
                    target_layer_ids: tuple[int, ...] | None = None,
-                   intermediate_size: int | None = None) -> "DrafterConfig":
-        """A drafter shaped like ``target`` (the released recipe)."""
+                   intermediate_size: int | None = None,
+                   conditioning: str = "kv") -> "DrafterConfig":
+        """A drafter shaped like ``target`` (the released recipe; ``conditioning``: see the
+        class)."""
         ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(
             target.num_layers, num_layers)
         return cls(num_layers=num_layers, hidden_size=target.hidden_size,
@@ -526,7 +564,8 @@ class DrafterConfig:
                    head_dim=target.head_dim, vocab_size=target.vocab_size, block_size=block_size,
                    num_target_layers=target.num_layers, target_layer_ids=ids,
                    mask_token_id=mask_token_id, rms_norm_eps=target.rms_norm_eps, rope=target.rope,
-                   max_position_embeddings=target.max_position_embeddings)
+                   max_position_embeddings=target.max_position_embeddings,
+                   conditioning=conditioning)
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "DrafterConfig":
@@ -538,7 +577,9 @@ class DrafterConfig:
         drafter here does not implement (sliding-window, causal or biased attention, attention
         sinks, its own embedding or LM head, other projectors; see ``_DRAFTER_VARIANTS``), and a
         config without a RoPE theta (transformers would use 10000, vLLM's and tpu-inference's
-        DFlash drafters 1e6).
+        DFlash drafters 1e6). ``dflash_config.conditioning`` (this project's ablations, see the
+        class) is ``"kv"`` when absent; another value than ``"kv"``, ``"input"``, ``"none"`` is
+        a ValueError.
         """
         fields = _decoder_fields_from_hf(d, "drafter config.json")
         _refuse(_unsupported_drafter_features(d), "drafter config.json")
@@ -567,7 +608,8 @@ class DrafterConfig:
                 f"reads before dflash_config.target_layer_ids={list(ids)} and which must be those "
                 f"ids plus one ({[i + 1 for i in ids]}); fix it or remove it")
         return cls(**fields, block_size=int(top.get("block_size", 16)), num_target_layers=N,
-                   target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]))
+                   target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]),
+                   conditioning=conditioning_from_hf(d))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DrafterConfig":
@@ -587,7 +629,15 @@ class DrafterConfig:
         ``dflash_config: {"target_layer_ids", "mask_token_id"}`` (tpu-inference defaults the
         mask id to 0 without it). No ``auto_map``: the modelling code is not shipped, see
         README "Config compatibility".
+
+        A drafter whose ``conditioning`` is not ``"kv"`` also has ``dflash_config.conditioning``
+        (read by :meth:`from_hf_dict` only: other readers would build the kv drafter); the kv
+        layout has no such key.
         """
+        dflash_config = {"target_layer_ids": list(self.target_layer_ids),
+                         "mask_token_id": self.mask_token_id}
+        if self.conditioning != "kv":
+            dflash_config["conditioning"] = self.conditioning
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -597,8 +647,7 @@ class DrafterConfig:
             "tie_word_embeddings": False,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
-            "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
-                              "mask_token_id": self.mask_token_id},
+            "dflash_config": dflash_config,
         }
 
     def check_target(self, target: TargetConfig) -> None:

@@ -138,3 +138,25 @@ def check_settings(path: str | os.PathLike, settings: dict, *, holder: str, reme
 
         said = lead + ", ".join(f"{show_key(k)} {show(a)} (now {show(b)})" for k, a, b in diffs)
     raise ValueError(f"{holder} with other settings: {said}; {remedy}")
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike, wait_message: Callable[[], None] | None = None) -> Iterator[None]:
+    """Holds an exclusive lock on the file ``path`` (created if missing) for the ``with`` block:
+    a second process asking for the same lock waits until the first releases it, or dies (the
+    operating system drops the lock of a killed process, so no stale lock is left behind).
+    ``wait_message`` is called once when the lock is busy. POSIX ``flock``."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if wait_message is not None:
+                wait_message()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -248,15 +248,21 @@ def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup"))
         ours.set(xlabel=" → ".join(label_keys), ylabel=METRIC_NAMES.get(key, key), ylim=(0, 1.35 * top),
                  title=f"here: {table.get('preset', '?')} preset on {env.get('device', '?')}")
         ours.legend(fontsize=7, ncol=3, loc="upper left")
-        psets = list(paper[0]["datasets"]) if paper else []
+        # the paper's rows may cover different sets and leave a metric out (None): nan, no bar
+        psets = list(dict.fromkeys(s for p in paper for s in p["datasets"]))
+        value = lambda p, s: (p["datasets"].get(s) or {}).get(key)
         width = 0.8 / max(1, len(psets))
         for j, s in enumerate(psets):
             theirs.bar(np.arange(len(paper)) + (j - (len(psets) - 1) / 2) * width,
-                       [p["datasets"][s][key] for p in paper], width, label=s, color=_set_color(s))
+                       [np.nan if value(p, s) is None else value(p, s) for p in paper], width, label=s,
+                       color=_set_color(s))
         theirs.set_xticks(np.arange(len(paper)), [_label_text(p["setting"]) for p in paper])
         theirs.set(xlabel=" → ".join(paper[0]["setting"]) if paper else "", ylabel=METRIC_NAMES.get(key, key),
-                   title="the paper: Qwen3-8B, H200, bf16")
-        if psets:
-            theirs.set_ylim(0, 1.25 * max(p["datasets"][s][key] for p in paper for s in psets))
+                   title=("the paper: Qwen3-8B, H200, bf16" + "".join(
+                       f"\n{_label_text(p['setting'])}: {p['note']}" for p in paper if p.get("note")))
+                   if paper else "the paper: no numbers for this")
+        known = [value(p, s) for p in paper for s in psets if value(p, s) is not None]
+        if known:
+            theirs.set_ylim(0, 1.25 * max(known))
             theirs.legend(fontsize=7, ncol=3, loc="upper right")
     return fig

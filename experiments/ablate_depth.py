@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments import framework, paper
+from experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:

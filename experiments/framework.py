@@ -55,7 +55,7 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
 from dflash_jax.cli import argument_kwargs, field_help, flag
-from dflash_jax.files import atomic_path, write_json, write_text
+from dflash_jax.files import atomic_path, exclusive, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 from dflash_jax.training.trainer import TrainConfig
 
@@ -67,6 +67,15 @@ TABLE = "table.json"
 # framework sets itself: not in the hash, not options
 TRAIN_NOT_HASHED = ("checkpoint_every", "keep_checkpoints")
 TRAIN_OWN = ("eval_every", "eval_max_new_tokens", "keep_checkpoints", "seed")
+# settings added after cells were run, with their value in those runs: a value equal to it is
+# left out of the hash, so the drafters and cells of earlier runs stay reusable
+HASH_ADDED = {"drafter": {"conditioning": "kv"}, "train": {"anchors": "random"},
+              "evaluation": {"sampled_draft": False}}
+
+
+def _hashed(part: str, values: dict) -> dict:
+    added = HASH_ADDED[part]
+    return {k: v for k, v in values.items() if not (k in added and v == added[k])}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +165,8 @@ BASE_PRESETS: dict[str, dict[str, Any]] = {
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One cell: ``label`` (the values the grid varies, for the table), the drafter-training
-    setting (``drafter``: layers, block_size, taps, mask_token_id; ``train``: TrainConfig
-    fields) and the evaluation setting (``evaluation``)."""
+    setting (``drafter``: layers, block_size, taps, mask_token_id, conditioning; ``train``:
+    TrainConfig fields) and the evaluation setting (``evaluation``)."""
 
     label: dict
     drafter: dict
@@ -174,7 +183,10 @@ class Experiment:
     description: str
     axes: dict[str, dict[str, tuple]]
     axis_help: dict[str, str]
-    cells: Callable[[Settings, dict, dict], list[dict]]  # (settings, train settings, axes) -> label/overrides
+    # (settings, train settings, axes) -> per cell {"label": {...}, and overrides: "drafter": {layers,
+    # block_size, taps, conditioning}, "train": {TrainConfig fields}, "evaluation": {temperature,
+    # num_denoise_steps, sampled_draft}, "eval_block_size": int}
+    cells: Callable[[Settings, dict, dict], list[dict]]
     paper_rows: list[dict]
     paper_keys: list[str]
     plot: Callable[["Table"], Any]
@@ -265,7 +277,11 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
     for seed in range(s.seed, s.seed + s.seeds):
         for spec in experiment.cells(s, train, axes):
             d = {"layers": s.layers, "block_size": s.block_size, "taps": s.taps,
-                 "mask_token_id": s.mask_token_id} | spec.get("drafter", {})
+                 "mask_token_id": s.mask_token_id, "conditioning": "kv"} | spec.get("drafter", {})
+            unknown = set(spec) - {"label", "drafter", "train", "evaluation", "eval_block_size"}
+            unknown |= set(spec.get("evaluation", {})) - {"temperature", "num_denoise_steps", "sampled_draft"}
+            if unknown:
+                raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown entries {sorted(unknown)}")
             ev_bs = spec.get("eval_block_size", s.eval_block_size) or d["block_size"]
             for what, bs in (("training block size", d["block_size"]), ("inference block size", ev_bs)):
                 if bs < 2:
@@ -279,14 +295,22 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             if d["mask_token_id"] is None:
                 raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id")
             cfg = DrafterConfig.for_target(target_config, d["layers"], d["block_size"], d["mask_token_id"],
-                                           tuple(d["taps"]) if d["taps"] else None)
-            tr = train | {"seed": seed}
+                                           tuple(d["taps"]) if d["taps"] else None, conditioning=d["conditioning"])
+            cfg.check_target(target_config)
+            tr = train | spec.get("train", {}) | {"seed": seed}
             TrainConfig(**tr)  # its own checks
             ev = {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
                   "temperature": s.temperature, "num_denoise_steps": s.num_denoise_steps, "subset": s.subset,
-                  "block_size": ev_bs, "seed": s.eval_seed}
+                  "block_size": ev_bs, "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
+            if ev["temperature"] < 0:
+                raise ValueError(f"cell {spec['label']}: temperature must be >= 0, got {ev['temperature']}")
+            if ev["num_denoise_steps"] < 1:
+                raise ValueError(f"cell {spec['label']}: num_denoise_steps must be >= 1, got {ev['num_denoise_steps']}")
+            if ev["sampled_draft"] and ev["num_denoise_steps"] > 1:
+                raise ValueError(f"cell {spec['label']}: sampled drafts support num_denoise_steps 1 only")
             drafter = {"layers": d["layers"], "block_size": d["block_size"],
-                       "taps": list(cfg.target_layer_ids), "mask_token_id": d["mask_token_id"]}
+                       "taps": list(cfg.target_layer_ids), "mask_token_id": d["mask_token_id"],
+                       "conditioning": d["conditioning"]}
             cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev))
     return cells
 
@@ -308,10 +332,11 @@ class Work:
 
     def drafter_key(self, cell: Cell) -> dict:
         train = {k: v for k, v in cell.train.items() if k not in TRAIN_NOT_HASHED}
-        return {"data": self.data_key(), "drafter": cell.drafter, "train": train}
+        return {"data": self.data_key(), "drafter": _hashed("drafter", cell.drafter), "train": _hashed("train", train)}
 
     def cell_key(self, cell: Cell) -> dict:
-        return {"drafter": self.drafter_key(cell), "evaluation": cell.evaluation, "dtype": self.settings.dtype}
+        return {"drafter": self.drafter_key(cell), "evaluation": _hashed("evaluation", cell.evaluation),
+                "dtype": self.settings.dtype}
 
     def data_dir(self) -> str:
         return os.path.join(self.root, "data", stable_hash(self.data_key()))
@@ -359,42 +384,58 @@ def training_prompts(settings: Settings, tokenizer) -> list:
 
 
 def prepare_data(work: Work, bar_write=print) -> str:
-    """The regenerated training data (made once, reused by every cell and experiment)."""
-    from dflash_jax.training.data import regenerate
-
+    """The regenerated training data (made once, reused by every cell and experiment; a second
+    process asking for the same data waits for the first)."""
     out = work.data_dir()
     meta = os.path.join(out, "metadata.json")
-    if os.path.exists(meta):
-        with open(meta) as f:
-            if json.load(f).get("complete"):
-                return out
+    with exclusive(out + ".lock"):
+        if os.path.exists(meta):
+            with open(meta) as f:
+                if json.load(f).get("complete"):
+                    return out
+        _regenerate(work, out, bar_write)
+    return out
+
+
+def _regenerate(work: Work, out: str, bar_write) -> None:
+    from dflash_jax.training.data import regenerate
+
     s = work.settings
     bar_write(f"regenerating the training data: {s.num_prompts} prompts answered by the target -> {out}")
     regenerate(work.target, training_prompts(s, work.target.tokenizer), out, max_new_tokens=s.regen_max_new_tokens,
                max_len=s.regen_max_len, batch_size=s.regen_batch_size, shard_size=max(256, s.regen_batch_size),
                source=f"experiments prompt_source={s.prompt_source}")
     write_json(os.path.join(out, "key.json"), work.data_key())
-    return out
 
 
 def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
     """Trains (or resumes, or reuses) the cell's drafter; returns its train.json record."""
+    root = work.drafter_dir(cell)
+    record_path = os.path.join(root, "train.json")
+    if os.path.exists(record_path):
+        with open(record_path) as f:
+            return json.load(f)
+    # another process training the same drafter (two experiments sharing --work): wait for it
+    with exclusive(os.path.join(root, ".lock"),
+                   lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
+        return _train_drafter(work, cell, data_dir, root, record_path)
+
+
+def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path: str) -> dict:
     import jax.numpy as jnp
 
     from dflash_jax.config import DrafterConfig
     from dflash_jax.training.data import TokenDataset
     from dflash_jax.training.trainer import Trainer, export_run
 
-    root = work.drafter_dir(cell)
-    record_path = os.path.join(root, "train.json")
-    if os.path.exists(record_path):
+    if os.path.exists(record_path):  # finished while we waited
         with open(record_path) as f:
             return json.load(f)
     os.makedirs(root, exist_ok=True)
     write_json(os.path.join(root, "key.json"), work.drafter_key(cell))
     d = cell.drafter
     dcfg = DrafterConfig.for_target(work.target.config, d["layers"], d["block_size"], d["mask_token_id"],
-                                    tuple(d["taps"]))
+                                    tuple(d["taps"]), conditioning=d.get("conditioning", "kv"))
     data = TokenDataset(data_dir)
     cfg = TrainConfig(**cell.train)
     trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg)
@@ -436,11 +477,26 @@ def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar) -> 
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f)
+    with exclusive(os.path.join(work.cell_dir(cell), ".lock")):
+        if os.path.exists(out):  # measured by another process while we waited
+            with open(out) as f:
+                return json.load(f)
+        return _evaluate_cell(work, cell, training, command, bar, out)
+
+
+def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, out: str) -> dict:
+    from dflash_jax.bench import harness
+    from dflash_jax.bench.prompt_sets import load_prompt_set
+    from dflash_jax.bench.spec_speed import step_times
+    from dflash_jax.models.handles import load_drafter
+    from dflash_jax.reporting import environment
+
     ev = cell.evaluation
     drafter = load_drafter(os.path.join(work.drafter_dir(cell), "drafter"), work.target, dtype=work.target.dtype)
     args = types.SimpleNamespace(max_new_tokens=ev["max_new_tokens"], temperature=ev["temperature"],
                                  seed=ev["seed"], block_size=ev["block_size"], thinking=False,
-                                 num_denoise_steps=ev["num_denoise_steps"])
+                                 num_denoise_steps=ev["num_denoise_steps"],
+                                 sampled_draft=ev.get("sampled_draft", False))
     runner = harness.Runner(work.target, drafter, args)
     sets = {n: load_prompt_set(n, None, ev["max_samples"], ev["seed"], subset=ev["subset"]) for n in ev["datasets"]}
     datasets = {n: harness.bench_dataset(runner, samples, bar) for n, samples in sets.items()}
@@ -565,6 +621,31 @@ def compare(rows: list[dict], name: Callable[[dict], str], key: str = "tau") -> 
     return out
 
 
+def paper_direction(better: dict, worse: dict, name: Callable[[dict], str], paper: str, key: str = "tau") -> str:
+    """A sentence on whether ``better`` beats ``worse`` on ``key`` here as the paper says it
+    does (``paper``: what the paper reports), and whether the 95 % intervals make it a finding."""
+    vb, vw = better["average"][key], worse["average"][key]
+    sure = separated(better, worse, key)
+    same = vb > vw
+    return (f"against the paper ({paper}): {key} {name(better)} {vb:.2f} vs {name(worse)} {vw:.2f} here: "
+            + ("the paper's direction" if same else "the opposite direction")
+            + (", the 95 % intervals do not overlap" if sure else
+               ", within the 95 % intervals: this budget neither confirms nor contradicts the paper"))
+
+
+def plot_beside_paper(table: "Table"):
+    """Our rows (average with its interval, each prompt set a marker) beside the paper's rows
+    (:func:`dflash_jax.viz.plot_against_paper`)."""
+    from dflash_jax.viz import plot_against_paper
+
+    return plot_against_paper(table.to_json())
+
+
+def label_text(row: dict) -> str:
+    """A row's label as text ("conditioning input")."""
+    return ", ".join(f"{k} {v}" for k, v in row["label"].items())
+
+
 # ---------------------------------------------------------------------------- outputs
 def check_out(out: str, experiment: Experiment, identity: dict, overwrite: bool) -> None:
     """``--out`` may be new, empty, or hold this experiment's table of the same settings
@@ -607,7 +688,7 @@ def write_outputs(table: Table, out: str, identity: dict) -> None:
 
 
 def _paper_markdown(experiment: Experiment) -> str:
-    from experiments import paper
+    from experiments import paper_numbers as paper
 
     return paper.markdown(experiment.paper_rows, experiment.paper_keys)
 
@@ -638,6 +719,38 @@ def readme(table: Table, md: str) -> str:
 
 
 # ---------------------------------------------------------------------------- running
+def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tuple[Settings, dict, dict, list[Cell]]:
+    """Every check :func:`run_experiment` makes before it runs anything (settings, target,
+    tokenizer, cells); returns (settings, train settings, axes, cells). Raises with a message naming what is wrong."""
+    settings, train, axes = resolve(experiment, preset, overrides)
+    if settings.target is None:
+        raise ValueError(f"the {preset} preset needs --target: a Hugging Face target directory (e.g. Qwen3-8B)")
+    if settings.prompt_source is None:
+        raise ValueError(f"the {preset} preset needs --prompt-source FILE.jsonl: the training prompts (the paper's "
+                         "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, SPEC section 5; "
+                         "train-data's formats), answered by the target")
+    if not os.path.isdir(settings.target):
+        raise FileNotFoundError(f"target directory {settings.target!r} does not exist")
+    from dflash_jax.config import TargetConfig
+
+    tcfg = TargetConfig.from_pretrained(settings.target)
+    if not any(os.path.exists(os.path.join(settings.target, n)) for n in ("tokenizer.json", "tokenizer.model")):
+        raise ValueError(f"{settings.target} has no tokenizer (tokenizer.json or tokenizer.model): the "
+                         "experiments render text prompts with the target's tokenizer and chat template")
+    if settings.mask_token_id is None:
+        from transformers import AutoTokenizer
+
+        mask = getattr(AutoTokenizer.from_pretrained(settings.target), "mask_token_id", None)
+        settings = dataclasses.replace(settings, mask_token_id=mask)
+    cells = check_settings(experiment, settings, train, axes, tcfg)
+    if settings.prompt_source == "embedded-recipe":
+        from dflash_jax.datasets import default_data_dir
+        from dflash_jax.embedded import corpus
+
+        corpus.check_training_data(settings.data_dir or default_data_dir())
+    return settings, train, axes, cells
+
+
 def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | None = None,
                    work: str | None = None, overwrite: bool = False, command: str | None = None,
                    **overrides) -> Table:
@@ -652,36 +765,10 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     from dflash_jax.reporting import environment
 
     t0 = time.perf_counter()
-    settings, train, axes = resolve(experiment, preset, overrides)
-    if settings.target is None:
-        raise ValueError(f"the {preset} preset needs --target: a Hugging Face target directory (e.g. Qwen3-8B)")
-    if settings.prompt_source is None:
-        raise ValueError(f"the {preset} preset needs --prompt-source FILE.jsonl: the training prompts (the paper's "
-                         "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, SPEC section 5; "
-                         "train-data's formats), answered by the target")
+    settings, train, axes, cells = check_experiment(experiment, preset, overrides)
     out = out or default_out(experiment, preset)
     work = work or DEFAULT_WORK
     command = command or _api_command(experiment, preset, out, work, overrides)
-    if not os.path.isdir(settings.target):
-        raise FileNotFoundError(f"target directory {settings.target!r} does not exist")
-    from dflash_jax.config import TargetConfig
-
-    tcfg = TargetConfig.from_pretrained(settings.target)
-    if not any(os.path.exists(os.path.join(settings.target, n)) for n in ("tokenizer.json", "tokenizer.model")):
-        raise ValueError(f"{settings.target} has no tokenizer (tokenizer.json or tokenizer.model): the "
-                         "experiments render text prompts with the target's tokenizer and chat template")
-    mask = settings.mask_token_id
-    if mask is None:
-        from transformers import AutoTokenizer
-
-        mask = getattr(AutoTokenizer.from_pretrained(settings.target), "mask_token_id", None)
-        settings = dataclasses.replace(settings, mask_token_id=mask)
-    cells = check_settings(experiment, settings, train, axes, tcfg)
-    if settings.prompt_source == "embedded-recipe":
-        from dflash_jax.datasets import default_data_dir
-        from dflash_jax.embedded import corpus
-
-        corpus.check_training_data(settings.data_dir or default_data_dir())
     identity = {"preset": preset, "settings": _jsonable(settings), "train": train, "axes": _jsonable(axes)}
     check_out(out, experiment, identity, overwrite)
 

@@ -1,42 +1,612 @@
-"""The DFlash paper's ablation numbers (SPEC.md section 6), to print beside ours.
+"""The paper's tables and figures, each one command, for the target and drafter at hand
+(the embedded pair by default; ``--target`` / ``--drafter`` for a real one).
 
-Every row: the paper's setting, and per prompt set (speedup, tau) at T = 0. The paper's
-ablations train Qwen3-8B drafters on 100K samples and measure on an H200 in bf16 at batch 1
-with ``max_new_tokens`` 2048; its speedups are decode-only (SPEC section 6).
+    python -m experiments.paper table1              # speedup and tau per prompt set, T = 0 and T = 1
+    python -m experiments.paper acceptance          # acceptance histogram and per-position rate per set
+    python -m experiments.paper block_size_curve    # tau and speedup against the inference block size
+    python -m experiments.paper training_curve      # held-out tau against training steps (--run DIR)
+    python -m experiments.paper all                 # all of them, every ablation, then README.md
+    python -m experiments.paper all --preset smoke  # seconds: what CI runs
+    experiments.paper.run("table1", preset="smoke") -> dict
+
+Every measurement is the benchmark's protocol (``python -m dflash_jax bench``: AR and DFlash
+on the same prompts, batch 1, interleaved per prompt; SPEC section 6's metrics with 95 %
+intervals) and is kept per (pair, prompt set, temperature, block size) under ``--work``
+(``WORK/paper/<hash>/record.json``), so an interrupted run resumes where it stopped and the
+items share measurements (``acceptance`` reads ``table1``'s T = 0 runs, ``block_size_curve``
+reuses the drafter's own block size). The outputs, under ``--out`` (default
+``results/paper`` for the cpu preset, ``results/paper-<preset>`` otherwise): ``<item>.json``,
+``<item>.md`` where there is a table, ``<item>.png``, and for ``all`` ``README.md``, one page
+with each table and figure, the command, the budget, and a sentence per item on agreement
+with the paper's direction. The ablations of ``all`` write to their own directories
+(``results/ablations/<name>`` for the cpu preset; ``--ablations-out DIR`` puts them under
+DIR).
 """
 
 from __future__ import annotations
 
-SOURCE = "DFlash paper (arXiv 2602.06036), ablations: Qwen3-8B target, 100K training samples, H200, bf16, T=0"
-SETS = ("math500", "humaneval", "mt-bench")
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+import types
+from typing import Sequence
+
+import numpy as np
+
+from dflash_jax import metrics
+from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
+from dflash_jax.files import atomic_path, exclusive, write_json, write_text
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+from experiments import framework
+from experiments import paper_numbers as numbers
+
+ITEMS = ("table1", "acceptance", "block_size_curve", "training_curve")
+ABLATIONS = ("ablate_depth", "ablate_block_size", "ablate_taps", "ablate_conditioning", "ablate_anchors",
+             "ablate_loss_decay", "ablate_denoise", "ablate_temperature")
+INDEX = "paper.json"
 
 
-def _row(setting: dict, *pairs) -> dict:
-    return {"setting": setting, "datasets": {s: {"speedup": sp, "tau": t} for s, (sp, t) in zip(SETS, pairs)}}
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What the tables and figures depend on; each field is an option (``--max-samples``...),
+    each preset gives every default.
+
+    Attributes:
+        target: Hugging Face target directory (with its tokenizer); default the embedded one
+        drafter: DFlash drafter directory (default: the embedded drafter, for the embedded target)
+        others: more drafter directories, one column each in table1
+        dtype: dtype the pair computes in (float32 on CPU, bfloat16 on a GPU when not given)
+        datasets: prompt sets
+        max_samples: prompts per set
+        max_new_tokens: tokens generated per prompt
+        temperatures: table1's temperatures (the paper's: 0 and 1)
+        block_sizes: block_size_curve's inference block sizes
+        subset: which prompts of a set (as ``bench --subset``)
+        seed: seed of the prompt subsets and of sampling
+        runs: training_curve's drafter run directories (metrics.jsonl with eval_tau); default
+            the embedded drafter's shipped training metrics
+    """
+
+    target: str = EMBEDDED_TARGET_DIR
+    drafter: str | None = None
+    others: tuple[str, ...] = ()
+    dtype: str | None = None
+    datasets: tuple[str, ...] = DATASETS
+    max_samples: int = 6
+    max_new_tokens: int = 96
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    block_sizes: tuple[int, ...] = (2, 4, 8, 12, 16)
+    subset: str = "random"
+    seed: int = 0
+    runs: tuple[str, ...] = ()
 
 
-# draft layers (block size 16, 5 taps)
-DEPTH = [
-    _row({"layers": 3}, (4.69, 5.64), (3.90, 4.61), (2.38, 3.18)),
-    _row({"layers": 5}, (4.71, 5.99), (3.96, 4.94), (2.35, 3.37)),
-    _row({"layers": 8}, (4.64, 6.33), (3.96, 5.29), (2.23, 3.50)),
-]
-
-# train block size -> test block size (8-layer drafters; 16 -> 16 is the 8-layer row above)
-BLOCK_SIZE = [
-    _row({"train_block_size": 16, "eval_block_size": 16}, (4.64, 6.33), (3.96, 5.29), (2.23, 3.50)),
-    _row({"train_block_size": 16, "eval_block_size": 8}, (3.87, 5.09), (3.39, 4.44), (2.12, 3.18)),
-    _row({"train_block_size": 8, "eval_block_size": 16}, (3.78, 5.02), (3.24, 4.28), (2.09, 3.09)),
-    _row({"train_block_size": 8, "eval_block_size": 8}, (3.97, 5.21), (3.53, 4.61), (2.22, 3.29)),
-]
+PRESETS = {
+    "smoke": dict(datasets=("gsm8k", "humaneval"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16)),
+    "cpu": {},
+    "gpu": dict(target=None, max_samples=128, max_new_tokens=2048, block_sizes=(4, 8, 12, 16)),
+}
 
 
-def markdown(rows: list[dict], keys: list[str]) -> str:
-    """The paper's rows as a markdown table (speedup / tau per set)."""
-    head = "| " + " | ".join(keys) + " | " + " | ".join(f"{s} speedup / tau" for s in SETS) + " |"
-    lines = [head, "|" + "---|" * (len(keys) + len(SETS))]
-    for r in rows:
-        cells = [str(r["setting"][k]) for k in keys]
-        cells += [f"{r['datasets'][s]['speedup']:.2f}x / {r['datasets'][s]['tau']:.2f}" for s in SETS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\n({SOURCE})"
+def options(preset: str, **overrides) -> Options:
+    """The options of ``preset`` with ``overrides`` (field names); unknown names are errors."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    names = {f.name for f in dataclasses.fields(Options)}
+    unknown = [k for k in overrides if k not in names]
+    if unknown:
+        raise ValueError(f"experiments.paper has no option {unknown[0]!r}; the options are: {', '.join(sorted(names))}")
+    values = PRESETS[preset] | {k: v for k, v in overrides.items() if v is not None}
+    for k in ("others", "datasets", "temperatures", "block_sizes", "runs"):
+        if k in values and not isinstance(values[k], (str, bytes)):
+            values[k] = tuple(values[k])
+    return Options(**values)
+
+
+def check(opt: Options) -> None:
+    """Refuses bad options before anything loads or runs."""
+    if opt.target is None:
+        raise ValueError("this preset needs --target (a Hugging Face target directory) and --drafter")
+    bad = [d for d in opt.datasets if d not in DATASETS]
+    if bad or not opt.datasets:
+        raise ValueError(f"unknown prompt set {bad[0] if bad else '(none given)'}; choose from {', '.join(DATASETS)}")
+    if opt.subset not in SUBSETS:
+        raise ValueError(f"unknown subset {opt.subset!r}; choose from {', '.join(SUBSETS)}")
+    if opt.max_samples < 1 or opt.max_new_tokens < 1:
+        raise ValueError("--max-samples and --max-new-tokens must be >= 1")
+    if not opt.temperatures or any(t < 0 for t in opt.temperatures):
+        raise ValueError(f"temperatures must be >= 0, got {list(opt.temperatures)}")
+    if not opt.block_sizes or any(b < 2 for b in opt.block_sizes):
+        raise ValueError(f"block sizes must be >= 2 (1 is the AR baseline itself), got {list(opt.block_sizes)}")
+    for what, d in (("target", opt.target), ("drafter", opt.drafter), *(("drafter", o) for o in opt.others),
+                    *(("run", r) for r in opt.runs)):
+        if d is not None and not os.path.isdir(d):
+            raise FileNotFoundError(f"{what} directory {d!r} does not exist")
+    if opt.drafter is None and os.path.abspath(opt.target) != os.path.abspath(EMBEDDED_TARGET_DIR):
+        raise ValueError("--drafter is required with a --target other than the embedded one")
+    for r in opt.runs:
+        if not os.path.exists(os.path.join(r, "metrics.jsonl")):
+            raise FileNotFoundError(f"run directory {r!r} has no metrics.jsonl (a drafter training run)")
+
+
+def default_out(preset: str) -> str:
+    return os.path.join("results", "paper" if preset == "cpu" else f"paper-{preset}")
+
+
+# ---------------------------------------------------------------------------- measurements
+class Session:
+    """The loaded pair(s) and the measurement cache of one invocation."""
+
+    def __init__(self, opt: Options, work: str):
+        import jax
+        import jax.numpy as jnp
+
+        from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, load_drafter, load_target
+
+        self.opt, self.work = opt, os.path.abspath(work)
+        dtype = jnp.dtype(opt.dtype) if opt.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu"
+                                                        else jnp.bfloat16)
+        self.target = load_target(opt.target, dtype=dtype)
+        if self.target.tokenizer is None:
+            raise ValueError(f"{opt.target} has no tokenizer; the prompt sets are text")
+        self.drafter_dirs = [opt.drafter or EMBEDDED_DRAFTER_DIR, *opt.others]
+        # loading checks every drafter against the target (a mismatched pair fails here, before any run)
+        self.drafters = {d: load_drafter(d, self.target, dtype=dtype) for d in self.drafter_dirs}
+        self.main = self.drafter_dirs[0]
+        self.ids = {"target": framework.target_identity(opt.target), "dtype": str(np.dtype(dtype))} | {
+            d: framework.target_identity(d) for d in self.drafter_dirs}
+
+    def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
+        """One prompt set under the bench protocol (cached; see the module docstring)."""
+        o = self.opt
+        drafter = self.drafters[drafter_dir]
+        bs = block_size or drafter.config.block_size
+        key = {"target": self.ids["target"], "dtype": self.ids["dtype"], "drafter": self.ids[drafter_dir],
+               "dataset": dataset, "max_samples": o.max_samples, "max_new_tokens": o.max_new_tokens,
+               "temperature": float(temperature), "block_size": bs, "subset": o.subset, "seed": o.seed}
+        path = os.path.join(self.work, "paper", framework.stable_hash(key), "record.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)["record"]
+        with exclusive(os.path.join(os.path.dirname(path), ".lock")):  # another process measuring it: wait
+            if os.path.exists(path):
+                with open(path) as f:
+                    return json.load(f)["record"]
+            return self._measure(drafter, dataset, temperature, bs, key, path, bar)
+
+    def _measure(self, drafter, dataset, temperature, bs, key, path, bar) -> dict:
+        from dflash_jax.bench import harness
+        from dflash_jax.bench.prompt_sets import load_prompt_set
+        from dflash_jax.reporting import environment
+
+        o = self.opt
+        args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
+                                     block_size=bs, thinking=False, num_denoise_steps=1)
+        samples = load_prompt_set(dataset, None, o.max_samples, o.seed, subset=o.subset)
+        record = harness.bench_dataset(harness.Runner(self.target, drafter, args), samples, bar)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json(path, {"key": key, "record": record, "environment": environment(),
+                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+        return record
+
+    def grid(self, jobs: list[tuple[str, str, float, int | None]], desc: str) -> list[dict]:
+        from tqdm import tqdm
+
+        from dflash_jax.bench.prompt_sets import load_prompt_set
+
+        n = sum(len(s.turns) for _, d, _, _ in jobs
+                for s in load_prompt_set(d, None, self.opt.max_samples, self.opt.seed, subset=self.opt.subset))
+        with tqdm(total=n, desc=desc, unit="prompt") as bar:
+            return [self.measure(*job, bar) for job in jobs]
+
+
+def _average(records: dict[str, dict]) -> dict:
+    from dflash_jax.bench.harness import average
+
+    return average(records)
+
+
+def _ci(r: dict, key: str) -> str:
+    return metrics.interval_text(r[key], r[key + "_ci"])
+
+
+# ---------------------------------------------------------------------------- the items
+def table1(s: Session) -> dict:
+    """Speedup and tau per prompt set and on average, at each temperature, for every drafter;
+    the paper's Table 1 beside them."""
+    o = s.opt
+    res = {}
+    for d in s.drafter_dirs:
+        for t in o.temperatures:
+            recs = s.grid([(d, n, t, None) for n in o.datasets], f"table1 {os.path.basename(d)} T={t:g}")
+            per = dict(zip(o.datasets, recs))
+            res.setdefault(d, {})[f"{t:g}"] = {"datasets": {n: _strip(r) for n, r in per.items()},
+                                              "average": _average(per)}
+    names = {d: _name(d, s) for d in s.drafter_dirs}
+    head = "| prompt set | " + " | ".join(f"{names[d]} T={t:g}: speedup / tau" for d in s.drafter_dirs
+                                         for t in o.temperatures) + " | the paper T=0 | the paper T=1 |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for n in list(o.datasets) + ["average"]:
+        cells = []
+        for d in s.drafter_dirs:
+            for t in o.temperatures:
+                r = res[d][f"{t:g}"]["average"] if n == "average" else res[d][f"{t:g}"]["datasets"][n]
+                cells.append(f"{_ci(r, 'speedup')}x / {_ci(r, 'tau')}")
+        paper = [numbers.TABLE1[t].get(n) for t in (0.0, 1.0)]
+        cells += ["-" if p is None else f"{p[0]:.2f}x / {p[1]:.2f}" for p in paper]
+        lines.append(f"| {'**average**' if n == 'average' else n} | " + " | ".join(cells) + " |")
+    md = "\n".join(lines) + (
+        f"\n\nThe paper (Qwen3-8B, H200, bf16, 2048 new tokens): average {numbers.TABLE1[0.0]['average'][1]:.2f} tau / "
+        f"{numbers.TABLE1[0.0]['average'][0]:.2f}x at T = 0, {numbers.TABLE1[1.0]['average'][1]:.2f} / "
+        f"{numbers.TABLE1[1.0]['average'][0]:.2f}x at T = 1; EAGLE-3 (tree 16) {numbers.EAGLE3_TABLE1_AVERAGE[1]:.2f} / "
+        f"{numbers.EAGLE3_TABLE1_AVERAGE[0]:.2f}x at T = 0.")
+    main = res[s.main]
+    t0, t1 = f"{min(o.temperatures):g}", f"{max(o.temperatures):g}"
+    a0, a1 = main[t0]["average"], main[t1]["average"]
+    finding = [f"tau {a0['tau']:.2f} at T = {t0} vs {a1['tau']:.2f} at T = {t1} (the paper: 6.49 -> 5.48, lower at "
+               f"T = 1): " + ("the paper's direction" if a0["tau"] > a1["tau"] else "not the paper's direction")
+               + ("" if _apart(a0, a1) else ", within the 95 % intervals")] if t0 != t1 else []
+    order = sorted(o.datasets, key=lambda n: -main[t0]["datasets"][n]["tau"])
+    porder = sorted([n for n in o.datasets if n in numbers.TABLE1[0.0]], key=lambda n: -numbers.TABLE1[0.0][n][1])
+    finding.append(f"prompt sets by tau at T = {t0}, here: {' > '.join(order)}; the paper: {' > '.join(porder)}"
+                   + (" (MT-Bench, open chat, is the hardest in both)" if order[-1] == porder[-1] == "mt-bench" else ""))
+    return {"results": res, "markdown": md, "findings": finding, "figure": _table1_figure(res, s)}
+
+
+def _apart(a: dict, b: dict, key: str = "tau") -> bool:
+    return framework.separated({"average": a}, {"average": b}, key)
+
+
+def _strip(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "samples"} | {"responses": r["turns"]}
+
+
+def _name(d: str, s: Session) -> str:
+    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
+
+    return "embedded drafter" if os.path.abspath(d) == os.path.abspath(EMBEDDED_DRAFTER_DIR) else os.path.basename(
+        os.path.normpath(d))
+
+
+def _table1_figure(res: dict, s: Session):
+    from dflash_jax.reporting import new_figure
+
+    o = s.opt
+    fig, axes = new_figure(1, 2, figsize=(13, 4))
+    names = list(o.datasets) + ["average"]
+    series = [(d, t) for d in s.drafter_dirs for t in o.temperatures]
+    width = 0.8 / (len(series) + 1)
+    for ax, key in zip(axes, ("speedup", "tau")):
+        x = np.arange(len(names))
+        for i, (d, t) in enumerate(series):
+            rows = [res[d][f"{t:g}"]["average" if n == "average" else "datasets"] for n in names]
+            rows = [r if n == "average" else r[n] for r, n in zip(rows, names)]
+            v = np.array([r[key] for r in rows])
+            ci = np.array([r[key + "_ci"] for r in rows], float)
+            ax.bar(x + (i - len(series) / 2) * width, v, width, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T,
+                   capsize=2, label=f"{_name(d, s)}, T={t:g}")
+        paper = [numbers.TABLE1[0.0].get(n) for n in names]
+        ax.bar(x + (len(series) / 2) * width, [np.nan if p is None else p[key == "tau"] for p in paper], width,
+               color="0.7", label="the paper, T=0 (Qwen3-8B, H200)")
+        ax.set_xticks(x, names)
+        ax.set_ylabel("decode speedup (x)" if key == "speedup" else "tau")
+        if key == "speedup":
+            ax.axhline(1, color="k", lw=0.8)
+        ax.set_title(f"Table 1: {key} ({s.target.config.model_type} target, 95% CI)")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def acceptance(s: Session) -> dict:
+    """The acceptance-length histogram per prompt set and the per-position acceptance rate
+    (T = 0, the drafter's block size): a figure; the measurements are table1's."""
+    from dflash_jax.reporting import new_figure
+
+    o = s.opt
+    recs = dict(zip(o.datasets, s.grid([(s.main, n, 0.0, None) for n in o.datasets], "acceptance (T=0)")))
+    bs = s.drafters[s.main].config.block_size
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(13, 4))
+    width = 0.8 / len(recs)
+    out = {}
+    for i, (n, r) in enumerate(recs.items()):
+        hist = np.asarray(r["histogram"], float)
+        frac = hist / max(hist.sum(), 1)
+        ax1.bar(np.arange(1, bs + 1) + (i - (len(recs) - 1) / 2) * width, frac, width, label=f"{n} (tau {r['tau']:.2f})")
+        ax2.plot(np.arange(1, bs), r["position_acceptance"], "o-", ms=3, label=n)
+        out[n] = {"histogram": r["histogram"], "position_acceptance": r["position_acceptance"], "tau": r["tau"]}
+    ax1.set(xlabel="acceptance length (accepted drafts + bonus)", ylabel="fraction of iterations",
+            title=f"acceptance lengths, block {bs}, T = 0")
+    ax2.set(xlabel="draft position k", ylabel="P(draft token k accepted)", ylim=(0, 1.02),
+            title="per-position acceptance")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    full = {n: r["histogram"][-1] / max(sum(r["histogram"]), 1) for n, r in recs.items()}
+    first = {n: r["position_acceptance"][0] for n, r in recs.items()}
+    findings = ["P(first draft token accepted): " + ", ".join(f"{n} {p:.2f}" for n, p in first.items())
+                + "; whole block accepted: " + ", ".join(f"{n} {p:.2f}" for n, p in full.items()),
+                "the per-position acceptance falls with the position on every set, as it must (a position is "
+                "accepted only when every earlier one is)" if all(
+                    np.all(np.diff(r["position_acceptance"]) <= 1e-9) for r in recs.values()) else
+                "the per-position acceptance is not monotone: a bug (position k needs every earlier one)",
+                f"tau here {np.mean([r['tau'] for r in recs.values()]):.2f} on average over these sets (block {bs}); "
+                "the paper's Qwen3-8B pair: 6.49 with block 16, so its histogram sits at far longer lengths"]
+    return {"results": out, "findings": findings, "figure": fig}
+
+
+def block_size_curve(s: Session) -> dict:
+    """tau and decode speedup against the inference block size for one drafter (T = 0)."""
+    from dflash_jax.reporting import new_figure
+
+    o = s.opt
+    jobs = [(s.main, n, 0.0, b) for b in o.block_sizes for n in o.datasets]
+    recs = s.grid(jobs, "block_size_curve (T=0)")
+    res = {}
+    for (_, n, _, b), r in zip(jobs, recs):
+        res.setdefault(b, {})[n] = r
+    table = {b: {"average": _average(per), "datasets": {n: _strip(r) for n, r in per.items()}} for b, per in res.items()}
+    fig, axes = new_figure(1, 2, figsize=(12, 4))
+    bs = sorted(table)
+    for ax, key in zip(axes, ("tau", "speedup")):
+        v = np.array([table[b]["average"][key] for b in bs])
+        ci = np.array([table[b]["average"][key + "_ci"] for b in bs], float)
+        ax.errorbar(bs, v, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T, marker="o", capsize=4,
+                    color="k", label="average, 95% CI")
+        for n in o.datasets:
+            ax.plot(bs, [table[b]["datasets"][n][key] for b in bs], ".--", alpha=0.6, label=n)
+        ax.set(xlabel="inference block size", ylabel="tau" if key == "tau" else "decode speedup (x)", xticks=bs,
+               title=f"{key} vs block size (drafter trained at {s.drafters[s.main].config.block_size})")
+        ax.legend(fontsize=7)
+    lines = ["| block size | tau [95% CI] | speedup, decode [95% CI] | " + " | ".join(f"{n} tau" for n in o.datasets) + " |",
+             "|" + "---|" * (3 + len(o.datasets))]
+    for b in bs:
+        a = table[b]["average"]
+        lines.append(f"| {b} | {_ci(a, 'tau')} | {_ci(a, 'speedup')}x | "
+                     + " | ".join(f"{table[b]['datasets'][n]['tau']:.2f}" for n in o.datasets) + " |")
+    best = max(bs, key=lambda b: table[b]["average"]["speedup"])
+    taus = [table[b]["average"]["tau"] for b in bs]
+    findings = [f"tau {'rises' if taus[-1] > taus[0] else 'does not rise'} with the block size ({taus[0]:.2f} at {bs[0]} "
+                f"-> {taus[-1]:.2f} at {bs[-1]}); the speedup peaks at block {best} "
+                f"({table[best]['average']['speedup']:.2f}x): a longer block can only add accepted tokens, but "
+                "costs a longer verify",
+                "the paper (8-layer drafters, MATH-500): tau 5.09 at block 8 vs 6.33 at 16 for a drafter trained "
+                "at 16: tau rises with the block size"]
+    return {"results": table, "markdown": "\n".join(lines), "findings": findings, "figure": fig}
+
+
+def training_curve(s: Session | None, opt: Options) -> dict:
+    """Held-out tau (real generation) against training steps, and the loss, from run metrics."""
+    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
+    from dflash_jax.reporting import new_figure
+
+    if opt.runs:
+        runs = {os.path.basename(os.path.normpath(r)): _rows(os.path.join(r, "metrics.jsonl")) for r in opt.runs}
+    else:  # the embedded drafter's shipped metrics: pretraining, then the fine-tune continuing from it
+        pre = _rows(os.path.join(EMBEDDED_DRAFTER_DIR, "training_metrics.jsonl"))
+        fine = _rows(os.path.join(EMBEDDED_DRAFTER_DIR, "finetune_metrics.jsonl"))
+        last = pre[-1]["step"] if pre else 0
+        runs = {"embedded drafter: training": pre,
+                "embedded drafter: fine-tune (tap convention)": [r | {"step": r["step"] + last} for r in fine]}
+    if not any(r.get("eval_tau") is not None for rows in runs.values() for r in rows):
+        raise ValueError("the runs have no held-out tau (eval_tau): train with --eval-every N (and held-out prompts)")
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(12, 4))
+    out = {}
+    for name, rows in runs.items():
+        ev = [(r["step"], r["eval_tau"]) for r in rows if r.get("eval_tau") is not None]
+        ax1.plot(*zip(*ev), "o-", label=name) if ev else None
+        ax2.plot([r["step"] for r in rows], [r["loss"] for r in rows], lw=0.8, label=name)
+        out[name] = {"eval_tau": ev, "final_loss": rows[-1]["loss"] if rows else None, "steps": len(rows)}
+    ax1.set(xlabel="training step", ylabel="held-out tau", title="held-out tau during training")
+    ax2.set(xlabel="training step", ylabel="training loss", yscale="log", title="training loss")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    ev = [t for v in out.values() for _, t in v["eval_tau"]]
+    tail = [t for _, t in list(out.values())[-1]["eval_tau"]]
+    findings = [f"held-out tau {ev[0]:.2f} at the first measurement -> {ev[-1]:.2f} at the last; "
+                + ("still rising at the end (more steps would help)" if len(tail) >= 2 and tail[-1] > tail[-2]
+                   else "flat or falling at the end"),
+                "the paper trains 6 epochs on 800K samples (SPEC section 5) and shows no curve; SPEC records no "
+                "numbers to compare with"]
+    return {"results": out, "findings": findings, "figure": fig}
+
+
+def _rows(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------------------- outputs
+def _write(out: str, name: str, result: dict, opt: Options, preset: str, command: str) -> None:
+    from dflash_jax.reporting import environment, new_figure  # noqa: F401 (Agg backend)
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out, exist_ok=True)
+    fig = result.pop("figure")
+    fig.tight_layout()
+    with atomic_path(os.path.join(out, f"{name}.png"), keep_extension=True) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    if "markdown" in result:
+        write_text(os.path.join(out, f"{name}.md"), f"`{command}`\n\n{result['markdown']}\n")
+    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset, "options": dataclasses.asdict(opt),
+                                                   "command": command, "environment": environment(), **result})
+
+
+def check_out(out: str, preset: str, opt: Options, overwrite: bool) -> None:
+    """``--out`` may be new, empty, or hold paper outputs of the same options; anything else
+    needs another --out (or --overwrite for paper outputs of other options)."""
+    if not os.path.isdir(out) or not os.listdir(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"--out {out!r} is a file, not a directory")
+        return
+    index = os.path.join(out, INDEX)
+    if not os.path.exists(index):
+        raise ValueError(f"--out {out!r} is a non-empty directory without {INDEX}: it does not hold these "
+                         "tables and nothing in it is overwritten; give another --out")
+    with open(index) as f:
+        old = json.load(f)
+    if old.get("identity") != _identity(preset, opt) and not overwrite:
+        raise ValueError(f"--out {out!r} holds paper outputs of other options (preset {old.get('preset')!r}); give "
+                         "another --out, or --overwrite to replace them")
+
+
+def _identity(preset: str, opt: Options) -> dict:
+    return {"preset": preset, "options": json.loads(json.dumps(dataclasses.asdict(opt)))}
+
+
+def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str | None = None,
+        ablations_out: str | None = None, overwrite: bool = False, command: str | None = None,
+        prompt_source: str | None = None, **overrides) -> dict:
+    """Makes one item (``table1``, ``acceptance``, ``block_size_curve``, ``training_curve``) or
+    ``all``; returns {item: result} (and {ablation: Table} for ``all``). ``overrides``: any
+    :class:`Options` field; ``prompt_source``: the ablations' training prompts (their option)."""
+    if name not in ITEMS + ("all",):
+        raise ValueError(f"unknown item {name!r}; choose from {', '.join(ITEMS + ('all',))}")
+    opt = options(preset, **overrides)
+    check(opt)
+    out = out or default_out(preset)
+    work = work or framework.DEFAULT_WORK
+    command = command or f"experiments.paper.run({name!r}, preset={preset!r}, out={out!r}, work={work!r}" + "".join(
+        f", {k}={v!r}" for k, v in overrides.items()) + ")"
+    check_out(out, preset, opt, overwrite)
+    names = ITEMS if name == "all" else (name,)
+    # the ablations of ``all`` run on the same target (and need the training prompts for a real one)
+    a_over = ({"target": opt.target} if os.path.abspath(opt.target) != os.path.abspath(EMBEDDED_TARGET_DIR) else {}) | (
+        {"prompt_source": prompt_source} if prompt_source else {})
+    if name == "all":  # every ablation's settings are checked before anything runs
+        for a in ABLATIONS:
+            framework.check_experiment(_ablation(a).EXPERIMENT, preset, a_over)
+    t0 = time.perf_counter()
+    session = Session(opt, work) if any(n != "training_curve" for n in names) else None
+    results = {}
+    for n in names:
+        r = training_curve(session, opt) if n == "training_curve" else globals()[n](session)
+        _write(out, n, r, opt, preset, command)
+        results[n] = r
+        print(f"wrote {out}/{n}.*: " + "; ".join(r["findings"]), file=sys.stderr)
+    tables = {}
+    if name == "all":
+        for a in ABLATIONS:
+            exp = _ablation(a).EXPERIMENT
+            a_out = os.path.join(ablations_out, a) if ablations_out else framework.default_out(exp, preset)
+            argv = ["--preset", preset, "--out", a_out, "--work", work] + [
+                x for k, v in a_over.items() for x in (framework.flag(k), str(v))]
+            tables[a] = framework.run_experiment(exp, preset, out=a_out, work=work, overwrite=overwrite,
+                                                 command=f"python -m experiments.{a} " + " ".join(argv), **a_over)
+        write_text(os.path.join(out, "README.md"), readme(out, preset, opt, command, results, tables,
+                                                          (time.perf_counter() - t0) / 60, ablations_out))
+    write_json(os.path.join(out, INDEX), {"identity": _identity(preset, opt), "preset": preset, "command": command,
+                                          "items": sorted(set(_done(out)) | set(names))})
+    return results | tables
+
+
+def _done(out: str) -> list[str]:
+    path = os.path.join(out, INDEX)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f).get("items", [])
+
+
+def _ablation(name: str):
+    return importlib.import_module(f"experiments.{name}")
+
+
+TITLES = {"table1": "Table 1: speedup and tau per prompt set, T = 0 and T = 1",
+          "acceptance": "Acceptance lengths and per-position acceptance",
+          "block_size_curve": "tau and speedup against the inference block size",
+          "training_curve": "Held-out tau against training steps"}
+
+
+def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float,
+           ablations_out: str | None) -> str:
+    from dflash_jax.reporting import environment
+
+    env = environment()
+    lines = [f"# The paper's tables and figures ({preset} preset)", "",
+             f"Command: `{command}` ({minutes:.1f} minutes for this invocation; measurements and cells reused from "
+             "earlier runs cost nothing here).", "",
+             f"Machine: {env['device']} ({env['platform']}, {framework._cpu_model() or ''}, {os.cpu_count()} cores), "
+             f"jax {env['jax']}. Pair: target `{_show(opt.target)}`, "
+             f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
+             f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "
+             "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol). tau: per response the mean "
+             "acceptance length, then the mean over responses; speedup: decode-only (SPEC section 6); [95% CI]: "
+             "percentile bootstrap over prompts, seed 0.", "",
+             "The paper's numbers are for Qwen3-8B on an H200 in bf16 with 2048 new tokens; ours for the pair "
+             "above. Compare directions, not magnitudes.", ""]
+    for n, r in results.items():
+        lines += [f"## {TITLES[n]}", "", f"`python -m experiments.paper {n} --preset {preset}`", ""]
+        if "markdown" in r:
+            lines += [r["markdown"], ""]
+        lines += [f"![{n}]({n}.png)", ""] + [f"- {x}" for x in r["findings"]] + [""]
+    if tables:
+        lines += ["## Ablations", "", "Each ablation's own README has its table, budget, plot and the paper's rows.", ""]
+        for a, t in tables.items():
+            rel = os.path.relpath(os.path.join(ablations_out, a) if ablations_out else
+                                  framework.default_out(t.experiment, preset), out)
+            lines += [f"### {a}", "", f"`python -m experiments.{a} --preset {preset}` -> [{rel}]({rel}/README.md)", "",
+                      t.experiment.description, "", t.to_markdown(), "", f"![{a}]({rel}/plot.png)", ""]
+            lines += [f"- {x}" for x in t.experiment.findings(t)] + [""]
+    return "\n".join(lines)
+
+
+def _show(path: str) -> str:
+    return "embedded" if os.path.abspath(path) == os.path.abspath(EMBEDDED_TARGET_DIR) else path
+
+
+# ---------------------------------------------------------------------------- command line
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m experiments.paper", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("item", choices=ITEMS + ("all",), help="the table or figure to make; all: every one and "
+                                                         "every ablation, then README.md")
+    p.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+                   help="smoke: seconds (CI); cpu: the embedded pair, minutes (default); gpu: the paper's sizes")
+    p.add_argument("--out", help="output directory (default: results/paper for cpu, results/paper-<preset> otherwise)")
+    p.add_argument("--work", default=framework.DEFAULT_WORK, help="measurement cache and the ablations' run directory")
+    p.add_argument("--ablations-out", help="all: write the ablations under this directory (default: each one's own "
+                                           "default, results/ablations/<name>[-<preset>])")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs made with other options")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--target", help="Hugging Face target directory (default: the embedded target)")
+    p.add_argument("--drafter", help="DFlash drafter directory (default: the embedded drafter)")
+    p.add_argument("--others", nargs="+", help="more drafter directories: one more column each in table1")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: float32 on CPU)")
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompt sets (default: all five; smoke: two)")
+    p.add_argument("--max-samples", type=int, help="prompts per set (smoke 1, cpu 6, gpu 128)")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (smoke 16, cpu 96, gpu 2048)")
+    p.add_argument("--temperatures", nargs="+", type=float, help="table1's temperatures (default 0 1)")
+    p.add_argument("--block-sizes", nargs="+", type=int, help="block_size_curve's block sizes (cpu: 2 4 8 12 16)")
+    p.add_argument("--subset", choices=list(SUBSETS), help="which prompts of a set (as bench --subset)")
+    p.add_argument("--seed", type=int, help="prompt subset and sampling seed (default 0)")
+    p.add_argument("--runs", nargs="+", help="training_curve: drafter run directories (default: the embedded "
+                                             "drafter's shipped metrics)")
+    p.add_argument("--prompt-source", help="all: the ablations' training prompts (their --prompt-source; needed "
+                                           "with a real --target)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    from dflash_jax.cli import run_cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    result = {}
+
+    def go(a):
+        args = parser().parse_args(a)
+        fields = [f.name for f in dataclasses.fields(Options)]
+        overrides = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+        result.update(run(args.item, args.preset, out=args.out, work=args.work, ablations_out=args.ablations_out,
+                          overwrite=args.overwrite, command="python -m experiments.paper " + " ".join(a),
+                          prompt_source=args.prompt_source, **overrides))
+
+    run_cli(go, argv)
+    return result
+
+
+if __name__ == "__main__":
+    main()

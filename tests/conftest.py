@@ -120,3 +120,25 @@ def save_chat_target(root, chat_template: str, drafter: bool = True):
         return os.path.join(root, "target"), None
     dj.save_drafter(dj.Drafter.random(target, num_layers=1, block_size=4, seed=1), os.path.join(root, "drafter"))
     return os.path.join(root, "target"), os.path.join(root, "drafter")
+
+
+@pytest.fixture(scope="session")
+def paper_all(tmp_path_factory):
+    """``python -m experiments.paper all --preset smoke`` (every table, figure and ablation, real
+    training and evaluation) into one directory: (root, work, results by item and ablation);
+    ``root/paper`` and ``root/ablations/<name>`` hold the outputs, ``work`` the shared data,
+    drafters, cells and measurements. Session scope: tests/test_experiments.py and
+    tests/test_paper.py share it on one xdist worker (their xdist_group)."""
+    from experiments import paper
+
+    root = tmp_path_factory.mktemp("experiments")
+    work = str(root / "work")
+    results = paper.run("all", "smoke", out=str(root / "paper"), work=work, ablations_out=str(root / "ablations"))
+    return root, work, results
+
+
+@pytest.fixture(scope="session")
+def smoke(paper_all):
+    """(root, work, the depth ablation's Table, the block-size ablation's Table) of ``paper_all``."""
+    root, work, results = paper_all
+    return root, work, results["ablate_depth"], results["ablate_block_size"]

@@ -73,11 +73,16 @@ def test_train_options_reach_the_config_grad_clip_and_compute_dtype_included():
     base = ["--target", "t", "--data", "d", "--run", "r"]
     cfg = dataclass_from_args(TrainConfig, p.parse_args(
         base + ["--grad-clip", "0.5", "--compute-dtype", "bfloat16", "--epochs", "1.5", "--uniform-weights",
-                "--batch-size", "4"]))
+                "--batch-size", "4", "--anchors", "fixed"]))
     assert cfg == TrainConfig(grad_clip=0.5, compute_dtype="bfloat16", epochs=1.5, uniform_weights=True,
-                              batch_size=4)
+                              batch_size=4, anchors="fixed")
     with pytest.raises(SystemExit):  # not a dtype the trainer computes in
         p.parse_args(base + ["--compute-dtype", "int8"])
+    with pytest.raises(SystemExit):  # not an anchor strategy / a conditioning
+        p.parse_args(base + ["--anchors", "aligned"])
+    with pytest.raises(SystemExit):
+        p.parse_args(base + ["--conditioning", "cross"])
+    assert p.parse_args(base + ["--conditioning", "input"]).conditioning == "input"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The ablation framework (experiments/): both experiments' smoke presets end to end on the
-embedded target (real regeneration, training, export and evaluation), reuse of finished
-cells, exact resume of a killed cell, the settings hash, and the errors for bad input."""
+"""The ablation framework (experiments/): the smoke presets end to end on the embedded target
+(real regeneration, training, export and evaluation; the session fixture ``smoke`` in
+conftest.py runs ``experiments.paper all --preset smoke``), reuse of finished cells, exact
+resume of a killed cell, the settings hash, and the errors for bad input."""
 
 from __future__ import annotations
 
@@ -32,22 +33,10 @@ def _files(root: str, name: str) -> dict:
     return out
 
 
-@pytest.fixture(scope="session")
-def smoke(tmp_path_factory):
-    """Both experiments' smoke presets, one run directory (they share data and a drafter).
-    Session scope: xdist interleaves this module's tests with others on its worker, and a
-    module-scoped fixture would be built again after each interruption."""
-    root = tmp_path_factory.mktemp("experiments")
-    work = str(root / "work")
-    depth = ablate_depth.run("smoke", out=str(root / "depth"), work=work)
-    block = ablate_block_size.run("smoke", out=str(root / "block"), work=work)
-    return root, work, depth, block
-
-
 def test_smoke_presets_write_tables_with_the_papers_numbers(smoke):
     root, work, depth, block = smoke
-    for name, table, n in (("depth", depth, 2), ("block", block, 4)):
-        out = root / name
+    for name, table, n in (("ablate_depth", depth, 2), ("ablate_block_size", block, 4)):
+        out = root / "ablations" / name
         for f in ("table.md", "table.json", "plot.png", "README.md"):
             assert (out / f).stat().st_size > 0, f
         saved = json.loads((out / "table.json").read_text())
@@ -68,7 +57,7 @@ def test_smoke_presets_write_tables_with_the_papers_numbers(smoke):
     assert labels == [(8, 8), (8, 16), (16, 8), (16, 16)]
     # the grid shares drafters: each training block size is trained once, and the 1-layer
     # block-16 drafter of the depth grid is the block-16 drafter here (same data, same settings)
-    assert len(os.listdir(os.path.join(work, "drafters"))) == 3
+    assert len({h for r in depth.rows + block.rows for h in r["cells"]}) == 3
     assert block.rows[2]["cells"] == block.rows[3]["cells"] == depth.rows[0]["cells"]
     assert block.rows[0]["cells"] == block.rows[1]["cells"] != block.rows[2]["cells"]
 
@@ -76,13 +65,21 @@ def test_smoke_presets_write_tables_with_the_papers_numbers(smoke):
 def test_cells_are_lossless_and_their_metrics_follow_from_the_responses(smoke):
     """Oracles: at T = 0 every DFlash response equals the autoregressive one, and each cell's
     tau, histogram and decode speedup recomputed with plain numpy from its saved responses."""
-    _, work, _, _ = smoke
+    _, work, depth, block = smoke
     cells = [json.load(open(p)) for p in _files(os.path.join(work, "cells"), "cell.json")]
-    assert len(cells) == 5  # depth's (1 layer, block 16) cell is block size's (16 -> 16) cell
+    ours = {json.dumps(r["label"]) for r in depth.rows + block.rows}
+    # depth's (1 layer, block 16) cell is block size's (16 -> 16) cell: 5 of the two grids, and
+    # every ablation of `paper all` adds its own (checked here too: the same oracles)
+    assert len([c for c in cells if json.dumps({k: v for k, v in c["label"].items() if k != "seed"}) in ours]) >= 5
+    # + taps 1 (its 3-tap cell is depth's 1-layer one), conditioning 2, anchors 1, loss decay 1,
+    # denoise 1 (its 1-pass cell is that one too), temperature 2 (T = 0 greedy: the same)
+    assert len(cells) == 5 + 1 + 2 + 1 + 1 + 1 + 2
     for c in cells:
         bs = c["settings"]["evaluation"]["block_size"]
+        greedy = c["settings"]["evaluation"]["temperature"] == 0
         for r in c["datasets"].values():
-            assert r["same_output"] == r["turns"] == len(r["samples"]) == 2
+            assert r["turns"] == len(r["samples"]) == 2
+            assert r["same_output"] == (r["turns"] if greedy else r["same_output"])
             df = [x["dflash"] for x in r["samples"]]
             ar = [x["ar"] for x in r["samples"]]
             assert r["tau"] == pytest.approx(np.mean([np.mean(x["acceptance_lengths"]) for x in df]))
@@ -96,8 +93,8 @@ def test_cells_are_lossless_and_their_metrics_follow_from_the_responses(smoke):
 def test_a_second_run_reuses_every_cell(smoke):
     root, work, depth, block = smoke
     before = {n: _files(work, n) for n in ("cell.json", "train.json", "metrics.jsonl")}
-    again = ablate_depth.run("smoke", out=str(root / "depth"), work=work)
-    again_block = ablate_block_size.run("smoke", out=str(root / "block"), work=work)
+    again = ablate_depth.run("smoke", out=str(root / "ablations" / "ablate_depth"), work=work)
+    again_block = ablate_block_size.run("smoke", out=str(root / "ablations" / "ablate_block_size"), work=work)
     for n, files in before.items():
         assert _files(work, n) == files, f"a {n} was rewritten: a finished cell was recomputed"
     plain = lambda rows: json.loads(json.dumps(rows))
@@ -136,6 +133,29 @@ def _cells(experiment, **overrides):
     return [(framework.stable_hash(work.drafter_key(c)), framework.stable_hash(work.cell_key(c))) for c in cells]
 
 
+def test_settings_added_later_keep_the_committed_cells_reusable():
+    """The committed cpu-preset tables name the drafters they measured by hash; settings added
+    since (conditioning, anchors, sampled drafts) must not change those hashes at their
+    defaults, or every committed cell would be retrained."""
+    from transformers import AutoTokenizer
+
+    from dflash_jax.config import TargetConfig
+
+    mask = AutoTokenizer.from_pretrained(EMBEDDED_TARGET_DIR).mask_token_id
+    for name, module in (("ablate_depth", ablate_depth), ("ablate_block_size", ablate_block_size)):
+        s, train, axes = framework.resolve(module.EXPERIMENT, "cpu", {})
+        s = framework.dataclasses.replace(s, mask_token_id=mask)
+        work = framework.Work("/nonexistent", s, None)
+        cells = framework.check_settings(module.EXPERIMENT, s, train, axes,
+                                         TargetConfig.from_pretrained(EMBEDDED_TARGET_DIR))
+        with open(os.path.join(ROOT, "results", "ablations", name, "table.json")) as f:
+            committed = json.load(f)
+        want = {json.dumps(r["label"], sort_keys=True): r["cells"][0] for r in committed["rows"]}
+        got = {json.dumps({k: v for k, v in c.label.items() if k != "seed"}, sort_keys=True):
+               framework.stable_hash(work.drafter_key(c)) for c in cells}
+        assert got == want, name
+
+
 def test_the_hash_changes_when_and_only_when_a_setting_changes():
     base = _cells(ablate_depth.EXPERIMENT)
     assert _cells(ablate_depth.EXPERIMENT) == base and len(set(base)) == 2
@@ -143,7 +163,8 @@ def test_the_hash_changes_when_and_only_when_a_setting_changes():
     assert _cells(ablate_depth.EXPERIMENT, checkpoint_every=1) == base
     # a training setting: every drafter and every cell change
     for change in ({"learning_rate": 5e-4}, {"steps": 9}, {"num_anchors": 4}, {"taps": (1, 2)},
-                   {"num_prompts": 15}, {"gamma": 3.0}, {"seed": 1}):
+                   {"num_prompts": 15}, {"gamma": 3.0}, {"seed": 1}, {"anchors": "fixed"},
+                   {"uniform_weights": True}):
         new = _cells(ablate_depth.EXPERIMENT, **change)
         assert all(n[0] != b[0] and n[1] != b[1] for n, b in zip(new, base)), change
     # an evaluation setting: the same drafters, other cells
@@ -217,10 +238,10 @@ def test_bad_targets_presets_and_outputs_are_refused(tmp_path):
 def test_an_out_of_other_settings_needs_overwrite(smoke, tmp_path):
     root, work, _, _ = smoke
     with pytest.raises(ValueError, match="other settings"):
-        ablate_depth.run("smoke", out=str(root / "depth"), work=work, depths=(1,))
-    before = (root / "depth" / "table.json").read_text()
+        ablate_depth.run("smoke", out=str(root / "ablations" / "ablate_depth"), work=work, depths=(1,))
+    before = (root / "ablations" / "ablate_depth" / "table.json").read_text()
     t = ablate_depth.run("smoke", out=str(tmp_path / "one"), work=work, depths=(1,))  # reused cell
-    assert len(t.rows) == 1 and (root / "depth" / "table.json").read_text() == before
+    assert len(t.rows) == 1 and (root / "ablations" / "ablate_depth" / "table.json").read_text() == before
 
 
 def test_seeds_are_aggregated_into_one_row_with_their_spread():

@@ -15,8 +15,8 @@ import dflash_jax as dj
 from dflash_jax.models.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import embed, lm_head
-from dflash_jax.training.blocks import (build_blocks, default_gamma, epoch_anchors, loss_weights,
-                                        sample_anchors)
+from dflash_jax.training.blocks import (block_boundaries, build_blocks, default_gamma, epoch_anchors,
+                                        fixed_anchors, loss_weights, sample_anchors)
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.training.loss import block_logits, eval_loss, target_features
@@ -66,6 +66,62 @@ def test_anchor_sampling():
     e0 = epoch_anchors(mask[None], [5], 8, seed=1, epoch=0)[0]
     assert np.array_equal(e0, epoch_anchors(mask[None], [5], 8, seed=1, epoch=0)[0])
     assert not np.array_equal(e0, epoch_anchors(mask[None], [5], 8, seed=1, epoch=1)[0])
+
+
+def test_fixed_anchors_are_the_consecutive_blocks():
+    mask = np.zeros(60, bool)
+    mask[10:30] = True  # a response of 20 tokens: blocks start at 10, 14, 18, 22, 26
+    mask[40:47] = True  # a second turn of 7 tokens: 40, 44 (46 is not a valid anchor: 47 is no response)
+    assert block_boundaries(mask, 4).tolist() == [10, 14, 18, 22, 26, 40, 44]
+    mask[46] = False  # a run of 6 ending at 46: 40, 44 valid (44+1 = 45 is a response token)
+    assert block_boundaries(mask, 4).tolist() == [10, 14, 18, 22, 26, 40, 44]
+    mask[44:46] = False  # 44's next token is no longer a response token
+    assert block_boundaries(mask, 4).tolist() == [10, 14, 18, 22, 26, 40]
+    # written out independently: every anchor is a run start + a multiple of the block size
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        m = rng.random(80) < 0.8
+        got = block_boundaries(m, 5).tolist()
+        want, run_start = [], None
+        for i in range(80):
+            if m[i] and (i == 0 or not m[i - 1]):
+                run_start = i
+            if m[i] and (i - run_start) % 5 == 0 and i + 1 < 80 and m[i + 1]:
+                want.append(i)
+        assert got == want
+    a, v = fixed_anchors(mask, 4, 16, rng)
+    assert a[v].tolist() == [10, 14, 18, 22, 26, 40] and not v[6:].any()
+    a, v = fixed_anchors(mask, 4, 3, np.random.default_rng(0))  # more blocks than anchors: a subset
+    assert v.all() and set(a.tolist()) <= {10, 14, 18, 22, 26, 40} and list(a) == sorted(a)
+    e = epoch_anchors(mask[None], [0], 16, seed=0, epoch=0, strategy="fixed", block_size=4)
+    assert e[0][0][e[1][0]].tolist() == [10, 14, 18, 22, 26, 40]
+    with pytest.raises(ValueError, match="unknown anchor strategy 'aligned'; choose from random, fixed"):
+        epoch_anchors(mask[None], [0], 16, seed=0, epoch=0, strategy="aligned")
+    with pytest.raises(ValueError, match="unknown anchor strategy"):
+        TrainConfig(anchors="aligned")
+
+
+def test_fixed_anchor_blocks_never_see_the_future(pair):
+    """With fixed anchors the training blocks tile the response, and block j still sees only the
+    features before its anchor: changing the features from its anchor on leaves it unchanged."""
+    target, drafter = pair
+    tokens, mask, taps, _, _ = _batch(pair)
+    anchors, valid = epoch_anchors(np.asarray(mask), [0, 1], 6, seed=0, epoch=0, strategy="fixed", block_size=4)
+    assert anchors[0][valid[0]].tolist() == [5, 9, 13, 17]  # the response is 5..21: 21 is its last token
+    inputs, positions, labels, label_mask = build_blocks(tokens, mask, jnp.asarray(anchors), jnp.asarray(valid),
+                                                         4, 31)
+    # the labelled rows of consecutive blocks cover the response once, without overlap
+    covered = np.asarray(positions)[0][np.asarray(label_mask)[0]]
+    assert sorted(covered.tolist()) == [p for p in range(6, 21) if (p - 5) % 4 != 0]
+    args = (drafter.config, CFG, drafter.params, target.params, tokens, mask)
+    anchors, valid = jnp.asarray(anchors), jnp.asarray(valid)
+    base = np.asarray(block_logits(*args, taps, anchors, valid)[0])
+    for j, a in enumerate([5, 9, 13, 17]):
+        out = np.asarray(block_logits(*args, taps.at[0, a:].add(3.0), anchors, valid)[0])
+        np.testing.assert_array_equal(out[0, j], base[0, j])
+        if j:  # and every earlier block's features matter
+            out = np.asarray(block_logits(*args, taps.at[0, a - 1].add(3.0), anchors, valid)[0])
+            assert np.abs(out[0, j] - base[0, j]).max() > 1e-3
 
 
 def _batch(pair, seed=0):
@@ -349,6 +405,41 @@ def test_gamma_must_be_positive_and_uniform_weights_are_explicit(pair, regenerat
     assert json.loads((tmp_path / "u" / "run.json").read_text())["train"]["uniform_weights"] is True
     t = Trainer(target, dcfg, data, str(tmp_path / "g"), TrainConfig(steps=2))
     np.testing.assert_array_equal(np.asarray(t.weights), loss_weights(4, default_gamma(4)))
+
+
+def test_uniform_weights_change_only_the_weights(pair, regenerated, tmp_path):
+    """The uniform-weights trainer sees the same batches, anchors and initial weights as the
+    decayed one; its first loss is the weighted mean with weights 1 instead of the decay (checked
+    against eval_loss with each weight vector), and per-position accuracy is the same."""
+    target, _ = pair
+    dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
+    data = TokenDataset(regenerated)
+    runs = {u: Trainer(target, dcfg, data, str(tmp_path / str(u)), TrainConfig(steps=2, uniform_weights=u,
+                                                                              num_anchors=6, batch_size=4))
+            for u in (False, True)}
+    for step in range(3):
+        a, b = runs[False].step_inputs(step), runs[True].step_inputs(step)
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or np.array_equal(np.asarray(x), np.asarray(y))
+    states = {u: t.init_state() for u, t in runs.items()}
+    jax.tree.map(np.testing.assert_array_equal, states[False]["params"], states[True]["params"])
+    tokens, mask, taps, anchors, valid = runs[True].step_inputs(0)
+    taps = target_features(CFG, target.params, tokens, dcfg.target_layer_ids)
+    losses = {}
+    for u, t in runs.items():
+        _, m = t._step_fn(states[u], target.params, *t.step_inputs(0))
+        # the weighted mean written out in numpy over the block logits, with the weights by hand
+        logits, labels, lmask = (np.asarray(x, np.float64) for x in block_logits(
+            dcfg, CFG, states[u]["params"], target.params, tokens, mask, taps, anchors, valid))
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        ce = -np.take_along_axis(logp, labels.astype(int)[..., None], -1)[..., 0]
+        w = (np.array([0.0, 1.0, 1.0, 1.0]) if u else np.array([0.0, 1.0, np.exp(-1 / 2), np.exp(-2 / 2)]))
+        w = w[None, None, :] * lmask
+        np.testing.assert_allclose(float(m["loss"]), (w * ce).sum() / w.sum(), rtol=1e-5)
+        losses[u] = (float(m["loss"]), np.asarray(m["accuracy_per_pos"]))
+    np.testing.assert_allclose(losses[False][1], losses[True][1])
+    assert abs(losses[False][0] - losses[True][0]) > 1e-4  # the weights do change the loss
 
 
 def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):

@@ -95,7 +95,8 @@ class Runner:
         a = self.args
         return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
                         stop_token_ids=self.stops, seed=a.seed, block_size=a.block_size if drafter else None,
-                        num_denoise_steps=getattr(a, "num_denoise_steps", 1), pad_to=pad_to)
+                        num_denoise_steps=getattr(a, "num_denoise_steps", 1),
+                        sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to)
 
 
 def chat(turns, answers):

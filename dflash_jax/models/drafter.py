@@ -21,13 +21,32 @@ context positions); the block's own K/V are never stored.
 
 Parameter tree (kernels [in, out]):
 
-  fc/kernel                          [k*D, D]
-  hidden_norm/weight                 [D]
+  fc/kernel                          [k*D, D]   (not with conditioning "none")
+  hidden_norm/weight                 [D]        (not with conditioning "none")
   layers/...                         like the target's decoder layers, stacked on axis 0,
                                      with q_norm / k_norm (Qwen3 structure), no biases
   norm/weight                        [D]
 
 The embedding and LM head are the target's (``models.target.embed`` / ``lm_head``).
+
+``cfg.conditioning`` chooses how the target's features enter (the paper's comparison):
+
+  "kv"     (above; the paper's method, the released drafters).
+  "input"  input fusion: the sequence is ``[c_0 .. c_{S-1}; block rows]`` and the drafter is
+           an ordinary pre-norm transformer over it. Context rows are normed by each layer's
+           ``input_layernorm`` like any row, attend causally (by position) to context rows only,
+           and go through the residual and MLP, so layer j's context K/V come from the context
+           rows' hidden state after layers < j (not from ``c`` itself). Block rows attend, as in
+           kv, non-causally to the visible context rows (layer j's K/V) and to their own block.
+           ``project_context`` runs the new rows through the layer stack (per layer: write their
+           K/V at their positions, then attend to cache slots ``<= own position`` and
+           ``< ctx_len``); since committed rows precede uncommitted ones (padding of ragged
+           prompts, rejected rows of a verified block), uncommitted rows never reach committed
+           ones, and their slots (``>= ctx_len``) are rewritten before anything reads them.
+           ``draft`` is the kv one; same parameters as kv.
+  "none"   no target features: block rows attend only to their own block; ``project_context``
+           only sets the context length, ``train_blocks`` ignores the taps; no ``fc`` or
+           ``hidden_norm`` parameters.
 """
 
 from __future__ import annotations
@@ -80,13 +99,16 @@ class DrafterAttention(nn.Module):
 
     def over_cache(self, x_BxTxD: jax.Array, rope, cache: KVCache, layer: jax.Array) -> jax.Array:
         """Inference: the block's rows see context slots ``< cache.lengths[b]`` of this layer's
-        cache ``cache.k[layer], cache.v[layer]`` [B, S, Hkv, Dh] and every block row.
+        cache ``cache.k[layer], cache.v[layer]`` [B, S, Hkv, Dh] and every block row
+        (conditioning "none": only the block rows; the cache is not read).
 
         Returns [B, T, D]."""
         B, T, _ = x_BxTxD.shape
         q_BxTxHxDh = self.queries(x_BxTxD, rope)
         k_blk, v_blk = self.keys_values(x_BxTxD, rope)  # never stored in the cache
-        if self.attention_impl in BLOCK_ATTENTION:  # a kernel ("pallas" or "triton")
+        if self.cfg.conditioning == "none":  # no context: XLA attention over the block alone
+            out = segmented_attention(q_BxTxHxDh, [(k_blk, v_blk, jnp.ones((1, 1, T), bool))])
+        elif self.attention_impl in BLOCK_ATTENTION:  # a kernel ("pallas" or "triton")
             out = BLOCK_ATTENTION[self.attention_impl](q_BxTxHxDh, cache.k, cache.v, cache.lengths,
                                                        causal=False, layer=layer, k_blk=k_blk,
                                                        v_blk=v_blk)
@@ -96,10 +118,14 @@ class DrafterAttention(nn.Module):
                                                    (k_blk, v_blk, jnp.ones((1, 1, T), bool))])
         return self.o_proj(out.reshape(B, T, -1))
 
-    def over_blocks(self, x_BxNTxD: jax.Array, rope, ctx_BxSxD: jax.Array, ctx_rope,
-                    anchors_BxN: jax.Array, valid_BxN: jax.Array) -> jax.Array:
+    def over_blocks(self, x_BxNTxD: jax.Array, rope, ctx_BxSxD: jax.Array | None, ctx_rope,
+                    anchors_BxN: jax.Array, valid_BxN: jax.Array, ctx_kv=None) -> jax.Array:
         """Training: N blocks of T rows each (``x`` [B, N*T, D]); block j sees the context rows
         at positions ``< anchors[b, j]`` and its own rows (``nn.block_sparse_attention``).
+
+        The context keys/values are this layer's projections of the rows ``ctx`` [B, S, D]
+        (conditioning "kv"), or given as ``ctx_kv`` = (k, v) [B, S, Hkv, Dh] ("input"); with
+        neither ("none") each block sees only its own rows (a padding block: nothing).
 
         Returns [B, N*T, D]."""
         B, NT, _ = x_BxNTxD.shape
@@ -107,10 +133,40 @@ class DrafterAttention(nn.Module):
         blocks = lambda a: a.reshape(B, N, NT // N, *a.shape[2:])  # [B, N*T, ...] -> [B, N, T, ...]
         q = self.queries(x_BxNTxD, rope)
         k_blk, v_blk = self.keys_values(x_BxNTxD, rope)
-        k_ctx, v_ctx = self.keys_values(ctx_BxSxD, ctx_rope)
+        if ctx_BxSxD is None and ctx_kv is None:  # "none": one attention per block, B*N of them
+            per_block = lambda a: a.reshape(B * N, NT // N, *a.shape[2:])
+            out = segmented_attention(per_block(q), [(per_block(k_blk), per_block(v_blk),
+                                                      valid_BxN.reshape(B * N, 1, 1))])
+            return self.o_proj(out.reshape(B, NT, -1))
+        k_ctx, v_ctx = ctx_kv if ctx_kv is not None else self.keys_values(ctx_BxSxD, ctx_rope)
         out = block_sparse_attention(blocks(q), k_ctx, v_ctx, blocks(k_blk), blocks(v_blk),
                                      anchors_BxN, valid_BxN)
         return self.o_proj(out.reshape(B, NT, -1))
+
+    def context_through_cache(self, x_BxCxD: jax.Array, rope, cache: KVCache, layer: jax.Array,
+                              positions_BxC: jax.Array, ctx_len_B: jax.Array):
+        """Inference, conditioning "input": new context rows (``x`` [B, C, D], this layer's normed
+        input) write their K/V into this layer's cache at ``positions`` (outside the cache:
+        dropped), then attend to the slots ``<= their position`` and ``< ctx_len[b]``.
+
+        Returns (out [B, C, D], cache)."""
+        B, C, _ = x_BxCxD.shape
+        k, v = self.keys_values(x_BxCxD, rope)
+        cache = cache.write(layer, k, v, positions_BxC)
+        slots = jnp.arange(cache.max_len)[None, None, :]
+        visible_BxCxS = (slots <= positions_BxC[:, :, None]) & (slots < ctx_len_B[:, None, None])
+        out = segmented_attention(self.queries(x_BxCxD, rope),
+                                  [(cache.k[layer], cache.v[layer], visible_BxCxS)])
+        return self.o_proj(out.reshape(B, C, -1)), cache
+
+    def causal_context(self, x_BxSxD: jax.Array, rope):
+        """Training, conditioning "input": the context rows at positions 0..S-1 attend causally
+        to each other. Returns (out [B, S, D], (k, v) [B, S, Hkv, Dh] for the blocks)."""
+        B, S, _ = x_BxSxD.shape
+        k, v = self.keys_values(x_BxSxD, rope)
+        causal_1xSxS = jnp.tril(jnp.ones((S, S), bool))[None]
+        out = segmented_attention(self.queries(x_BxSxD, rope), [(k, v, causal_1xSxS)])
+        return self.o_proj(out.reshape(B, S, -1)), (k, v)
 
 
 class DrafterLayer(nn.Module):
@@ -133,12 +189,24 @@ class DrafterLayer(nn.Module):
         h = h + attention(self.input_layernorm(h))
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def _mlp_residual(self, h: jax.Array) -> jax.Array:
+        return h + self.mlp(self.post_attention_layernorm(h))
+
     def project_context(self, carry, ctx_BxCxD, ctx_rope, ctx_positions_BxC):
         """carry = (cache, layer index): writes this layer's K/V of the context rows at slots
         ``ctx_positions`` (positions outside the cache are dropped)."""
         cache, layer = carry
         k, v = self.self_attn.keys_values(ctx_BxCxD, ctx_rope)
         return (cache.write(layer, k, v, ctx_positions_BxC), layer + 1), None
+
+    def project_context_input(self, carry, ctx_rope, ctx_positions_BxC, ctx_len_B):
+        """Conditioning "input": carry = (cache, layer index, h [B, C, D] of the new context
+        rows); their K/V enter this layer's cache, they attend causally through it, then the
+        residual and MLP give their input to the next layer."""
+        cache, layer, h = carry
+        out, cache = self.self_attn.context_through_cache(self.input_layernorm(h), ctx_rope, cache,
+                                                          layer, ctx_positions_BxC, ctx_len_B)
+        return (cache, layer + 1, self._mlp_residual(h + out)), None
 
     def draft(self, carry, rope, cache: KVCache):
         """carry = (h [B, T, D], layer index); the block attends to this layer's cached context."""
@@ -147,10 +215,21 @@ class DrafterLayer(nn.Module):
         return (h, layer + 1), None
 
     def train_blocks(self, h_BxNTxD, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN):
-        """carry = h [B, N*T, D]; every block attends to its own context prefix."""
+        """carry = h [B, N*T, D]; every block attends to its own context prefix (``ctx`` None,
+        conditioning "none": to nothing but itself)."""
         h = self._residual(h_BxNTxD, lambda x: self.self_attn.over_blocks(
             x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN))
         return h, None
+
+    def train_blocks_input(self, carry, rope, ctx_rope, anchors_BxN, valid_BxN):
+        """Conditioning "input": carry = (h [B, N*T, D] of the blocks, h [B, S, D] of the
+        context rows); the context rows go through the layer causally, every block attends to
+        this layer's K/V of its context prefix."""
+        h, h_ctx = carry
+        out_ctx, ctx_kv = self.self_attn.causal_context(self.input_layernorm(h_ctx), ctx_rope)
+        h = self._residual(h, lambda x: self.self_attn.over_blocks(
+            x, rope, None, None, anchors_BxN, valid_BxN, ctx_kv=ctx_kv))
+        return (h, self._mlp_residual(h_ctx + out_ctx)), None
 
 
 class DrafterModel(nn.Module):
@@ -161,7 +240,10 @@ class DrafterModel(nn.Module):
       ``train_blocks``     all training blocks of whole sequences, context from all taps
 
     ``attention_impl``: "xla", "pallas" or "triton" for the block attention over the context
-    cache in ``draft`` (``train_blocks`` always uses the XLA block-sparse path).
+    cache in ``draft`` (``train_blocks`` always uses the XLA block-sparse path; so do
+    ``project_context`` with conditioning "input" and ``draft`` with "none").
+
+    ``cfg.conditioning`` ("kv", "input", "none") selects how the taps enter (module docstring).
     """
 
     cfg: DrafterConfig
@@ -171,11 +253,13 @@ class DrafterModel(nn.Module):
     def setup(self):
         cfg = self.cfg
         check_attention_impl(self.attention_impl)
-        self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype)
-        self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
+        if cfg.conditioning != "none":  # "none" has no projector parameters
+            self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype)
+            self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
         self.layers = nn.scan(DrafterLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                               in_axes=nn.broadcast, length=cfg.num_layers,
-                              methods=("project_context", "draft", "train_blocks"),
+                              methods=("project_context", "project_context_input", "draft",
+                                       "train_blocks", "train_blocks_input"),
                               )(cfg, self.param_dtype, self.attention_impl)
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
 
@@ -200,9 +284,18 @@ class DrafterModel(nn.Module):
           ctx_len: int32[B] number of valid context positions after this update.
 
         Returns:
-          the cache with the rows' K/V written and ``lengths = ctx_len``.
+          the cache with the rows' K/V written and ``lengths = ctx_len``. Conditioning "input":
+          every layer's K/V of the rows after the layers before it (the rows attend causally
+          through the cache, seeing slots ``< ctx_len``); "none": nothing written.
         """
+        if self.cfg.conditioning == "none":
+            return cache.crop(ctx_len)
         ctx_rope = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope)
+        if self.cfg.conditioning == "input":
+            (cache, _, _), _ = self.layers.project_context_input(
+                (cache, jnp.int32(0), self.context_rows(taps)), ctx_rope, positions,
+                jnp.broadcast_to(jnp.asarray(ctx_len, jnp.int32), positions.shape[:1]))
+            return cache.crop(ctx_len)
         (cache, _), _ = self.layers.project_context((cache, jnp.int32(0)), self.context_rows(taps),
                                                     ctx_rope, positions)
         return cache.crop(ctx_len)
@@ -230,15 +323,24 @@ class DrafterModel(nn.Module):
         Args:
           block_embeds: [B, N*bs, D] target embeddings of the N blocks ``[x_a, MASK, ...]``.
           block_positions: int32[B, N*bs] = ``a_j + k``.
-          taps: [B, S, k*D] target features of every position of the clean sequences.
+          taps: [B, S, k*D] target features of every position of the clean sequences
+            (ignored with conditioning "none").
           anchors: int32[B, N] anchor positions; valid: bool[B, N] (False = padding block).
         Returns:
           hidden [B, N*bs, D] after the final norm.
         """
         cfg = self.cfg
+        if cfg.conditioning == "none":
+            rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
+            h, _ = self.layers.train_blocks(block_embeds, rope, None, None, anchors, valid)
+            return self.norm(h)
         S = taps.shape[1]
         ctx_rope = rope_cos_sin(jnp.broadcast_to(jnp.arange(S), taps.shape[:2]), cfg.head_dim, cfg.rope)
         rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
+        if cfg.conditioning == "input":
+            (h, _), _ = self.layers.train_blocks_input((block_embeds, self.context_rows(taps)), rope,
+                                                       ctx_rope, anchors, valid)
+            return self.norm(h)
         h, _ = self.layers.train_blocks(block_embeds, rope, self.context_rows(taps), ctx_rope,
                                         anchors, valid)
         return self.norm(h)

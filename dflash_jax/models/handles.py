@@ -120,15 +120,18 @@ class Drafter:
 
     @property
     def dtype(self):
-        return self.params["fc"]["kernel"].dtype
+        # conditioning "none" has no fc
+        return (self.params["fc"]["kernel"] if "fc" in self.params else self.params["norm"]["weight"]).dtype
 
     @classmethod
     def random(cls, target: Target, num_layers: int = 1, block_size: int = 16,
                mask_token_id: int | None = None, target_layer_ids=None, seed: int = 0,
-               dtype=None, init_scale: float = 0.02) -> "Drafter":
-        """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row)."""
+               dtype=None, init_scale: float = 0.02, conditioning: str = "kv") -> "Drafter":
+        """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row;
+        ``conditioning``: see :class:`~dflash_jax.config.DrafterConfig`)."""
         mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
-        cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids)
+        cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids,
+                                       conditioning=conditioning)
         cfg.check_target(target.config)
         params = init_drafter_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
         return cls(cfg, params)

@@ -5,6 +5,11 @@ For a sequence ``x`` with response mask ``m``: an anchor ``a`` is valid when ``m
 (k >= 1) is labelled ``x[a_j + k]`` when that position exists and is a response token; row 0
 has no loss. Row k weighs ``exp(-(k-1)/gamma)`` (gamma > 0; the paper's by block size unless
 given), or 1 with uniform weights (an ablation: every predicted row counts the same).
+
+Anchors are ``random`` (the paper: up to N valid anchors drawn per sequence, new every epoch)
+or ``fixed`` (an ablation, the paper's "fixed block boundaries": every response segment cut
+into consecutive blocks from its first token, ``s, s+bs, s+2bs, ...``; at most N of them per
+sequence, a random subset new every epoch when there are more).
 """
 
 from __future__ import annotations
@@ -65,11 +70,53 @@ def sample_anchors(loss_mask: np.ndarray, num_anchors: int, rng: np.random.Gener
     return anchors, valid
 
 
-def epoch_anchors(loss_masks: np.ndarray, seq_ids, num_anchors: int, seed: int, epoch: int):
+ANCHOR_STRATEGIES = ("random", "fixed")
+
+
+def block_boundaries(loss_mask: np.ndarray, block_size: int) -> np.ndarray:
+    """The fixed block starts of one sequence: every maximal run of response tokens cut into
+    consecutive blocks of ``block_size`` from its first token; a start is kept when it is a
+    valid anchor (it and the next token are response tokens). int64[M], sorted."""
+    m = np.asarray(loss_mask, bool)
+    padded = np.concatenate([[False], m])
+    starts = np.nonzero(padded[1:] & ~padded[:-1])[0]  # first token of each response run
+    out = []
+    for s in starts:
+        end = s + np.argmin(np.append(m[s:], False))  # one past the run
+        out.extend(range(s, end, block_size))
+    out = np.asarray(out, dtype=np.int64)
+    return out[(out + 1 < m.size) & m[np.minimum(out + 1, m.size - 1)]]
+
+
+def fixed_anchors(loss_mask: np.ndarray, block_size: int, num_anchors: int, rng: np.random.Generator):
+    """Like :func:`sample_anchors`, but the anchors are :func:`block_boundaries` (all of them
+    when they fit in ``num_anchors``, else a random subset of that many)."""
+    candidates = block_boundaries(loss_mask, block_size)
+    take = min(num_anchors, candidates.size)
+    chosen = candidates if take == candidates.size else np.sort(rng.choice(candidates, size=take, replace=False))
+    anchors = np.zeros(num_anchors, np.int32)
+    anchors[:take] = chosen
+    return anchors, np.arange(num_anchors) < take
+
+
+def check_anchor_strategy(strategy: str) -> None:
+    if strategy not in ANCHOR_STRATEGIES:
+        raise ValueError(f"unknown anchor strategy {strategy!r}; choose from {', '.join(ANCHOR_STRATEGIES)} "
+                         "(random: the paper's sampled anchors; fixed: consecutive blocks from the "
+                         "response start)")
+
+
+def epoch_anchors(loss_masks: np.ndarray, seq_ids, num_anchors: int, seed: int, epoch: int,
+                  strategy: str = "random", block_size: int | None = None):
     """Anchors of a batch, resampled every epoch from an RNG keyed by (seed, epoch, sequence id),
-    so the same step always sees the same blocks (exact resume)."""
-    out = [sample_anchors(loss_masks[i], num_anchors, np.random.default_rng([seed, epoch, int(sid)]))
-           for i, sid in enumerate(seq_ids)]
+    so the same step always sees the same blocks (exact resume). ``strategy`` "fixed" needs
+    ``block_size``."""
+    check_anchor_strategy(strategy)
+    if strategy == "fixed" and not block_size:
+        raise ValueError("fixed anchors need the block size")
+    rngs = [np.random.default_rng([seed, epoch, int(sid)]) for sid in seq_ids]
+    out = [sample_anchors(loss_masks[i], num_anchors, rng) if strategy == "random"
+           else fixed_anchors(loss_masks[i], block_size, num_anchors, rng) for i, rng in enumerate(rngs)]
     return np.stack([a for a, _ in out]), np.stack([v for _, v in out])
 
 

@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.training.blocks import block_loss_weights, check_gamma, epoch_anchors
+from dflash_jax.training.blocks import block_loss_weights, check_anchor_strategy, check_gamma, epoch_anchors
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
@@ -65,6 +65,9 @@ class TrainConfig:
         grad_clip: clip the gradients to this global norm
         weight_decay: AdamW weight decay (the paper is silent; SpecForge's value)
         num_anchors: anchors (block starts) sampled per training sequence
+        anchors: how block starts are chosen: 'random' (the paper: num_anchors valid anchors
+            drawn per sequence, new every epoch) or 'fixed' (an ablation: each response cut into
+            consecutive blocks from its first token, at most num_anchors of them)
         gamma: loss decay: block row k weighs exp(-(k-1)/gamma), gamma > 0 (not given: the
             paper's for the block size: 7 for 16, 5 for 10, 4 for 8)
         uniform_weights: weigh every predicted block row the same (instead of the decay;
@@ -86,6 +89,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     weight_decay: float = 0.0  # the paper is silent; SpecForge's default
     num_anchors: int = 512
+    anchors: Literal["random", "fixed"] = "random"
     gamma: float | None = None
     uniform_weights: bool = False
     seed: int = 0
@@ -107,6 +111,7 @@ class TrainConfig:
             raise ValueError(f"epochs must be a number > 0 (fractions allowed), got {self.epochs!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        check_anchor_strategy(self.anchors)
         if self.gamma is not None:
             check_gamma(self.gamma)
             if self.uniform_weights:
@@ -130,16 +135,18 @@ class TrainConfig:
 BATCH_STREAM = 7  # the drafter's stream of batch orders (training.loop.batch_rows)
 
 
-def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig):
+def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig, block_size: int | None = None):
     """(sequence ids, anchors, valid) of a step: the step's rows of the epoch's permutation
-    (:func:`~dflash_jax.training.loop.batch_rows`) and their anchors of that epoch."""
+    (:func:`~dflash_jax.training.loop.batch_rows`) and their anchors of that epoch
+    (``block_size``: the drafter's, needed by fixed anchors)."""
     epoch, ids = batch_rows(step, len(data), cfg.batch_size, cfg.seed, BATCH_STREAM)
-    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch)
+    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch,
+                                   strategy=cfg.anchors, block_size=block_size)
     return ids, anchors, valid
 
 
 # settings added to TrainConfig after runs were started, with the value those runs had
-RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False}}
+RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False, "anchors": "random"}}
 
 
 class Trainer:
@@ -157,6 +164,9 @@ class Trainer:
         drafter_config.check_target(target.config)
         self.init_from = None if init_from is None else os.path.abspath(init_from)
         if init_from is not None:
+            from dflash_jax.checkpoints import check_drafter_conditioning
+
+            check_drafter_conditioning(init_from, drafter_config)
             loaded = DrafterConfig.from_pretrained(init_from)
             if loaded != drafter_config:
                 raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
@@ -218,7 +228,7 @@ class Trainer:
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     def step_inputs(self, step: int):
-        ids, anchors, valid = batch_for_step(step, self.data, self.cfg)
+        ids, anchors, valid = batch_for_step(step, self.data, self.cfg, self.dcfg.block_size)
         taps = None if self.features is None else jnp.asarray(self.features.take(ids))
         return (jnp.asarray(self.data.tokens[ids]), jnp.asarray(self.data.loss_mask[ids]), taps,
                 jnp.asarray(anchors), jnp.asarray(valid))

@@ -20,6 +20,10 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: SPEC formula)")
     p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
+    p.add_argument("--conditioning", choices=["kv", "input", "none"], default="kv",
+                   help="how the target's features reach the drafter: kv (the paper's injection into every "
+                        "layer's keys and values), input (input rows of the first layer only), none (an "
+                        "ablation: no target features)")
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
     p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
@@ -54,7 +58,7 @@ def run(args) -> None:
         dcfg = DrafterConfig.from_pretrained(args.init_from)
     else:
         dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size, mask,
-                                        tuple(args.taps) if args.taps else None)
+                                        tuple(args.taps) if args.taps else None, conditioning=args.conditioning)
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
