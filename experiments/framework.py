@@ -412,16 +412,30 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
     """Trains (or resumes, or reuses) the cell's drafter; returns its train.json record."""
     root = work.drafter_dir(cell)
     record_path = os.path.join(root, "train.json")
-    if os.path.exists(record_path):
-        with open(record_path) as f:
-            return json.load(f)
-    # another process training the same drafter (two experiments sharing --work): wait for it
-    with exclusive(os.path.join(root, ".lock"),
-                   lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
-        return _train_drafter(work, cell, data_dir, root, record_path)
+    if not os.path.exists(record_path):
+        # another process training the same drafter (two experiments sharing --work): wait for it
+        with exclusive(os.path.join(root, ".lock"),
+                       lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
+            _train_drafter(work, cell, data_dir, root, record_path)
+    with open(record_path) as f:
+        record = json.load(f)
+    if "blocks_seen" not in record:  # records written before it was counted: counted now, not saved
+        record["blocks_seen"] = blocks_seen(cell, data_dir, record["steps"])
+    return record
 
 
-def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path: str) -> dict:
+def blocks_seen(cell: Cell, data_dir: str, steps: int) -> int:
+    """The training blocks the cell's drafter really saw: valid anchors summed over its steps
+    (``blocks`` is the budget, steps x sequences x anchors; fixed anchors, or sequences with
+    fewer valid anchors than ``num_anchors``, give fewer)."""
+    from dflash_jax.training.data import TokenDataset
+    from dflash_jax.training.trainer import batch_for_step
+
+    data, cfg = TokenDataset(data_dir), TrainConfig(**cell.train)
+    return int(sum(batch_for_step(s, data, cfg, cell.drafter["block_size"])[2].sum() for s in range(steps)))
+
+
+def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path: str) -> None:
     import jax.numpy as jnp
 
     from dflash_jax.config import DrafterConfig
@@ -429,8 +443,7 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
     from dflash_jax.training.trainer import Trainer, export_run
 
     if os.path.exists(record_path):  # finished while we waited
-        with open(record_path) as f:
-            return json.load(f)
+        return
     os.makedirs(root, exist_ok=True)
     write_json(os.path.join(root, "key.json"), work.drafter_key(cell))
     d = cell.drafter
@@ -450,13 +463,13 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         rows = [json.loads(line) for line in f if line.strip()]
     record = {"steps": trainer.num_steps, "sequences_per_step": cfg.batch_size, "anchors_per_sequence": cfg.num_anchors,
               "blocks": trainer.num_steps * cfg.batch_size * cfg.num_anchors,
+              "blocks_seen": blocks_seen(cell, data_dir, trainer.num_steps),
               "tokens": trainer.num_steps * cfg.batch_size * data.seq_len,
               "minutes": sum(r.get("time_s", 0.0) for r in rows) / 60,
               "final_loss": rows[-1]["loss"] if rows else None,
               "final_accuracy_per_pos": rows[-1].get("accuracy_per_pos") if rows else None,
               "training_sequences": len(data), "drafter_params": _count(state["params"])}
     write_json(record_path, record)
-    return record
 
 
 def _count(params) -> int:
@@ -540,8 +553,8 @@ class Table:
         sets = list(self.rows[0]["datasets"]) if self.rows else []
         head = ("| " + " | ".join(keys) + " | tau [95% CI] | speedup, decode [95% CI] | "
                 + " | ".join(f"{s} tau / speedup" for s in sets)
-                + " | draft ms/iter | verify ms | drafter params | train min |")
-        lines = [head, "|" + "---|" * (len(keys) + len(sets) + 6)]
+                + " | draft ms/iter | verify ms | drafter params | blocks seen | train min |")
+        lines = [head, "|" + "---|" * (len(keys) + len(sets) + 7)]
         for r in self.rows:
             av = r["average"]
             cells = [str(r["label"][k]) for k in keys]
@@ -550,7 +563,7 @@ class Table:
             cells += [f"{r['datasets'][s]['tau']:.2f} / {r['datasets'][s]['speedup']:.2f}x" for s in sets]
             ms = lambda v: "-" if v is None else f"{v:.2f}"
             cells += [ms(r["draft_ms"]), ms(r["verify_ms"]), f"{r['drafter_params'] / 1e6:.2f}M",
-                      f"{r['train_minutes']:.1f}"]
+                      "-" if r.get("blocks_seen") is None else f"{r['blocks_seen']:,}", f"{r['train_minutes']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
         if any(len(r["seeds"]) > 1 for r in self.rows):
             lines += ["", "Per seed (average tau / speedup): " + "; ".join(
@@ -598,6 +611,7 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
                                for c, r in members],
                      "draft_ms": mean([r["draft_ms"] for r in recs]), "verify_ms": mean([r["verify_ms"] for r in recs]),
                      "drafter_params": recs[0]["training"]["drafter_params"],
+                     "blocks_seen": mean([r["training"].get("blocks_seen") for r in recs]),
                      "train_minutes": float(sum(r["training"]["minutes"] for r in recs)),
                      "training": [r["training"] for r in recs], "cells": [r["drafter_hash"] for r in recs]})
     return rows
@@ -705,7 +719,8 @@ def readme(table: Table, md: str) -> str:
              f"- training data: {s['num_prompts']} prompts ({s['prompt_source']}) answered by the target, "
              f"{s['regen_max_new_tokens']} new tokens each, sequence length {s['regen_max_len']}",
              f"- training: {b['steps']} steps x {b['sequences_per_step']} sequences x {b['anchors_per_sequence']} "
-             f"anchors = {b['blocks']} blocks per cell; lr {b['learning_rate']}, seeds {b['seeds']}",
+             f"anchors = {b['blocks']} blocks per cell at most (the blocks seen column counts the valid anchors "
+             f"each drafter really trained on); lr {b['learning_rate']}, seeds {b['seeds']}",
              f"- evaluation: {', '.join(s['datasets'])}, {s['max_samples']} prompts each, {s['max_new_tokens']} new "
              f"tokens, T = {s['temperature']}, batch 1, AR and DFlash interleaved per prompt",
              "", "## Results", "",

@@ -79,7 +79,7 @@ class Options:
     max_samples: int = 6
     max_new_tokens: int = 96
     temperatures: tuple[float, ...] = (0.0, 1.0)
-    block_sizes: tuple[int, ...] = (2, 4, 8, 12, 16)
+    block_sizes: tuple[int, ...] = (4, 8, 16)
     subset: str = "random"
     seed: int = 0
     runs: tuple[str, ...] = ()
@@ -87,7 +87,7 @@ class Options:
 
 PRESETS = {
     "smoke": dict(datasets=("gsm8k", "humaneval"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16)),
-    "cpu": {},
+    "cpu": dict(block_sizes=(4, 8, 16)),
     "gpu": dict(target=None, max_samples=128, max_new_tokens=2048, block_sizes=(4, 8, 12, 16)),
 }
 
@@ -580,7 +580,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, help="prompts per set (smoke 1, cpu 6, gpu 128)")
     p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (smoke 16, cpu 96, gpu 2048)")
     p.add_argument("--temperatures", nargs="+", type=float, help="table1's temperatures (default 0 1)")
-    p.add_argument("--block-sizes", nargs="+", type=int, help="block_size_curve's block sizes (cpu: 2 4 8 12 16)")
+    p.add_argument("--block-sizes", nargs="+", type=int, help="block_size_curve's block sizes (smoke: 4 16; cpu: "
+                                                              "4 8 16; gpu: 4 8 12 16)")
     p.add_argument("--subset", choices=list(SUBSETS), help="which prompts of a set (as bench --subset)")
     p.add_argument("--seed", type=int, help="prompt subset and sampling seed (default 0)")
     p.add_argument("--runs", nargs="+", help="training_curve: drafter run directories (default: the embedded "

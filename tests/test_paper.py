@@ -116,6 +116,9 @@ def test_each_ablation_trained_and_measured_what_it_says(paper_all):
         assert _drafter(work, cond[c])[0]["dflash_config"]["conditioning"] == c
     assert cond["none"]["drafter_params"] < cond["kv"]["drafter_params"] == cond["input"]["drafter_params"]
     anchors = by(_table(root, "ablate_anchors"), "anchors")
+    # fixed boundaries cut the short smoke responses into fewer blocks than the random anchors draw
+    budget = _table(root, "ablate_anchors")["budget"]["blocks"]
+    assert 0 < anchors["fixed"]["blocks_seen"] < anchors["random"]["blocks_seen"] <= budget
     assert _drafter(work, anchors["fixed"])[1]["train"]["anchors"] == "fixed"
     assert _drafter(work, anchors["random"])[1]["train"]["anchors"] == "random"
     decay = by(_table(root, "ablate_loss_decay"), "loss_weights")
