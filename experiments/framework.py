@@ -420,7 +420,10 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
     with open(record_path) as f:
         record = json.load(f)
     if "blocks_seen" not in record:  # records written before it was counted: counted now, not saved
-        record["blocks_seen"] = blocks_seen(cell, data_dir, record["steps"])
+        try:
+            record["blocks_seen"] = blocks_seen(cell, data_dir, record["steps"])
+        except FileNotFoundError:  # the data was removed since: the count is unknown
+            record["blocks_seen"] = None
     return record
 
 
