@@ -519,7 +519,8 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
     timing = {}
     if work.settings.timing_repeats:
         first = runner.encode(harness.chat(next(iter(sets.values()))[0].turns[:1], []))
-        timing = step_times(work.target, drafter, [first], ev["block_size"], work.settings.timing_repeats)
+        timing = step_times(work.target, drafter, [first], ev["block_size"], work.settings.timing_repeats,
+                            num_denoise_steps=ev["num_denoise_steps"])
     record = {"label": cell.label, "key": work.cell_key(cell), "drafter_hash": stable_hash(work.drafter_key(cell)),
               "settings": {"drafter": cell.drafter, "train": cell.train, "evaluation": ev,
                            "target": work.settings.target, "dtype": work.settings.dtype},

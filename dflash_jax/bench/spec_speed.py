@@ -36,10 +36,11 @@ PAPER_TAU = 6.49
 
 
 def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int,
-               attention_impl: str = "xla") -> dict:
-    """Median seconds of one draft and one verify at the prompts' context length."""
+               attention_impl: str = "xla", num_denoise_steps: int = 1) -> dict:
+    """Median seconds of one draft (``num_denoise_steps`` drafter passes) and one verify at the
+    prompts' context length."""
     pre = prepare_decode(target, prompts, 8, drafter=drafter, block_size=block_size,
-                         attention_impl=attention_impl)
+                         attention_impl=attention_impl, num_denoise_steps=num_denoise_steps)
     spec, dparams, state = pre.spec, pre.drafter_params, pre.state
     key = jax.random.key(0)
     draft = jax.jit(functools.partial(engine.dflash_draft, spec))
