@@ -567,7 +567,7 @@ class Table:
             cells += [f"{r['datasets'][s]['tau']:.2f} / {r['datasets'][s]['speedup']:.2f}x" for s in sets]
             ms = lambda v: "-" if v is None else f"{v:.2f}"
             cells += [ms(r["draft_ms"]), ms(r["verify_ms"]), f"{r['drafter_params'] / 1e6:.2f}M",
-                      "-" if r.get("blocks_seen") is None else f"{r['blocks_seen']:,}", f"{r['train_minutes']:.1f}"]
+                      "-" if r.get("blocks_seen") is None else f"{r['blocks_seen']:,.0f}", f"{r['train_minutes']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
         if any(len(r["seeds"]) > 1 for r in self.rows):
             lines += ["", "Per seed (average tau / speedup): " + "; ".join(
@@ -806,7 +806,9 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
             training = train_drafter(wk, cell, data_dir)
             n = sum(len(s.turns) for s in _sets_for(cell))
             with tqdm(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
-                records.append(evaluate_cell(wk, cell, training, command, ebar))
+                # the training record as train_drafter gives it now (a cell measured earlier keeps
+                # the one of its time, which may lack fields counted since, e.g. blocks_seen)
+                records.append(evaluate_cell(wk, cell, training, command, ebar) | {"training": training})
             cbar.update(1)
     first = records[0]["training"]
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
