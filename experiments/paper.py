@@ -6,6 +6,7 @@
     python -m experiments.paper block_size_curve    # tau and speedup against the inference block size
     python -m experiments.paper training_curve      # held-out tau against training steps (--run DIR)
     python -m experiments.paper all                 # all of them, every ablation, then README.md
+    python -m experiments.paper readme              # README.md alone from what earlier runs saved
     python -m experiments.paper all --preset smoke  # seconds: what CI runs
     experiments.paper.run("table1", preset="smoke") -> dict
 
@@ -463,11 +464,19 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
     """Makes one item (``table1``, ``acceptance``, ``block_size_curve``, ``training_curve``) or
     ``all``; returns {item: result} (and {ablation: Table} for ``all``). ``overrides``: any
     :class:`Options` field; ``prompt_source``: the ablations' training prompts (their option)."""
-    if name not in ITEMS + ("all",):
-        raise ValueError(f"unknown item {name!r}; choose from {', '.join(ITEMS + ('all',))}")
+    if name not in ITEMS + ("all", "readme"):
+        raise ValueError(f"unknown item {name!r}; choose from {', '.join(ITEMS + ('all', 'readme'))}")
     opt = options(preset, **overrides)
     check(opt)
     out = out or default_out(preset)
+    if name == "readme":  # the page alone, from what earlier runs saved
+        check_out(out, preset, opt, overwrite)
+        results, tables, missing = saved(out, preset, ablations_out)
+        os.makedirs(out, exist_ok=True)
+        write_text(os.path.join(out, "README.md"), readme(out, preset, opt, command or f"experiments.paper.run("
+                                                          f"'readme', preset={preset!r})", results, tables, None,
+                                                          ablations_out, missing))
+        return results | tables
     work = work or framework.DEFAULT_WORK
     command = command or f"experiments.paper.run({name!r}, preset={preset!r}, out={out!r}, work={work!r}" + "".join(
         f", {k}={v!r}" for k, v in overrides.items()) + ")"
@@ -521,14 +530,39 @@ TITLES = {"table1": "Table 1: speedup and tau per prompt set, T = 0 and T = 1",
           "training_curve": "Held-out tau against training steps"}
 
 
-def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float,
-           ablations_out: str | None) -> str:
+def saved(out: str, preset: str, ablations_out: str | None) -> tuple[dict, dict, list[str]]:
+    """What earlier runs left: ({item: its saved result}, {ablation: Table}, [commands of the
+    items and ablations not made yet])."""
+    results, tables, missing = {}, {}, []
+    for n in ITEMS:
+        path = os.path.join(out, f"{n}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[n] = json.load(f)
+        else:
+            missing.append(f"python -m experiments.paper {n} --preset {preset}")
+    for a in ABLATIONS:
+        exp = _ablation(a).EXPERIMENT
+        path = os.path.join(ablations_out, a) if ablations_out else framework.default_out(exp, preset)
+        if os.path.exists(os.path.join(path, framework.TABLE)):
+            with open(os.path.join(path, framework.TABLE)) as f:
+                j = json.load(f)
+            tables[a] = framework.Table(exp, j["preset"], j["settings"], j["budget"], j["rows"], j["command"],
+                                        j["environment"], j["minutes"])
+        else:
+            missing.append(f"python -m experiments.{a} --preset {preset}")
+    return results, tables, missing
+
+
+def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float | None,
+           ablations_out: str | None, missing: Sequence[str] = ()) -> str:
     from dflash_jax.reporting import environment
 
     env = environment()
     lines = [f"# The paper's tables and figures ({preset} preset)", "",
-             f"Command: `{command}` ({minutes:.1f} minutes for this invocation; measurements and cells reused from "
-             "earlier runs cost nothing here).", "",
+             f"Command: `{command}`" + ("" if minutes is None else
+                                       f" ({minutes:.1f} minutes for this invocation; measurements and cells reused "
+                                       "from earlier runs cost nothing here)") + ".", "",
              f"Machine: {env['device']} ({env['platform']}, {framework._cpu_model() or ''}, {os.cpu_count()} cores), "
              f"jax {env['jax']}. Pair: target `{_show(opt.target)}`, "
              f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
@@ -551,6 +585,10 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
             lines += [f"### {a}", "", f"`python -m experiments.{a} --preset {preset}` -> [{rel}]({rel}/README.md)", "",
                       t.experiment.description, "", t.to_markdown(), "", f"![{a}]({rel}/plot.png)", ""]
             lines += [f"- {x}" for x in t.experiment.findings(t)] + [""]
+    if missing:
+        lines += ["## Not made yet", "", "These had not finished when this page was written; each command resumes "
+                  "where its run stopped, and `python -m experiments.paper all` runs whatever is left and writes "
+                  "this page again:", ""] + [f"- `{m}`" for m in missing] + [""]
     return "\n".join(lines)
 
 
@@ -562,8 +600,9 @@ def _show(path: str) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.paper", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("item", choices=ITEMS + ("all",), help="the table or figure to make; all: every one and "
-                                                         "every ablation, then README.md")
+    p.add_argument("item", choices=ITEMS + ("all", "readme"),
+                   help="the table or figure to make; all: every one and every ablation, then README.md; readme: "
+                        "README.md alone from what earlier runs saved (listing what is not made yet)")
     p.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
                    help="smoke: seconds (CI); cpu: the embedded pair, minutes (default); gpu: the paper's sizes")
     p.add_argument("--out", help="output directory (default: results/paper for cpu, results/paper-<preset> otherwise)")

@@ -281,3 +281,21 @@ def test_two_processes_sharing_a_work_dir_take_turns(tmp_path):
     with exclusive(str(lock), lambda: waited.append(1)):
         pass
     assert not waited
+
+
+def test_readme_alone_from_saved_outputs_lists_what_is_missing(paper_all, tmp_path):
+    """`experiments.paper readme` writes the page from the saved files: the same sections as
+    `all` wrote, and with an item and an ablation missing, those two listed with their commands."""
+    root, _, _ = paper_all
+    shutil.copytree(root / "paper", tmp_path / "paper")
+    shutil.copytree(root / "ablations", tmp_path / "ablations")
+    heads = lambda text: [x for x in text.splitlines() if x.startswith("#") or x.startswith("|") or x.startswith("- ")]
+    paper.run("readme", "smoke", out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
+    assert heads((tmp_path / "paper" / "README.md").read_text()) == heads((root / "paper" / "README.md").read_text())
+    (tmp_path / "paper" / "acceptance.json").unlink()
+    (tmp_path / "ablations" / "ablate_taps" / "table.json").unlink()
+    paper.run("readme", "smoke", out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
+    text = (tmp_path / "paper" / "README.md").read_text()
+    assert "## Not made yet" in text and "`python -m experiments.paper acceptance --preset smoke`" in text
+    assert "`python -m experiments.ablate_taps --preset smoke`" in text and "### ablate_taps" not in text
+    assert "### ablate_conditioning" in text and "## Acceptance lengths" not in text
