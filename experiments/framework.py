@@ -788,7 +788,9 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     out = out or default_out(experiment, preset)
     work = work or DEFAULT_WORK
     command = command or _api_command(experiment, preset, out, work, overrides)
-    identity = {"preset": preset, "settings": _jsonable(settings), "train": train, "axes": _jsonable(axes)}
+    # settings added since a table was written, at their old value, leave its identity unchanged
+    identity = {"preset": preset, "settings": _jsonable(settings), "train": _hashed("train", train),
+                "axes": _jsonable(axes)}
     check_out(out, experiment, identity, overwrite)
 
     # dtype None: the platform's (float32 on CPU, bfloat16 on GPUs); hashed as given
