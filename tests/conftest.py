@@ -131,10 +131,18 @@ def paper_all(tmp_path_factory):
     tests/test_paper.py share it on one xdist worker (their xdist_group)."""
     from experiments import paper
 
-    root = tmp_path_factory.mktemp("experiments")
-    work = str(root / "work")
-    results = paper.run("all", "smoke", out=str(root / "paper"), work=work, ablations_out=str(root / "ablations"))
-    return root, work, results
+    # pytest-xdist tears session fixtures down whenever a worker's queue runs dry and builds them
+    # again for its next test (the last CI built this one twice, 410 + 497 s): the run is kept for
+    # the life of the process, its directory outlives the teardown
+    if "run" not in _PAPER_ALL:
+        root = tmp_path_factory.mktemp("experiments")
+        work = str(root / "work")
+        results = paper.run("all", "smoke", out=str(root / "paper"), work=work, ablations_out=str(root / "ablations"))
+        _PAPER_ALL["run"] = (root, work, results)
+    return _PAPER_ALL["run"]
+
+
+_PAPER_ALL: dict = {}
 
 
 @pytest.fixture(scope="session")
