@@ -140,23 +140,7 @@ def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpe
     Raises:
       CheckpointError listing every missing, unexpected and mis-shaped tensor.
     """
-    ignore = set(ignore)
-    missing = sorted(n for n in specs if n not in tensors)
-    unexpected = sorted(n for n in tensors if n not in specs and n not in ignore)
-    misshaped = sorted(
-        f"{n}: expected {list(s.shape)}, found {list(tensors[n].shape)}"
-        for n, s in specs.items() if n in tensors and tuple(tensors[n].shape) != s.shape)
-    if missing or unexpected or misshaped:
-        lines = [f"{what} does not match its config:"]
-        for title, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                             ("tensors with the wrong shape", misshaped)):
-            if items:
-                lines.append(f"  {title} ({len(items)}):")
-                lines += [f"    {x}" for x in items[:50]]
-                if len(items) > 50:
-                    lines.append(f"    ... and {len(items) - 50} more")
-        raise CheckpointError("\n".join(lines))
-
+    check_tensor_set({n: tuple(t.shape) for n, t in tensors.items()}, specs, ignore, what)
     groups: dict[tuple[str, ...], dict[int | None, np.ndarray]] = {}
     for name, spec in specs.items():
         arr = tensors[name]
@@ -170,10 +154,79 @@ def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpe
         else:
             arr = np.stack([by_layer[i] for i in range(len(by_layer))])
         arr = jnp.asarray(arr, dtype=dtype) if dtype is not None else jnp.asarray(arr)
-        node = params
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = arr
+        _set_path(params, path, arr)
+    return params
+
+
+def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def check_tensor_set(shapes: dict[str, tuple[int, ...]], specs: dict[str, TensorSpec],
+                     ignore: Iterable[str] = (), what: str = "checkpoint") -> None:
+    """Raises one CheckpointError listing every missing, unexpected and mis-shaped tensor
+    (``shapes``: name -> shape on disk)."""
+    ignore = set(ignore)
+    missing = sorted(n for n in specs if n not in shapes)
+    unexpected = sorted(n for n in shapes if n not in specs and n not in ignore)
+    misshaped = sorted(
+        f"{n}: expected {list(s.shape)}, found {list(shapes[n])}"
+        for n, s in specs.items() if n in shapes and tuple(shapes[n]) != s.shape)
+    if missing or unexpected or misshaped:
+        lines = [f"{what} does not match its config:"]
+        for title, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                             ("tensors with the wrong shape", misshaped)):
+            if items:
+                lines.append(f"  {title} ({len(items)}):")
+                lines += [f"    {x}" for x in items[:50]]
+                if len(items) > 50:
+                    lines.append(f"    ... and {len(items) - 50} more")
+        raise CheckpointError("\n".join(lines))
+
+
+def read_sharded_params(path: str | os.PathLike, specs: dict[str, TensorSpec], sharding_of,
+                        dtype=None, ignore: Iterable[str] = (), what: str = "checkpoint") -> dict:
+    """Like ``tensors_to_params(read_tensors(path), specs, ...)``, but every parameter is
+    created directly as a global ``jax.Array`` with the sharding ``sharding_of(param path,
+    ndim)``: each process reads, from the safetensors files, only the slices its own devices
+    hold (``jax.make_array_from_callback``); the whole checkpoint is never in one host's
+    memory. The tensor set is validated first, from the file headers alone."""
+    files = checkpoint_files(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    by_file: dict[str, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with open_safetensors(file) as f:
+            for name in names:
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    check_tensor_set(shapes, specs, ignore, what)
+    groups: dict[tuple[str, ...], dict[int | None, str]] = {}
+    for name, spec in specs.items():
+        groups.setdefault(spec.path, {})[spec.layer] = name
+    params: dict[str, Any] = {}
+    for tree_path, by_layer in groups.items():
+        names = [by_layer[None]] if None in by_layer else [by_layer[i] for i in range(len(by_layer))]
+        spec = specs[names[0]]
+        one = shapes[names[0]][::-1] if spec.transpose else shapes[names[0]]
+        shape = one if None in by_layer else (len(names),) + one
+
+        def read(index, names=names, spec=spec, stacked=None not in by_layer):
+            layer_ids = range(len(names))[index[0]] if stacked else [0]
+            inner = index[1:] if stacked else index
+            disk = inner[::-1] if spec.transpose else inner  # [out, in] on disk
+            parts = []
+            for i in layer_ids:
+                with open_safetensors(files[names[i]]) as f:
+                    part = f.get_slice(names[i])[disk]
+                parts.append(part.T if spec.transpose else part)
+            arr = np.stack(parts) if stacked else parts[0]
+            return arr.astype(dtype) if dtype is not None else arr
+
+        arr = jax.make_array_from_callback(shape, sharding_of(tree_path, len(shape)), read)
+        _set_path(params, tree_path, arr)
     return params
 
 
@@ -246,18 +299,22 @@ def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
 
 
 # ---------------------------------------------------------------------------- target API
-def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None, dtype=None):
+def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None, dtype=None,
+                       sharding_of=None):
     """Loads a target checkpoint directory into (config, params).
 
     ``dtype`` (e.g. ``jnp.bfloat16``) casts every tensor; None keeps the stored dtype.
     A tied checkpoint that still stores ``lm_head.weight`` is accepted (the copy is ignored).
+    ``sharding_of(param path, ndim)``: place the parameters sharded as they are read
+    (:func:`read_sharded_params`).
     """
     cfg = cfg or TargetConfig.from_pretrained(path)
     specs = target_tensor_specs(cfg)
-    tensors = read_tensors(path)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    params = tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore,
-                               what=f"target checkpoint {os.fspath(path)!r}")
+    what = f"target checkpoint {os.fspath(path)!r}"
+    if sharding_of is not None:
+        return cfg, read_sharded_params(path, specs, sharding_of, dtype, ignore, what)
+    params = tensors_to_params(read_tensors(path), specs, dtype=dtype, ignore=ignore, what=what)
     return cfg, params
 
 
@@ -287,7 +344,7 @@ def drafter_tensor_specs(cfg) -> dict[str, TensorSpec]:
     return specs
 
 
-def load_drafter_params(path: str | os.PathLike, cfg, dtype=None) -> dict:
+def load_drafter_params(path: str | os.PathLike, cfg, dtype=None, sharding_of=None) -> dict:
     """Reads a drafter directory's safetensors into a parameter tree (validated against cfg).
 
     Embedding / LM-head copies that some exports include are ignored: the drafter always uses
@@ -300,8 +357,11 @@ def load_drafter_params(path: str | os.PathLike, cfg, dtype=None) -> dict:
     """
     check_drafter_conditioning(path, cfg)
     ignore = ("embed_tokens.weight", "lm_head.weight", "model.embed_tokens.weight")
+    what = f"drafter checkpoint {os.fspath(path)!r}"
+    if sharding_of is not None:
+        return read_sharded_params(path, drafter_tensor_specs(cfg), sharding_of, dtype, ignore, what)
     return tensors_to_params(read_tensors(path), drafter_tensor_specs(cfg), dtype=dtype,
-                             ignore=ignore, what=f"drafter checkpoint {os.fspath(path)!r}")
+                             ignore=ignore, what=what)
 
 
 def check_drafter_conditioning(path: str | os.PathLike, cfg) -> None:

@@ -76,6 +76,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
     p.add_argument("--out", default="runs/bench")
+    from dflash_jax.parallel import cli as parallel_cli
+
+    parallel_cli.add_arguments(p)  # one prompt at a time: a mesh with data=1 (model=N: TP)
 
 
 class Runner:
@@ -223,8 +226,14 @@ def run(args) -> dict:
     sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub, subset=args.subset)
             for n in args.datasets}
     dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
+    from dflash_jax.parallel import cli as parallel_cli
+
+    mesh = parallel_cli.mesh_from_args(args)
+    if mesh is not None and mesh.devices.shape[0] != 1:
+        raise ValueError(f"--mesh {args.mesh}: the benchmark decodes one prompt at a time, so "
+                         "the data axis must be 1 (e.g. --mesh data=1,model=4)")
     status(f"loading {args.target} and {drafter_dir} ...")
-    target = load_target(args.target, dtype=dtype)
+    target = load_target(args.target, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
     drafter = load_drafter(drafter_dir, target, dtype=dtype)
@@ -279,12 +288,17 @@ def _portable(path: str) -> str:
 
 
 def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
-    """Writes bench.json / .md / .png for the sets finished so far; returns the table."""
+    """Writes bench.json / .md / .png for the sets finished so far (process 0 of a
+    multi-process run only); returns the table."""
+    from dflash_jax.parallel import is_main_process
+
     results = report["datasets"]
     report["average"] = average(results)
     report["wall_time_s"] = time.perf_counter() - t0
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     table = markdown(report)
+    if not is_main_process():
+        return table
     write_report(report, out, "bench", plot, quiet=quiet)
     st = report["settings"]
     write_text(os.path.join(out, "bench.md"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli, status
+from dflash_jax.parallel import cli as parallel_cli
 
 
 def _parse_token_ids(text: str) -> list[int]:
@@ -42,6 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+    parallel_cli.add_arguments(p)
 
 
 def run(args):
@@ -56,8 +58,9 @@ def run(args):
     from dflash_jax.prompts import encode_prompt
 
     dtype = jnp.dtype(args.dtype) if args.dtype else None
+    mesh = parallel_cli.mesh_from_args(args)
     target = load_target(args.target, dtype=dtype, max_len=args.max_len,
-                         allow_extrapolation=args.allow_extrapolation)
+                         allow_extrapolation=args.allow_extrapolation, mesh=mesh)
     drafter = load_drafter(args.drafter, target, dtype=dtype) if args.drafter else None
     if args.block_size is not None and drafter is None:
         raise ValueError("--block-size needs --drafter (autoregressive decoding has block size 1)")
@@ -79,6 +82,10 @@ def run(args):
     r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  stop_token_ids=target.stop_token_ids, seed=args.seed)
+    from dflash_jax.parallel import is_main_process
+
+    if not is_main_process():  # every process holds the whole result; one prints it
+        return r
     for seq in r.sequences:
         print(tok.decode(seq) if tok is not None and not args.token_ids else ",".join(map(str, seq)))
     line = (f"[{sum(r.num_generated)} tokens; prefill {1e3 * r.prefill_time_s:.1f} ms, decode "

@@ -23,6 +23,13 @@ Acceptance rules:
     first rejection emit a sample of ``normalise(max(p_i - q_i, 0))``; after a full block a
     sample of ``p_{bs-1}``. Lossless for any q (here q is the drafter's distribution with the
     same temperature/top-k/top-p as the target).
+
+Multi-device (``EngineSpec.mesh``, ``dflash_jax.parallel``): ``prefill`` and ``decode`` run their
+whole body, the ``while_loop`` included, inside one ``shard_map`` over the mesh. Each device
+runs the functions above on its rows (``data``) with the shard's configs (``model``: heads, KV
+heads, MLP width, vocabulary split; ``parallel.rules``); the only cross-device steps are the
+models' psums and the vocabulary reductions of ``parallel.vocab`` (argmax, log-softmax,
+values at token ids, sampling with the single-device random numbers).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import jax.numpy as jnp
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
 from dflash_jax.models.cache import KVCache
+from dflash_jax.parallel import rules, vocab
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import embed, lm_head, target_forward
 
@@ -48,6 +56,9 @@ class EngineSpec:
 
     draft_fn: None for the DFlash drafter; otherwise a custom proposer with the signature of
       :func:`dflash_draft` (used to study the engine with controlled proposals).
+    mesh: a ``(data, model)`` device mesh (``parallel.make_mesh``) to run on, or None (one
+      device). Inside the sharded program the functions see :meth:`local` specs: ``mesh``
+      None, ``shards`` set and the configs of one model shard.
     """
 
     target: TargetConfig
@@ -59,6 +70,22 @@ class EngineSpec:
     out_len: int = 64
     draft_fn: Callable | None = None
     attention_impl: str = "xla"
+    mesh: Any = None
+    shards: vocab.Shards | None = None
+
+    @property
+    def tp_axis(self) -> str | None:
+        """The mesh axis of the models' tensor-parallel psums (None: not split)."""
+        return self.shards.tp_axis if self.shards is not None else None
+
+    def local(self) -> "EngineSpec":
+        """The spec one device runs inside ``shard_map`` over ``self.mesh``."""
+        sizes = rules.mesh_axis_sizes(self.mesh)
+        m = sizes[rules.MODEL]
+        return dataclasses.replace(
+            self, mesh=None, shards=vocab.Shards(sizes[rules.DATA], m),
+            target=rules.local_config(self.target, m),
+            drafter=rules.local_config(self.drafter, m) if self.drafter is not None else None)
 
     @property
     def tap_layer_ids(self) -> tuple[int, ...]:
@@ -107,6 +134,31 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
             cache_len: int) -> DecodeState:
     """Target over the right-padded prompts (tokens int32[B, P], lengths int32[B]); first token
     sampled at each row's last prompt position; prompt taps projected into the drafter cache."""
+    args = (tparams, dparams, tokens, lengths, max_new, stop_ids, key)
+    if spec.mesh is None:
+        return _prefill(spec, cache_len, *args)
+    row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
+    in_specs = (rules.param_specs(tparams), rules.param_specs(dparams), row2, row, row, row2,
+                jax.sharding.PartitionSpec())
+    return jax.shard_map(functools.partial(_prefill, spec.local(), cache_len), mesh=spec.mesh,
+                         in_specs=in_specs, out_specs=state_specs(spec), check_vma=False)(*args)
+
+
+def state_specs(spec: EngineSpec) -> DecodeState:
+    """The PartitionSpec of every field of the loop state on ``spec.mesh``: rows over
+    ``data``; caches also by KV heads over ``model``; the key replicated."""
+    spec_of = rules.logical_to_spec
+    row, row2 = spec_of(("batch",)), spec_of(("batch", "time"))
+    kv = spec_of(rules.CACHE_AXES)
+    cache = KVCache(k=kv, v=kv, lengths=row)
+    has_drafter = spec.drafter is not None
+    return DecodeState(out=row2, n=row, done=row, tcache=cache, dcache=cache if has_drafter else None,
+                       bonus=row, pending_taps=spec_of(("batch", "time", "embed")) if has_drafter else None,
+                       pending_pos=row2, accept_lens=row2, iters=row, key=jax.sharding.PartitionSpec())
+
+
+def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths, max_new,
+             stop_ids, key) -> DecodeState:
     cfg = spec.target
     B, P = tokens.shape
     dtype = tparams["embed_tokens"]["embedding"].dtype
@@ -115,8 +167,8 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
     logits, taps, tcache = target_forward(cfg, tparams, tokens, positions,
                                           KVCache.for_config(cfg, B, cache_len, dtype),
                                           tap_layer_ids=spec.tap_layer_ids, logit_index=lengths - 1,
-                                          attention_impl=spec.attention_impl)
-    first = sample_tokens(sub, logits[:, 0], spec.sampling)
+                                          attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
+    first = sample_tokens(sub, logits[:, 0], spec.sampling, spec.shards)
     tcache = tcache.crop(lengths)
     bs = spec.block_size
     dcache = pending = None
@@ -124,7 +176,7 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
         d = spec.drafter
         dcache = KVCache.init(d.num_layers, B, cache_len, d.num_kv_heads, d.head_dim, dtype)
         if dparams is not None:
-            dcache = DrafterModel(d, attention_impl=spec.attention_impl).apply(
+            dcache = DrafterModel(d, attention_impl=spec.attention_impl, model_axis=spec.tp_axis).apply(
                 {"params": dparams}, taps, positions, dcache, lengths,
                 method=DrafterModel.project_context)
         pending = jnp.zeros((B, bs, taps.shape[-1]), taps.dtype)
@@ -154,30 +206,35 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     start = state.tcache.lengths
     B = start.shape[0]
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    model = DrafterModel(d, attention_impl=spec.attention_impl)
+    model = DrafterModel(d, attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
+    shards = spec.shards
     fill = jnp.full((B, bs - 1), d.mask_token_id, jnp.int32)
     filled = jnp.zeros((B, bs - 1), bool)
     dcache = model.apply({"params": dparams}, state.pending_taps, state.pending_pos, state.dcache,
                          start, method=DrafterModel.project_context)
     for step in range(steps):
         block = jnp.concatenate([state.bonus[:, None], fill], axis=1)
-        h = model.apply({"params": dparams}, embed(tparams, block), positions, dcache,
+        h = model.apply({"params": dparams}, embed(tparams, block, spec.tp_axis), positions, dcache,
                         method=DrafterModel.draft)
         logits = lm_head(spec.target, tparams, h[:, 1:])
         if step == steps - 1:
             break
-        pred = jnp.argmax(logits, -1).astype(jnp.int32)
-        conf = jnp.where(filled, jnp.inf, jnp.max(jax.nn.log_softmax(logits), -1))
+        pred = vocab.argmax(logits, shards)
+        if shards is not None and shards.vocab_split:  # max log-softmax = max logit - logsumexp
+            top = jax.lax.pmax(jnp.max(logits, -1), shards.model_axis) - vocab.logsumexp(logits, shards)
+        else:
+            top = jnp.max(jax.nn.log_softmax(logits), -1)
+        conf = jnp.where(filled, jnp.inf, top)
         rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)
         keep = rank < round((bs - 1) * (step + 1) / steps)
         fill = jnp.where(filled, fill, jnp.where(keep, pred, fill))
         filled = filled | keep
     if spec.sampled_draft:
-        q_logp = process_logits(logits, spec.sampling)
-        draft = jax.random.categorical(key, q_logp, axis=-1).astype(jnp.int32)
+        q_logp = process_logits(logits, spec.sampling, shards)
+        draft = vocab.categorical(key, q_logp, shards)
     else:
         q_logp = None
-        draft = jnp.argmax(logits, -1).astype(jnp.int32)
+        draft = vocab.argmax(logits, shards)
     return jnp.where(filled, fill, draft), q_logp, dcache
 
 
@@ -196,18 +253,19 @@ def accept(spec: EngineSpec, draft, q_logp, logits, key):
       (accepted int32[B] in 0..bs-1: the length of the accepted draft prefix,
        bonus int32[B]: the target's token after it; see the rules in the module docstring).
     """
-    B, bs, V = logits.shape
+    B, bs, V = logits.shape  # V: the shard's vocabulary slice under tensor parallelism
+    shards = spec.shards
     if not spec.sampled_draft:
         # greedy: argmax; sampling with a greedy draft: one independent target sample per row
-        choice_BxBs = sample_tokens(key, logits, spec.sampling)
+        choice_BxBs = sample_tokens(key, logits, spec.sampling, shards)
         match = draft == choice_BxBs[:, :-1]
         accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
         return accepted, jnp.take_along_axis(choice_BxBs, accepted[:, None], 1)[:, 0]
     k_u, k_res = jax.random.split(key)
-    p_logp = process_logits(logits, spec.sampling)  # [B, bs, V]
-    p_d = jnp.take_along_axis(p_logp[:, :-1], draft[..., None], -1)[..., 0]  # [B, bs-1]
-    q_d = jnp.take_along_axis(q_logp, draft[..., None], -1)[..., 0]
-    u = jax.random.uniform(k_u, (B, bs - 1))
+    p_logp = process_logits(logits, spec.sampling, shards)  # [B, bs, V]
+    p_d = vocab.take(p_logp[:, :-1], draft, shards)  # [B, bs-1]
+    q_d = vocab.take(q_logp, draft, shards)
+    u = vocab.uniform(k_u, (B, bs - 1), shards)
     ok = jnp.log(u) < p_d - q_d  # u < p/q  (always when p >= q)
     accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
     p_a = jnp.exp(jnp.take_along_axis(p_logp, accepted[:, None, None], 1)[:, 0])  # [B, V]
@@ -215,8 +273,10 @@ def accept(spec: EngineSpec, draft, q_logp, logits, key):
     q_a = jnp.take_along_axis(q_pad, accepted[:, None, None], 1)[:, 0]  # zeros after a full block
     resid = jnp.maximum(p_a - q_a, 0.0)
     mass = jnp.sum(resid, -1, keepdims=True)
+    if shards is not None and shards.vocab_split:
+        mass = jax.lax.psum(mass, shards.model_axis)
     resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_a)
-    bonus = jax.random.categorical(k_res, jnp.log(resid), axis=-1).astype(jnp.int32)
+    bonus = vocab.categorical(k_res, jnp.log(resid), shards)
     return accepted, bonus
 
 
@@ -230,7 +290,8 @@ def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tc
     written, ``lengths = positions[:, -1] + 1``, cropped later by :func:`commit`).
     """
     return target_forward(spec.target, tparams, block, positions, tcache,
-                          tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl)
+                          tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
+                          model_axis=spec.tp_axis)
 
 
 # ---------------------------------------------------------------------------- commit
@@ -299,8 +360,22 @@ def decode(tparams, dparams, state: DecodeState, max_new, stop_ids, max_iteratio
     """Runs iterations until every row is done or ``max_iterations`` (a traced int) ran.
 
     One call with a large ``max_iterations`` is the whole generation on device; streaming calls
-    it repeatedly with a small one and reads the state in between.
+    it repeatedly with a small one and reads the state in between. On a mesh, each data shard
+    runs the loop until its own rows are done (the loop's collectives are over ``model`` only).
     """
+    args = (tparams, dparams, state, max_new, stop_ids, max_iterations)
+    if spec.mesh is None:
+        return _decode(spec, *args)
+    row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
+    states = state_specs(spec)
+    in_specs = (rules.param_specs(tparams), rules.param_specs(dparams), states, row, row2,
+                jax.sharding.PartitionSpec())
+    return jax.shard_map(functools.partial(_decode, spec.local()), mesh=spec.mesh,
+                         in_specs=in_specs, out_specs=states, check_vma=False)(*args)
+
+
+def _decode(spec: EngineSpec, tparams, dparams, state: DecodeState, max_new, stop_ids,
+            max_iterations) -> DecodeState:
     def cond(carry):
         state, it = carry
         return (it < max_iterations) & ~jnp.all(state.done)

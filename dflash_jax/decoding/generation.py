@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import metrics, parallel
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.models.handles import Drafter, Target
@@ -282,6 +282,11 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
         if not isinstance(drafter, Drafter):
             raise ValueError(f"drafter must be a dflash_jax.Drafter (load_drafter), got {type(drafter).__name__}")
         drafter.config.check_target(cfg)
+        if drafter.mesh is not target.mesh and drafter.mesh != target.mesh:
+            where = lambda m: "one device" if m is None else f"mesh {dict(zip(m.axis_names, m.devices.shape))}"
+            raise ValueError(f"the drafter is placed on {where(drafter.mesh)} and the target on "
+                             f"{where(target.mesh)}: load the drafter with load_drafter(path, "
+                             "target), which places it on the target's mesh")
         bs = drafter.config.block_size if block_size is None else int(block_size)
         if bs < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -296,24 +301,59 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     if num_denoise_steps > 1 and opt.sampled_draft:
         raise ValueError("sampled_draft=True supports num_denoise_steps=1 only (the proposal "
                          "distribution of a multi-step draft is not defined); use the greedy draft")
+    if target.mesh is not None:
+        data = parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
+        if B % data:
+            raise ValueError(f"{B} prompts cannot be split over the mesh's data={data} shards: "
+                             f"pass a multiple of {data} prompts (or build the mesh with "
+                             f"data dividing {B})")
     lens = [len(r) for r in rows]
     width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=opt.pad_to)
     spec = engine.EngineSpec(
         target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
         sampled_draft=bool(opt.sampled_draft) and bs > 1 and not sampling.greedy,
         num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
-        draft_fn=opt.draft_fn, attention_impl=check_attention_impl(opt.attention_impl))
+        draft_fn=opt.draft_fn, attention_impl=check_attention_impl(opt.attention_impl),
+        mesh=target.mesh)
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r
-    max_new = jnp.asarray(budgets, jnp.int32)
-    stop_ids = jnp.asarray(stops)
+    inputs = _on_mesh(target.mesh, tokens=tokens, lens=np.asarray(lens, np.int32),
+                      max_new=np.asarray(budgets, np.int32), stop_ids=stops, seed=opt.seed)
+    max_new, stop_ids = inputs["max_new"], inputs["stop_ids"]
     t0 = time.perf_counter()
-    state = engine.prefill(target.params, dparams, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32),
-                           max_new, stop_ids, jax.random.key(opt.seed), spec=spec, cache_len=cache_len)
+    state = engine.prefill(target.params, dparams, inputs["tokens"], inputs["lens"],
+                           max_new, stop_ids, inputs["key"], spec=spec, cache_len=cache_len)
     jax.block_until_ready(state.out)
     return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
                           time.perf_counter() - t0)
+
+
+def _on_mesh(mesh, *, seed: int, **rows: np.ndarray) -> dict:
+    """The engine's inputs as device arrays: one device's (``mesh`` None), or global arrays
+    on the mesh with rows split over ``data`` and the PRNG key replicated (built by every
+    process from the same host values, so this holds across hosts too)."""
+    key = jax.random.key(seed)
+    if mesh is None:
+        return {"key": key, **{name: jnp.asarray(x) for name, x in rows.items()}}
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    out = {name: parallel.rules.place(x, NamedSharding(mesh, P(parallel.DATA, *[None] * (x.ndim - 1))))
+           for name, x in rows.items()}
+    key_data = parallel.rules.place(np.asarray(jax.random.key_data(key)), NamedSharding(mesh, P()))
+    out["key"] = jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(key))
+    return out
+
+
+def _fetch(tree, mesh):
+    """Host (numpy) copies of result arrays; on a mesh that spans processes, every process
+    gathers the rows of all of them."""
+    if mesh is not None and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return jax.tree_util.tree_map(
+            lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
+    return jax.device_get(tree)
 
 
 def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
@@ -333,8 +373,9 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
                    GenerateOptions.from_keywords("generate", options))
     t1 = time.perf_counter()
     state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
-                          jnp.int32(np.iinfo(np.int32).max), spec=pre.spec)
-    out, n, accept_lens, iters = jax.device_get((state.out, state.n, state.accept_lens, state.iters))
+                          np.int32(np.iinfo(np.int32).max), spec=pre.spec)
+    out, n, accept_lens, iters = _fetch((state.out, state.n, state.accept_lens, state.iters),
+                                        target.mesh)
     decode_s = time.perf_counter() - t1
     return _finish(out, n, accept_lens, iters, pre.stops, pre.prompt_lengths, pre.spec.block_size,
                    pre.prefill_time_s, decode_s)
@@ -350,7 +391,7 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
     pre = _prepare(target, prompts, max_new_tokens, drafter,
                    GenerateOptions.from_keywords("generate_stream", options))
     state = pre.state
-    out, n, done = jax.device_get((state.out, state.n, state.done))
+    out, n, done = _fetch((state.out, state.n, state.done), target.mesh)
     seen = np.zeros_like(n)
     while True:
         yield StreamChunk([out[b, seen[b]:n[b]].tolist() for b in range(len(n))], done.tolist())
@@ -358,8 +399,8 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
             return
         seen = n
         state = engine.decode(target.params, pre.drafter_params, state, pre.max_new, pre.stop_ids,
-                              jnp.int32(iterations_per_chunk), spec=pre.spec)
-        out, n, done = jax.device_get((state.out, state.n, state.done))
+                              np.int32(iterations_per_chunk), spec=pre.spec)
+        out, n, done = _fetch((state.out, state.n, state.done), target.mesh)
 
 
 def _finish(out, n, accept_lens, iters, stops, lens, block_size, prefill_s, decode_s) -> GenerateResult:

@@ -11,6 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from dflash_jax.parallel import vocab
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -33,14 +35,29 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+def process_logits(logits: jax.Array, params: SamplingParams,
+                   shards: vocab.Shards | None = None) -> jax.Array:
     """Log-probabilities float32[..., V] after temperature, top-k and top-p (excluded = -inf).
 
-    For greedy params this returns the log-softmax of the raw logits.
+    For greedy params this returns the log-softmax of the raw logits. ``shards``: inside
+    ``shard_map`` with the vocabulary split (``parallel.vocab``): logits and result are the
+    shard's slice; top-k / top-p gather the whole vocabulary for their thresholds.
     """
+    if shards is not None and shards.vocab_split:
+        x = logits.astype(jnp.float32)
+        if not params.greedy:
+            x = x / params.temperature
+        if params.top_k is not None or params.top_p is not None:
+            x = vocab.local_vocab(_filter(vocab.gather_vocab(x, shards), params), shards)
+        return vocab.log_softmax(x, shards)
     x = logits.astype(jnp.float32)
     if not params.greedy:
         x = x / params.temperature
+    return jax.nn.log_softmax(_filter(x, params), axis=-1)
+
+
+def _filter(x: jax.Array, params: SamplingParams) -> jax.Array:
+    """Top-k, then top-p, over the last axis (excluded = -inf)."""
     if params.top_k is not None and params.top_k < x.shape[-1]:
         kth = jax.lax.top_k(x, params.top_k)[0][..., -1:]
         x = jnp.where(x >= kth, x, -jnp.inf)
@@ -53,11 +70,14 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
         keep = mass_before < params.top_p
         cutoff = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
         x = jnp.where(x >= cutoff, x, -jnp.inf)
-    return jax.nn.log_softmax(x, axis=-1)
+    return x
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """int32[...] tokens from logits[..., V]: argmax when greedy, else a categorical sample."""
+def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams,
+                  shards: vocab.Shards | None = None) -> jax.Array:
+    """int32[...] tokens from logits[..., V]: argmax when greedy, else a categorical sample
+    (``shards``: rows and vocabulary split, the same tokens as on one device;
+    ``parallel.vocab``)."""
     if params.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, process_logits(logits, params), axis=-1).astype(jnp.int32)
+        return vocab.argmax(logits, shards)
+    return vocab.categorical(key, process_logits(logits, params, shards), shards)

@@ -20,6 +20,7 @@ from dflash_jax.checkpoints import (load_drafter_params, load_target_params, sav
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.models.target import init_target_params
+from dflash_jax.parallel import rules
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
@@ -37,6 +38,9 @@ class Target:
     ``max_len`` is the largest KV cache a ``generate`` call may allocate (prompt plus new
     tokens, per row); it defaults to the model's ``max_position_embeddings`` and may exceed it
     only with ``allow_extrapolation=True`` (positions the model was not trained on).
+
+    ``mesh``: a ``(data, model)`` mesh (``dflash_jax.parallel.make_mesh``): the parameters are
+    placed on it by ``parallel.rules`` and ``generate`` runs sharded; None: one device.
     """
 
     config: TargetConfig
@@ -45,8 +49,12 @@ class Target:
     max_len: int | None = None
     path: str | None = None
     allow_extrapolation: bool = False
+    mesh: Any = None
 
     def __post_init__(self):
+        if self.mesh is not None:
+            rules.check_model_split(self.config, rules.mesh_axis_sizes(self.mesh)[rules.MODEL])
+            self.params = rules.shard_params(self.params, self.mesh)
         limit = self.config.max_position_embeddings
         if self.max_len is None:
             self.max_len = limit
@@ -75,10 +83,10 @@ class Target:
 
     @classmethod
     def random(cls, config: TargetConfig, seed: int = 0, dtype=jnp.float32,
-               max_len: int | None = None, init_scale: float = 0.02) -> "Target":
-        """A target with random weights (benchmarks, tests)."""
+               max_len: int | None = None, init_scale: float = 0.02, mesh=None) -> "Target":
+        """A target with random weights (benchmarks, tests); the same weights on any mesh."""
         return cls(config, init_target_params(config, jax.random.key(seed), dtype, init_scale),
-                   max_len=max_len)
+                   max_len=max_len, mesh=mesh)
 
     def save(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
         """Writes config.json + safetensors (and the tokenizer, when there is one)."""
@@ -88,7 +96,7 @@ class Target:
 
 
 def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
-                allow_extrapolation: bool = False) -> Target:
+                allow_extrapolation: bool = False, mesh=None) -> Target:
     """Loads a Hugging Face Qwen3 / Llama-3.x checkpoint directory.
 
     Args:
@@ -96,27 +104,52 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
       dtype: cast the weights (e.g. ``jnp.bfloat16``); None keeps the stored dtype.
       max_len: KV cache capacity limit; default the config's max_position_embeddings.
       allow_extrapolation: allow ``max_len`` above max_position_embeddings.
+      mesh: a ``(data, model)`` mesh (``dflash_jax.parallel.make_mesh``): the weights are placed
+        sharded as they load (each process reads only its devices' slices of the safetensors
+        files) and ``generate`` runs on the mesh. None: one device.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"target directory {path!r} does not exist")
-    config, params = load_target_params(path, dtype=dtype)
+    if mesh is not None:
+        config = TargetConfig.from_pretrained(path)
+        rules.check_model_split(config, rules.mesh_axis_sizes(mesh)[rules.MODEL])
+        config, params = load_target_params(path, config, dtype=dtype,
+                                            sharding_of=_sharding_on(mesh))
+    else:
+        config, params = load_target_params(path, dtype=dtype)
     tokenizer = None
     if any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    return Target(config, params, tokenizer, max_len, path, allow_extrapolation)
+    return Target(config, params, tokenizer, max_len, path, allow_extrapolation, mesh)
+
+
+def _sharding_on(mesh):
+    """param path, ndim -> its NamedSharding on ``mesh`` (``parallel.rules``)."""
+    def sharding_of(path, ndim):
+        return jax.sharding.NamedSharding(
+            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim)))
+    return sharding_of
 
 
 @dataclasses.dataclass
 class Drafter:
     """A DFlash drafter: config (released layout) and parameters; uses the target's embedding
-    and LM head, which are never copied into ``params``."""
+    and LM head, which are never copied into ``params``. ``mesh``: the mesh its parameters are
+    placed on (its target's; None: one device)."""
 
     config: DrafterConfig
     params: Any
     path: str | None = None
+    mesh: Any = None
+
+    def __post_init__(self):
+        if self.mesh is not None:
+            rules.check_model_split(self.config, rules.mesh_axis_sizes(self.mesh)[rules.MODEL],
+                                    "drafter")
+            self.params = rules.shard_params(self.params, self.mesh)
 
     @property
     def dtype(self):
@@ -134,18 +167,24 @@ class Drafter:
                                        conditioning=conditioning)
         cfg.check_target(target.config)
         params = init_drafter_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
-        return cls(cfg, params)
+        return cls(cfg, params, mesh=target.mesh)
 
 
 def load_drafter(path: str | os.PathLike, target: Target, dtype=None) -> Drafter:
     """Loads a drafter in the released DFlash layout and checks it fits ``target``.
 
-    ``dtype`` defaults to the target's dtype (drafter and target compute together)."""
+    ``dtype`` defaults to the target's dtype (drafter and target compute together). On a
+    target loaded with a mesh, the drafter is placed sharded on the same mesh as it loads."""
     path = os.fspath(path)
     cfg = DrafterConfig.from_pretrained(path)
     cfg.check_target(target.config)
-    params = load_drafter_params(path, cfg, dtype=dtype or target.dtype)
-    return Drafter(cfg, params, path)
+    if target.mesh is not None:
+        rules.check_model_split(cfg, rules.mesh_axis_sizes(target.mesh)[rules.MODEL], "drafter")
+        params = load_drafter_params(path, cfg, dtype=dtype or target.dtype,
+                                     sharding_of=_sharding_on(target.mesh))
+    else:
+        params = load_drafter_params(path, cfg, dtype=dtype or target.dtype)
+    return Drafter(cfg, params, path, target.mesh)
 
 
 def save_drafter(drafter: Drafter, path: str | os.PathLike) -> None:
@@ -153,11 +192,11 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike) -> None:
     save_drafter_params(path, drafter.config, drafter.params)
 
 
-def load_embedded(dtype=None, max_len: int | None = None) -> tuple["Target", "Drafter"]:
+def load_embedded(dtype=None, max_len: int | None = None, mesh=None) -> tuple["Target", "Drafter"]:
     """The embedded default pair shipped in the package: ``(target, drafter)``.
 
     ``dtype`` casts both (None keeps the stored bfloat16; ``jnp.float32`` is faster on most
     CPUs); the directories are :data:`EMBEDDED_TARGET_DIR` and :data:`EMBEDDED_DRAFTER_DIR`.
     """
-    target = load_target(EMBEDDED_TARGET_DIR, dtype=dtype, max_len=max_len)
+    target = load_target(EMBEDDED_TARGET_DIR, dtype=dtype, max_len=max_len, mesh=mesh)
     return target, load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=dtype)

@@ -32,7 +32,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
-from dflash_jax.nn.layers import random_init
+from dflash_jax.nn.layers import out_projection, random_init
 
 
 class SelfAttention(nn.Module):
@@ -41,6 +41,7 @@ class SelfAttention(nn.Module):
     cfg: TargetConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, positions, mask, cache: KVCache | None, layer):
@@ -57,15 +58,17 @@ class SelfAttention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="k_norm")(k)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
+        o_proj = out_projection(cfg.hidden_size, cfg.attention_bias, self.param_dtype,
+                                self.model_axis, "o_proj")  # + psum under tensor parallelism
         if cache is not None:
             cache = cache.write(layer, k, v, positions)
             if self.attention_impl in BLOCK_ATTENTION:  # a kernel; positions: start + arange(T)
                 out = BLOCK_ATTENTION[self.attention_impl](q, cache.k, cache.v, positions[:, 0],
                                                            causal=True, layer=layer)
-                return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
+                return o_proj(out.reshape(B, T, H * Dh)), cache
             k, v = cache.k[layer], cache.v[layer]
         out = dot_product_attention(q, k, v, mask)
-        return dense(cfg.hidden_size, "o_proj")(out.reshape(B, T, H * Dh)), cache
+        return o_proj(out.reshape(B, T, H * Dh)), cache
 
 
 class DecoderLayer(nn.Module):
@@ -75,17 +78,19 @@ class DecoderLayer(nn.Module):
     tap_layer_ids: tuple[int, ...] = ()
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
 
     @nn.compact
     def __call__(self, carry, shared):
         h, cache, taps, layer = carry
         cos, sin, positions, mask = shared
         cfg = self.cfg
-        attn_out, cache = SelfAttention(cfg, self.param_dtype, self.attention_impl, name="self_attn")(
+        attn_out, cache = SelfAttention(cfg, self.param_dtype, self.attention_impl, self.model_axis,
+                                        name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h),
             cos, sin, positions, mask, cache, layer)
         h = h + attn_out
-        h = h + MLP(cfg.intermediate_size, self.param_dtype, name="mlp")(
+        h = h + MLP(cfg.intermediate_size, self.param_dtype, self.model_axis, name="mlp")(
             RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(h))
         if self.tap_layer_ids:
             hit = (jnp.asarray(self.tap_layer_ids) == layer)[:, None, None, None]
@@ -102,12 +107,17 @@ class TargetModel(nn.Module):
     ``attention_impl``: "xla" (dense reference), "pallas" (``kernels.block_attention``) or
     "triton" (``kernels.triton_block_attention``) for attention through the cache; the
     cache-less path always uses XLA.
+
+    ``model_axis``: inside ``shard_map`` with tensor parallelism, the mesh axis that heads, MLP
+    width and vocabulary are split over; ``cfg`` is then the shard's config
+    (``parallel.local_config``) and the logits are the shard's vocabulary slice.
     """
 
     cfg: TargetConfig
     tap_layer_ids: tuple[int, ...] = ()
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
 
     def setup(self):
         cfg = self.cfg
@@ -121,7 +131,8 @@ class TargetModel(nn.Module):
         self.layers = nn.scan(
             DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=nn.broadcast, length=cfg.num_layers,
-        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl, name="layers")
+        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl, self.model_axis,
+          name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
         if not cfg.tie_word_embeddings:
             self.lm_head = LMHeadKernel(cfg.hidden_size, cfg.vocab_size, self.param_dtype)
@@ -150,7 +161,10 @@ class TargetModel(nn.Module):
             raise ValueError(f"positions shape {positions.shape} must equal tokens shape {tokens.shape}")
         cfg = self.cfg
         B, T = tokens.shape
-        h = self.embed_tokens(tokens)
+        if self.model_axis is None:
+            h = self.embed_tokens(tokens)
+        else:
+            h = embed_rows(self.embed_tokens.embedding, tokens, self.model_axis)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
         if cache is not None:
             if cache.batch != B:
@@ -218,15 +232,29 @@ def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
 
 def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
-                   attention_impl: str = "xla"):
+                   attention_impl: str = "xla", model_axis: str | None = None):
     """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``."""
-    return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl).apply(
+    return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl,
+                       model_axis=model_axis).apply(
         {"params": params}, tokens, positions, cache, logit_index, compute_logits)
 
 
-def embed(params, tokens: jax.Array) -> jax.Array:
-    """The target's token embedding: [..., D] rows of ``embed_tokens`` (shared with drafters)."""
-    return jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0)
+def embed(params, tokens: jax.Array, model_axis: str | None = None) -> jax.Array:
+    """The target's token embedding: [..., D] rows of ``embed_tokens`` (shared with drafters);
+    ``model_axis``: the table's vocabulary is split over that mesh axis (:func:`embed_rows`)."""
+    if model_axis is None:
+        return jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0)
+    return embed_rows(params["embed_tokens"]["embedding"], tokens, model_axis)
+
+
+def embed_rows(table: jax.Array, tokens: jax.Array, model_axis: str) -> jax.Array:
+    """Lookup in a vocabulary-split table (inside ``shard_map``): shard i holds rows
+    ``[i V/m, (i+1) V/m)``; each shard gathers the ids it holds, zeros elsewhere, one psum."""
+    Vl = table.shape[0]
+    local = tokens - jax.lax.axis_index(model_axis) * Vl
+    mine = (local >= 0) & (local < Vl)
+    rows = jnp.take(table, jnp.clip(local, 0, Vl - 1), axis=0)
+    return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), model_axis)
 
 
 def lm_head(cfg: TargetConfig, params, h: jax.Array) -> jax.Array:

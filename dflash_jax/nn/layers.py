@@ -60,18 +60,51 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x.dtype)
 
 
+class RowParallelDense(nn.Module):
+    """A Dense layer whose input dimension is split over the mesh axis ``axis_name`` (the
+    Megatron row-parallel layer: attention's o_proj, the MLP's down_proj): the local products
+    are summed with one ``psum`` and the (replicated) bias is added once, after it. Parameters
+    ``kernel`` [in/m, out] and ``bias`` [out], named as ``nn.Dense``'s."""
+
+    features: int
+    use_bias: bool = False
+    param_dtype: jnp.dtype = jnp.float32
+    axis_name: str = "model"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (x.shape[-1], self.features), self.param_dtype)
+        y = jax.lax.psum(jnp.dot(x, kernel.astype(x.dtype)), self.axis_name)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,),
+                               self.param_dtype).astype(y.dtype)
+        return y
+
+
+def out_projection(features: int, use_bias: bool, param_dtype, axis_name: str | None,
+                   name: str | None = None) -> nn.Module:
+    """``nn.Dense`` on one device (``axis_name`` None), :class:`RowParallelDense` under tensor
+    parallelism; the same parameter names either way."""
+    if axis_name is None:
+        return nn.Dense(features, use_bias=use_bias, param_dtype=param_dtype, name=name)
+    return RowParallelDense(features, use_bias, param_dtype, axis_name, name=name)
+
+
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no biases."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no biases. ``axis_name``: the mesh axis the
+    intermediate dimension is split over (tensor parallelism; a psum after down_proj)."""
 
     intermediate_size: int
     param_dtype: jnp.dtype = jnp.float32
+    axis_name: str | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         dense = lambda n, name: nn.Dense(n, use_bias=False, param_dtype=self.param_dtype, name=name)
         h = nn.silu(dense(self.intermediate_size, "gate_proj")(x)) * dense(
             self.intermediate_size, "up_proj")(x)
-        return dense(x.shape[-1], "down_proj")(h)
+        return out_projection(x.shape[-1], False, self.param_dtype, self.axis_name, "down_proj")(h)
 
 
 def random_init(params, key: jax.Array, init_scale: float, dtype):

@@ -1,0 +1,48 @@
+"""One sharded forward pass of the target outside the decoding loop (scoring, checks).
+
+``target_logits(target, tokens)`` runs ``models.target.target_forward`` inside ``shard_map`` on
+the target's mesh with the layout of ``parallel.rules`` and returns the logits as one global
+array [B, T, V] (rows over ``data``, vocabulary over ``model``; nothing is gathered)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dflash_jax.models.target import target_forward
+from dflash_jax.parallel import rules
+
+
+def target_logits(target, tokens) -> jax.Array:
+    """float32 logits [B, T, V] of ``tokens`` int32[B, T] (positions 0..T-1, no cache), on the
+    target's mesh (or its one device when it has none)."""
+    tokens = np.asarray(tokens, np.int32)
+    positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
+    if target.mesh is None:
+        return target_forward(target.config, target.params, jnp.asarray(tokens),
+                              jnp.asarray(positions))[0]
+    sizes = rules.mesh_axis_sizes(target.mesh)
+    if tokens.shape[0] % sizes[rules.DATA]:
+        raise ValueError(f"{tokens.shape[0]} rows cannot be split over data={sizes[rules.DATA]}")
+    rows = NamedSharding(target.mesh, P(rules.DATA, None))
+    return _sharded_logits(target.config, target.mesh, target.params,
+                           rules.place(tokens, rows), rules.place(positions, rows))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _sharded_logits(cfg, mesh, params, tokens, positions):
+    m = rules.mesh_axis_sizes(mesh)[rules.MODEL]
+    local = rules.local_config(cfg, m)
+    axis = rules.MODEL if m > 1 else None
+
+    def body(p, t, pos):
+        return target_forward(local, p, t, pos, model_axis=axis)[0]
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(rules.param_specs(params), P(rules.DATA, None),
+                                                    P(rules.DATA, None)),
+                         out_specs=P(rules.DATA, None, rules.MODEL), check_vma=False)(
+        params, tokens, positions)

@@ -1,0 +1,179 @@
+"""Partition rules: one table from logical axes to mesh axes, one table from parameter names to
+logical axes (the MaxText style), and the per-shard ("local") configs the sharded forward
+passes run with.
+
+The layout is Megatron tensor parallelism over the ``model`` mesh axis and data parallelism
+over ``data``:
+
+  * attention split by heads: the columns of q_proj (query heads) and of k_proj / v_proj (their
+    KV heads) and the rows of o_proj. Heads are contiguous in ``H * Dh`` (head-major), so shard
+    i of m holds query heads ``[i H/m, (i+1) H/m)`` and KV heads ``[i Hkv/m, (i+1) Hkv/m)``,
+    exactly the KV heads those query heads use: a GQA group is never split. Hence m must
+    divide Hkv (and so H).
+  * MLP split by the intermediate dimension: columns of gate/up, rows of down.
+  * one ``psum`` over ``model`` after o_proj and after down_proj (the row-parallel outputs).
+  * embedding and LM head split by vocabulary (rows of ``embed_tokens``, columns of
+    ``lm_head``); the lookup is a masked local gather + ``psum``, the logits stay split
+    (``parallel.vocab`` reduces over them).
+  * norms, q_norm / k_norm and the drafter's ``fc`` + ``hidden_norm`` are replicated: ``fc``
+    maps the concatenated taps to the drafter's hidden size D, which every shard needs whole
+    (its K/V projections read all of D), so splitting it would cost an all-gather of
+    [rows, D] per draft for a matrix of k*D*D (one seventh of a Qwen3-8B drafter layer).
+  * KV caches [layers, batch, slots, Hkv, Dh]: batch over ``data``, KV heads over ``model``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+DATA, MODEL = "data", "model"
+
+LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", DATA),
+    ("heads", MODEL),
+    ("kv_heads", MODEL),
+    ("mlp", MODEL),
+    ("vocab", MODEL),
+    ("embed", None),
+    ("layers", None),
+    ("slots", None),
+    ("head_dim", None),
+    ("taps", None),
+    ("time", None),
+)
+"""logical axis -> mesh axis (None = replicated). Change a mapping here, nowhere else."""
+
+PARAM_AXES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("embed_tokens", "embedding"): ("vocab", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("q_proj", "kernel"): ("embed", "heads"),
+    ("k_proj", "kernel"): ("embed", "kv_heads"),
+    ("v_proj", "kernel"): ("embed", "kv_heads"),
+    ("o_proj", "kernel"): ("heads", "embed"),
+    ("q_proj", "bias"): ("heads",),
+    ("k_proj", "bias"): ("kv_heads",),
+    ("v_proj", "bias"): ("kv_heads",),
+    ("o_proj", "bias"): ("embed",),
+    ("q_norm", "weight"): ("head_dim",),
+    ("k_norm", "weight"): ("head_dim",),
+    ("gate_proj", "kernel"): ("embed", "mlp"),
+    ("up_proj", "kernel"): ("embed", "mlp"),
+    ("down_proj", "kernel"): ("mlp", "embed"),
+    ("input_layernorm", "weight"): ("embed",),
+    ("post_attention_layernorm", "weight"): ("embed",),
+    ("norm", "weight"): ("embed",),
+    ("hidden_norm", "weight"): ("embed",),
+    ("fc", "kernel"): ("taps", "embed"),
+}
+"""(module, parameter) -> logical axes of its dims; parameters under ``layers/`` carry the
+stacked ``layers`` axis first."""
+
+CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
+"""KVCache k / v; ``lengths`` is ("batch",)."""
+
+
+def logical_to_spec(axes, rules=LOGICAL_RULES) -> P:
+    """PartitionSpec of an array whose dims have the logical names ``axes``."""
+    table = dict(rules)
+    unknown = [a for a in axes if a not in table]
+    if unknown:
+        raise KeyError(f"no partition rule for logical axes {unknown}; rules: {sorted(table)}")
+    return P(*(table[a] for a in axes))
+
+
+def param_logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
+    """Logical axes of the parameter at ``path`` (keys from the root) with ``ndim`` dims."""
+    key = tuple(path[-2:])
+    if key not in PARAM_AXES:
+        raise KeyError(f"parameter {'/'.join(path)} has no entry in parallel.rules.PARAM_AXES")
+    axes = PARAM_AXES[key]
+    if path[0] == "layers":
+        axes = ("layers",) + axes
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {'/'.join(path)} has {ndim} dims; its rule names {axes}")
+    return axes
+
+
+def _keys(path) -> tuple[str, ...]:
+    return tuple(getattr(k, "key", getattr(k, "name", str(k))) for k in path)
+
+
+def param_specs(params, rules=LOGICAL_RULES):
+    """The PartitionSpec tree of a target or drafter parameter tree (None stays None)."""
+    if params is None:
+        return None
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: logical_to_spec(param_logical_axes(_keys(path), x.ndim), rules), params)
+
+
+def cache_specs(cache, rules=LOGICAL_RULES):
+    """The PartitionSpec pytree of a KVCache (None stays None)."""
+    if cache is None:
+        return None
+    kv = logical_to_spec(CACHE_AXES, rules)
+    return cache.replace(k=kv, v=kv, lengths=logical_to_spec(("batch",), rules))
+
+
+def shard_params(params, mesh, rules=LOGICAL_RULES):
+    """``params`` placed on ``mesh`` by the rules (a no-op for arrays already placed so)."""
+    specs = param_specs(params, rules)
+    return jax.tree_util.tree_map(lambda x, s: place(x, NamedSharding(mesh, s)), params, specs)
+
+
+def place(x, sharding):
+    """``x`` (a host or single-device value, the same in every process, or a global array) as a
+    global array with ``sharding``; each process builds only its own devices' shards, so this
+    works across hosts too."""
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+        return x
+    if jax.process_count() == 1:
+        return jax.device_put(x, sharding)
+    host = np.asarray(jax.device_get(x) if isinstance(x, jax.Array) else x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+# ---------------------------------------------------------------------------- local configs
+def check_model_split(cfg, model: int, what: str = "target") -> None:
+    """Raises ValueError, naming every dimension, when ``model`` shards cannot split ``cfg``
+    (a TargetConfig or DrafterConfig) by the layout above."""
+    if model == 1:
+        return
+    dims = [("num_key_value_heads", cfg.num_kv_heads, "KV heads (a GQA group is never split)"),
+            ("num_attention_heads", cfg.num_heads, "query heads"),
+            ("intermediate_size", cfg.intermediate_size, "MLP width")]
+    if hasattr(cfg, "model_type"):
+        dims.append(("vocab_size", cfg.vocab_size, "vocabulary (embedding and LM head)"))
+    bad = [f"{name}={n} ({why}) is not divisible by {model}" for name, n, why in dims if n % model]
+    if bad:
+        fits = [m for m in range(1, model + 1) if all(n % m == 0 for _, n, _ in dims)]
+        raise ValueError(f"a mesh with model={model} cannot split the {what}: " + "; ".join(bad)
+                         + f". Model-axis sizes that fit: {fits}")
+
+
+def local_config(cfg, model: int):
+    """The config of one of ``model`` shards: heads, KV heads, MLP width (and a target's
+    vocabulary) divided by ``model``; every other field unchanged."""
+    if model == 1:
+        return cfg
+    check_model_split(cfg, model)
+    fields: dict[str, Any] = dict(num_heads=cfg.num_heads // model,
+                                  num_kv_heads=cfg.num_kv_heads // model,
+                                  intermediate_size=cfg.intermediate_size // model)
+    if hasattr(cfg, "model_type"):
+        fields["vocab_size"] = cfg.vocab_size // model
+    return dataclasses.replace(cfg, **fields)
+
+
+def mesh_axis_sizes(mesh) -> Mapping[str, int]:
+    """{"data": d, "model": m} of a mesh built by :func:`parallel.make_mesh`."""
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    missing = [a for a in (DATA, MODEL) if a not in sizes]
+    if missing:
+        raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}; dflash-jax needs "
+                         f"('{DATA}', '{MODEL}'): build it with dflash_jax.parallel.make_mesh")
+    return sizes

@@ -1,0 +1,145 @@
+"""Reductions over a vocabulary split across the ``model`` axis, and random numbers that do not
+depend on the split (used inside ``shard_map``).
+
+Inside the sharded program every device holds logits ``[rows/d, ..., V/m]`` of its own rows
+(the ``data`` axis) and its own vocabulary slice (the ``model`` axis). Nothing here gathers the
+full logits except :func:`gather_vocab`, which top-k / top-p sampling needs (their thresholds
+are order statistics over the whole vocabulary):
+
+  * greedy argmax: each shard's (max, argmax); an all-gather of those two numbers per row; the
+    first shard holding the maximum wins, which is the first index of the global maximum, as
+    ``jnp.argmax`` takes on one device;
+  * log-softmax: ``pmax`` of the row maxima and ``psum`` of the shifted exponentials;
+  * the value at given token ids: a masked local gather and ``psum``;
+  * sampling: Gumbel-max, which is how ``jax.random.categorical`` samples: the noise of the
+    WHOLE [rows, ..., V] array is drawn from the same key as on one device and each shard keeps
+    its block, so a sharded run samples the same tokens as the single-device run with the same
+    seed (up to float rounding of the normaliser, which can only matter at exact ties).
+
+Every function takes ``shards`` (a :class:`Shards`, or None for the plain single-device
+computation, which is then exactly today's code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from dflash_jax.parallel.rules import DATA, MODEL
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """Static description of the mesh a function runs on inside ``shard_map``: ``data`` row
+    shards and ``model`` tensor-parallel shards (vocabulary split when ``model > 1``)."""
+
+    data: int = 1
+    model: int = 1
+    data_axis: str = DATA
+    model_axis: str = MODEL
+
+    @property
+    def vocab_split(self) -> bool:
+        return self.model > 1
+
+    @property
+    def tp_axis(self) -> str | None:
+        """The axis name for the model's psums (None without tensor parallelism)."""
+        return self.model_axis if self.model > 1 else None
+
+    def row_offset(self, local_rows: int) -> jax.Array:
+        if self.data == 1:
+            return jnp.int32(0)
+        return jax.lax.axis_index(self.data_axis) * local_rows
+
+    def vocab_offset(self, local_vocab: int) -> jax.Array:
+        if not self.vocab_split:
+            return jnp.int32(0)
+        return jax.lax.axis_index(self.model_axis) * local_vocab
+
+
+def argmax(x: jax.Array, shards: Shards | None) -> jax.Array:
+    """int32 index of the maximum over the last (vocabulary) axis, in global token ids."""
+    if shards is None or not shards.vocab_split:
+        return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    local_max = jnp.max(x, axis=-1)
+    local_idx = jnp.argmax(x, axis=-1).astype(jnp.int32) + shards.vocab_offset(x.shape[-1])
+    maxes = jax.lax.all_gather(local_max, shards.model_axis)  # [m, ...]
+    idxs = jax.lax.all_gather(local_idx, shards.model_axis)
+    best = jnp.argmax(maxes, axis=0)  # first shard with the maximum
+    return jnp.take_along_axis(idxs, best[None], axis=0)[0]
+
+
+def logsumexp(x: jax.Array, shards: Shards | None) -> jax.Array:
+    """log sum exp over the last axis [...] (rows of -inf give -inf)."""
+    if shards is None or not shards.vocab_split:
+        return jax.nn.logsumexp(x, axis=-1)
+    m = jax.lax.pmax(jnp.max(x, axis=-1), shards.model_axis)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    s = jax.lax.psum(jnp.sum(jnp.exp(x - m_safe[..., None]), axis=-1), shards.model_axis)
+    return jnp.log(s) + m_safe
+
+
+def log_softmax(x: jax.Array, shards: Shards | None) -> jax.Array:
+    if shards is None or not shards.vocab_split:
+        return jax.nn.log_softmax(x, axis=-1)
+    return x - logsumexp(x, shards)[..., None]
+
+
+def take(x: jax.Array, ids: jax.Array, shards: Shards | None) -> jax.Array:
+    """``x[..., ids]`` for global token ids ``ids`` [...] (x [..., V or V/m])."""
+    if shards is None or not shards.vocab_split:
+        return jnp.take_along_axis(x, ids[..., None], axis=-1)[..., 0]
+    Vl = x.shape[-1]
+    local = ids - shards.vocab_offset(Vl)
+    mine = (local >= 0) & (local < Vl)
+    val = jnp.take_along_axis(x, jnp.clip(local, 0, Vl - 1)[..., None], axis=-1)[..., 0]
+    return jax.lax.psum(jnp.where(mine, val, 0.0), shards.model_axis)
+
+
+def gather_vocab(x: jax.Array, shards: Shards | None) -> jax.Array:
+    """The full last axis [..., V] from the shards' slices."""
+    if shards is None or not shards.vocab_split:
+        return x
+    return jax.lax.all_gather(x, shards.model_axis, axis=x.ndim - 1, tiled=True)
+
+
+def local_vocab(x_full: jax.Array, shards: Shards | None) -> jax.Array:
+    """This shard's slice of a full-vocabulary array [..., V]."""
+    if shards is None or not shards.vocab_split:
+        return x_full
+    Vl = x_full.shape[-1] // shards.model
+    return jax.lax.dynamic_slice_in_dim(x_full, shards.vocab_offset(Vl), Vl, axis=x_full.ndim - 1)
+
+
+def global_noise(key, sampler, local_shape, shards: Shards, vocab: bool) -> jax.Array:
+    """This shard's block of ``sampler(key, global_shape)``: rows (axis 0) split over ``data``
+    and, when ``vocab``, the last axis over ``model``: the same numbers as on one device."""
+    shape = list(local_shape)
+    shape[0] *= shards.data
+    if vocab and shards.vocab_split:
+        shape[-1] *= shards.model
+    full = sampler(key, tuple(shape))
+    out = jax.lax.dynamic_slice_in_dim(full, shards.row_offset(local_shape[0]), local_shape[0], 0)
+    if vocab:
+        out = local_vocab(out, shards)
+    return out
+
+
+def categorical(key, logp: jax.Array, shards: Shards | None) -> jax.Array:
+    """int32 samples of ``softmax(logp)`` over the last axis, like ``jax.random.categorical``
+    (Gumbel-max with the noise of the whole array), rows and vocabulary possibly sharded."""
+    if shards is None:
+        return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    noise = global_noise(key, lambda k, s: jax.random.gumbel(k, s, logp.dtype), logp.shape,
+                         shards, vocab=True)
+    return argmax(logp + noise, shards)
+
+
+def uniform(key, shape, shards: Shards | None) -> jax.Array:
+    """float32 uniform[0, 1) of local ``shape`` (rows first), the rows' numbers of one device."""
+    if shards is None:
+        return jax.random.uniform(key, shape)
+    return global_noise(key, lambda k, s: jax.random.uniform(k, s), shape, shards, vocab=False)

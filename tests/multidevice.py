@@ -1,0 +1,45 @@
+"""Running test code on several (host CPU) devices, in a subprocess, so that the rest of the
+suite keeps its one device: XLA reads ``--xla_force_host_platform_device_count`` once, when jax
+starts its CPU backend.
+
+The code runs as a script with the repository on ``sys.path`` and prints its result as the
+JSON line ``RESULT {...}`` (:func:`emit`); :func:`run_on_devices` returns that dict and shows
+the subprocess's output when it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "RESULT "
+
+
+def device_env(devices: int) -> dict:
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_on_devices(code: str, devices: int = 8, timeout: float = 1200, args=()) -> dict:
+    """Runs ``code`` (dedented) with ``devices`` host devices; returns what it emitted."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+                          env=device_env(devices), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"multi-device subprocess failed (exit {proc.returncode}):\n"
+                             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    return json.loads(lines[-1][len(PREFIX):])
+
+
+def emit(result: dict) -> None:
+    """Called by the subprocess code: prints the result line."""
+    print(PREFIX + json.dumps(result), flush=True)
