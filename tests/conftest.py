@@ -134,10 +134,22 @@ def paper_all(tmp_path_factory):
     # pytest-xdist tears session fixtures down whenever a worker's queue runs dry and builds them
     # again for its next test (the last CI built this one twice, 410 + 497 s): the run is kept for
     # the life of the process, its directory outlives the teardown
+    # Should a second xdist worker need it anyway (seen in CI: the groups of test_paper.py and
+    # test_experiments.py did not keep it on one worker), the workers share one directory under
+    # the run's base temp: the second waits for the first's run, then runs it again from the
+    # cached data, drafters, cells and measurements (the resume path, minutes instead of 15).
     if "run" not in _PAPER_ALL:
-        root = tmp_path_factory.mktemp("experiments")
+        from dflash_jax.files import exclusive
+
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = tmp_path_factory.getbasetemp().parent / "experiments-shared"
+            root.mkdir(exist_ok=True)
+        else:
+            root = tmp_path_factory.mktemp("experiments")
         work = str(root / "work")
-        results = paper.run("all", "smoke", out=str(root / "paper"), work=work, ablations_out=str(root / "ablations"))
+        with exclusive(str(root / "build.lock")):
+            results = paper.run("all", "smoke", out=str(root / "paper"), work=work,
+                                ablations_out=str(root / "ablations"))
         _PAPER_ALL["run"] = (root, work, results)
     return _PAPER_ALL["run"]
 

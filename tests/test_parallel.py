@@ -80,15 +80,23 @@ for name, cfg in CONFIGS.items():
         tm = dj.Target.random(cfg, seed=1, init_scale=0.15, mesh=mesh)
         dm = dj.Drafter.random(tm, num_layers=2, block_size=6, seed=2, init_scale=0.15)
         logits = parallel.target_logits(tm, two)
-        spec = logits.sharding.spec
+        shard = lambda x: list(x.sharding.shard_shape(x.shape))  # one device's block
         result[name]["meshes"][f"{data}x{model}"] = {
             **runs(tm, dm, name, (data, model)),
             "logits_err": float(np.max(np.abs(np.asarray(logits) - ref_logits))),
             "logits_scale": float(np.max(np.abs(ref_logits))),
-            "logits_spec": [str(a) for a in spec],
-            "embed_spec": [str(a) for a in tm.params["embed_tokens"]["embedding"].sharding.spec],
-            "q_spec": [str(a) for a in tm.params["layers"]["self_attn"]["q_proj"]["kernel"].sharding.spec],
-            "drafter_fc_spec": [str(a) for a in dm.params["fc"]["kernel"].sharding.spec],
+            "shards": {"logits": shard(logits), "embed": shard(tm.params["embed_tokens"]["embedding"]),
+                       "q": shard(tm.params["layers"]["self_attn"]["q_proj"]["kernel"]),
+                       "kv": shard(tm.params["layers"]["self_attn"]["k_proj"]["kernel"]),
+                       "down": shard(tm.params["layers"]["mlp"]["down_proj"]["kernel"]),
+                       "drafter_q": shard(dm.params["layers"]["self_attn"]["q_proj"]["kernel"]),
+                       "drafter_fc": shard(dm.params["fc"]["kernel"])},
+            "full": {"embed": list(tm.params["embed_tokens"]["embedding"].shape),
+                     "q": list(tm.params["layers"]["self_attn"]["q_proj"]["kernel"].shape),
+                     "kv": list(tm.params["layers"]["self_attn"]["k_proj"]["kernel"].shape),
+                     "down": list(tm.params["layers"]["mlp"]["down_proj"]["kernel"].shape),
+                     "drafter_q": list(dm.params["layers"]["self_attn"]["q_proj"]["kernel"].shape),
+                     "drafter_fc": list(dm.params["fc"]["kernel"].shape)},
         }
 emit(result)
 """
@@ -137,10 +145,13 @@ def test_logits_within_float32_tolerance_and_layout(engine_runs):
         for mesh, res in engine_runs[model]["meshes"].items():
             assert res["logits_err"] <= 1e-5 * max(1.0, res["logits_scale"]), (model, mesh, res["logits_err"])
             data, m = map(int, mesh.split("x"))
-            assert res["logits_spec"] == ["data", "None", "model"]
-            assert res["embed_spec"] == ["model", "None"]  # vocabulary rows over model
-            assert res["q_spec"] == ["None", "None", "model"]  # query heads over model
-            assert res["drafter_fc_spec"] == ["None", "None"]  # replicated (parallel.rules)
+            shards, full = res["shards"], res["full"]
+            assert shards["logits"] == [8 // data, 2, 256 // m]  # rows over data, vocabulary over model
+            assert shards["embed"] == [full["embed"][0] // m, full["embed"][1]]  # vocabulary rows
+            for name in ("q", "kv", "drafter_q"):  # heads (the columns) over model
+                assert shards[name] == full[name][:2] + [full[name][2] // m], name
+            assert shards["down"] == [full["down"][0], full["down"][1] // m, full["down"][2]]  # MLP rows
+            assert shards["drafter_fc"] == full["drafter_fc"]  # replicated (parallel.rules)
 
 
 ERRORS_CODE = """
