@@ -27,6 +27,7 @@ COMMANDS = {
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
     "parallel-speed": ("dflash_jax.bench.parallel_speed", "AR step and DFlash iteration time on every (data, model) mesh of 8 devices"),
     "parallel-comm": ("dflash_jax.bench.parallel_comm", "tensor-parallel communication model on paper: collectives, comm share, which mesh"),
+    "train-memory": ("dflash_jax.bench.train_memory", "peak memory of a drafter training step, dense vs chunked attention, per mesh"),
     "gpu-compile": ("dflash_jax.bench.gpu_compile",
                     "compile the block-attention kernel for H100/H200/B200 without a GPU: registers, spills, occupancy"),
     "gpu-suite": ("dflash_jax.bench.gpu_suite", "every GPU measurement in one command (--smoke: tiny shapes, any machine)"),

@@ -57,6 +57,7 @@ from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
 from dflash_jax.cli import argument_kwargs, field_help, flag
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.trainer import TrainConfig
 
 PRESETS = ("smoke", "cpu", "gpu")
@@ -69,7 +70,9 @@ TRAIN_NOT_HASHED = ("checkpoint_every", "keep_checkpoints")
 TRAIN_OWN = ("eval_every", "eval_max_new_tokens", "keep_checkpoints", "seed")
 # settings added after cells were run, with their value in those runs: a value equal to it is
 # left out of the hash, so the drafters and cells of earlier runs stay reusable
-HASH_ADDED = {"drafter": {"conditioning": "kv"}, "train": {"anchors": "random"},
+HASH_ADDED = {"drafter": {"conditioning": "kv"},
+              "train": {"anchors": "random", "anchor_chunk": DEFAULT_ANCHOR_CHUNK,
+                        "context_chunk": DEFAULT_CONTEXT_CHUNK},
               "evaluation": {"sampled_draft": False}}
 
 

@@ -57,10 +57,10 @@ import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.cache import KVCache
-from dflash_jax.nn import (MLP, RMSNorm, apply_rope, block_sparse_attention, rope_cos_sin,
-                          segmented_attention)
-from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
-from dflash_jax.nn.layers import random_init
+from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
+from dflash_jax.nn.attention import (BLOCK_ATTENTION, DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
+                                     check_attention_impl, check_chunk, training_block_attention)
+from dflash_jax.nn.layers import out_projection, random_init
 
 
 class DrafterAttention(nn.Module):
@@ -73,6 +73,9 @@ class DrafterAttention(nn.Module):
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
+    anchor_chunk: int = DEFAULT_ANCHOR_CHUNK  # the training attention's chunks (train_blocks)
+    context_chunk: int = DEFAULT_CONTEXT_CHUNK
 
     def setup(self):
         cfg = self.cfg
@@ -80,7 +83,7 @@ class DrafterAttention(nn.Module):
         self.q_proj = dense(cfg.num_heads * cfg.head_dim)
         self.k_proj = dense(cfg.num_kv_heads * cfg.head_dim)
         self.v_proj = dense(cfg.num_kv_heads * cfg.head_dim)
-        self.o_proj = dense(cfg.hidden_size)
+        self.o_proj = out_projection(cfg.hidden_size, False, self.param_dtype, self.model_axis)
         self.q_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
         self.k_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
 
@@ -121,7 +124,9 @@ class DrafterAttention(nn.Module):
     def over_blocks(self, x_BxNTxD: jax.Array, rope, ctx_BxSxD: jax.Array | None, ctx_rope,
                     anchors_BxN: jax.Array, valid_BxN: jax.Array, ctx_kv=None) -> jax.Array:
         """Training: N blocks of T rows each (``x`` [B, N*T, D]); block j sees the context rows
-        at positions ``< anchors[b, j]`` and its own rows (``nn.block_sparse_attention``).
+        at positions ``< anchors[b, j]`` and its own rows (``nn.attention.training_block_attention``:
+        dense when one chunk covers all blocks and context positions, else chunked with an
+        online softmax; ``anchor_chunk`` / ``context_chunk``).
 
         The context keys/values are this layer's projections of the rows ``ctx`` [B, S, D]
         (conditioning "kv"), or given as ``ctx_kv`` = (k, v) [B, S, Hkv, Dh] ("input"); with
@@ -139,8 +144,9 @@ class DrafterAttention(nn.Module):
                                                       valid_BxN.reshape(B * N, 1, 1))])
             return self.o_proj(out.reshape(B, NT, -1))
         k_ctx, v_ctx = ctx_kv if ctx_kv is not None else self.keys_values(ctx_BxSxD, ctx_rope)
-        out = block_sparse_attention(blocks(q), k_ctx, v_ctx, blocks(k_blk), blocks(v_blk),
-                                     anchors_BxN, valid_BxN)
+        out = training_block_attention(blocks(q), k_ctx, v_ctx, blocks(k_blk), blocks(v_blk),
+                                       anchors_BxN, valid_BxN, anchor_chunk=self.anchor_chunk,
+                                       context_chunk=self.context_chunk)
         return self.o_proj(out.reshape(B, NT, -1))
 
     def context_through_cache(self, x_BxCxD: jax.Array, rope, cache: KVCache, layer: jax.Array,
@@ -177,13 +183,18 @@ class DrafterLayer(nn.Module):
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
+    anchor_chunk: int = DEFAULT_ANCHOR_CHUNK  # the training attention's chunks (train_blocks)
+    context_chunk: int = DEFAULT_CONTEXT_CHUNK
 
     def setup(self):
         cfg = self.cfg
         self.input_layernorm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
-        self.self_attn = DrafterAttention(cfg, self.param_dtype, self.attention_impl)
+        self.self_attn = DrafterAttention(cfg, self.param_dtype, self.attention_impl,
+                                          self.model_axis, anchor_chunk=self.anchor_chunk,
+                                          context_chunk=self.context_chunk)
         self.post_attention_layernorm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
-        self.mlp = MLP(cfg.intermediate_size, self.param_dtype)
+        self.mlp = MLP(cfg.intermediate_size, self.param_dtype, self.model_axis)
 
     def _residual(self, h: jax.Array, attention) -> jax.Array:
         h = h + attention(self.input_layernorm(h))
@@ -244,15 +255,29 @@ class DrafterModel(nn.Module):
     ``project_context`` with conditioning "input" and ``draft`` with "none").
 
     ``cfg.conditioning`` ("kv", "input", "none") selects how the taps enter (module docstring).
+
+    ``anchor_chunk`` / ``context_chunk`` (integers >= 1): ``train_blocks``' attention is dense
+    when the blocks fit in one anchor chunk and the context in one context chunk, else chunked
+    with an online softmax and rematerialised (memory-efficient;
+    ``nn.attention.training_block_attention``). No parameter depends on them.
+
+    ``model_axis``: tensor parallelism inside ``shard_map`` (``parallel.rules``): ``cfg`` is the
+    shard's config, heads and MLP width are split over that axis (a psum after o_proj and
+    down_proj); ``fc`` and ``hidden_norm`` are replicated.
     """
 
     cfg: DrafterConfig
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
+    model_axis: str | None = None
+    anchor_chunk: int = DEFAULT_ANCHOR_CHUNK  # the training attention's chunks (train_blocks)
+    context_chunk: int = DEFAULT_CONTEXT_CHUNK
 
     def setup(self):
         cfg = self.cfg
         check_attention_impl(self.attention_impl)
+        check_chunk("anchor_chunk", self.anchor_chunk)
+        check_chunk("context_chunk", self.context_chunk)
         if cfg.conditioning != "none":  # "none" has no projector parameters
             self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype)
             self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
@@ -260,7 +285,8 @@ class DrafterModel(nn.Module):
                               in_axes=nn.broadcast, length=cfg.num_layers,
                               methods=("project_context", "project_context_input", "draft",
                                        "train_blocks", "train_blocks_input"),
-                              )(cfg, self.param_dtype, self.attention_impl)
+                              )(cfg, self.param_dtype, self.attention_impl, self.model_axis,
+                                anchor_chunk=self.anchor_chunk, context_chunk=self.context_chunk)
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
 
     def context_rows(self, taps_BxCxKD: jax.Array) -> jax.Array:

@@ -25,17 +25,28 @@ TAP_CONVENTION = "hf_hidden_states[i+1]"
 
 
 def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8) -> dict:
-    """Runs the frozen target over every sequence of ``data_dir`` and stores the taps."""
+    """Runs the frozen target over every sequence of ``data_dir`` and stores the taps.
+
+    A target on a mesh (``load_target(..., mesh=)``) runs sharded as in training
+    (``training.sharding``): rows over ``data`` (a chunk is padded with rows of zeros to a
+    multiple of it), the target tensor-parallel over ``model``; the taps come back whole and
+    only process 0 writes files."""
     import jax
 
+    main = jax.process_index() == 0
     os.makedirs(out_dir, exist_ok=True)
     taps = tuple(int(i) for i in tap_layer_ids)
     meta = {"target": target.path, "tap_layer_ids": list(taps), "data_dir": os.path.abspath(data_dir),
             "dtype": jnp.dtype(target.dtype).name, "tap_convention": TAP_CONVENTION}
     meta_file = os.path.join(out_dir, "features.json")
     check_settings(meta_file, meta, holder=f"{out_dir} holds features made", remedy="use a new directory")
-    write_json(meta_file, meta)
-    fn = jax.jit(lambda p, t: target_features(target.config, p, t, taps))
+    if main:
+        write_json(meta_file, meta)
+    if getattr(target, "mesh", None) is None:
+        jitted = jax.jit(lambda p, t: target_features(target.config, p, t, taps))
+        fn = lambda p, chunk: jitted(p, jnp.asarray(chunk))  # noqa: E731
+    else:
+        fn = _sharded_features(target, taps)
     shards = sorted(f for f in glob.glob(os.path.join(data_dir, "shard-*.npz")) if not f.endswith(".tmp.npz"))
     for shard in tqdm(shards, desc="target features", unit="shard"):
         out = os.path.join(out_dir, os.path.basename(shard).replace("shard-", "features-").replace(".npz", ".npy"))
@@ -46,13 +57,36 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
         parts = []
         for lo in range(0, tokens.shape[0], batch_size):
             chunk = tokens[lo:lo + batch_size]
-            parts.append(np.asarray(fn(target.params, jnp.asarray(chunk))))
+            parts.append(np.asarray(fn(target.params, chunk)))
         arr = np.concatenate(parts)
         if arr.dtype == ml_dtypes.bfloat16:
             arr = arr.view(np.uint16)
-        with atomic_path(out, keep_extension=True) as tmp:
-            np.save(tmp, arr)
+        if main:
+            with atomic_path(out, keep_extension=True) as tmp:
+                np.save(tmp, arr)
     return meta
+
+
+def _sharded_features(target, taps):
+    """(params, numpy token chunk) -> its taps, run on the target's mesh (rows padded to a
+    multiple of ``data``, the result whole on every process)."""
+    import jax
+
+    from dflash_jax.parallel.rules import DATA, mesh_axis_sizes
+    from dflash_jax.training import sharding
+
+    data = mesh_axis_sizes(target.mesh)[DATA]
+    rows = sharding.batch_sharding(target.mesh)
+    jitted = jax.jit(lambda p, t: target_features(target.config, p, t, taps),
+                     in_shardings=(sharding.param_shardings(target.params, target.mesh), rows),
+                     out_shardings=sharding.replicated(target.mesh))
+
+    def fn(params, chunk):
+        n = chunk.shape[0]
+        padded = np.zeros((-(-n // data) * data,) + chunk.shape[1:], chunk.dtype)
+        padded[:n] = chunk
+        return jitted(params, sharding.global_array(padded, rows))[:n]
+    return fn
 
 
 class FeatureStore:

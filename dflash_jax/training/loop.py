@@ -10,6 +10,7 @@ resumed run ends bitwise equal to an uninterrupted one.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Callable
 
@@ -52,6 +53,15 @@ def batch_rows(step: int, num_rows: int, batch_size: int, seed: int, stream: int
     return epoch, np.sort(perm[i * batch_size:(i + 1) * batch_size])
 
 
+def _agreed(flag: bool) -> bool:
+    """Process 0's ``flag`` on every process (itself on a single-process run)."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
 def run_loop(state: dict, step_fn: Callable[..., tuple[dict, dict]], batch: Callable[[int], tuple],
              manager: ocp.CheckpointManager, metrics_file: str, *, num_steps: int,
              checkpoint_every: int, tokens_per_step: int,
@@ -77,15 +87,22 @@ def run_loop(state: dict, step_fn: Callable[..., tuple[dict, dict]], batch: Call
     - a checkpoint (``manager``) every ``checkpoint_every`` steps and at the end of the run
       (``num_steps``, or the time limit, which stops the run on the checkpoint). A
       ``stop_after`` stop does not save: the resume starts at the last checkpoint.
+
+    Across hosts every process runs the loop (the steps and the Orbax saves are collective:
+    each process writes its own shards of a sharded state); only process 0 writes the
+    metrics file and shows the bar. The time limit is process 0's decision, shared with the
+    others, so that every process stops on the same step.
     """
     start = int(state["step"])
-    truncate_metrics(metrics_file, start)
+    main = jax.process_index() == 0
+    if main:
+        truncate_metrics(metrics_file, start)
     end = num_steps if stop_after is None else min(num_steps, start + stop_after)
     t_start = time.time()
-    bar = tqdm(range(start, end), initial=start, total=num_steps, desc=desc)
-    if start < end:
+    bar = tqdm(range(start, end), initial=start, total=num_steps, desc=desc, disable=not main)
+    if start < end and main:
         bar.write("compiling the training step (the first step's time includes it) ...")
-    with open(metrics_file, "a") as log:
+    with open(metrics_file if main else os.devnull, "a") as log:
         for step in bar:
             t0 = time.perf_counter()
             state, m = step_fn(state, *batch(step))
@@ -95,7 +112,7 @@ def run_loop(state: dict, step_fn: Callable[..., tuple[dict, dict]], batch: Call
             row = {"step": done, "loss": float(m["loss"]), "lr": float(m["lr"]),
                    "grad_norm": float(m["grad_norm"]), **(row_metrics(done, m) if row_metrics else {}),
                    "tokens_per_s": tokens_per_step / dt, "time_s": dt}
-            timeout = max_minutes is not None and time.time() - t_start > 60 * max_minutes
+            timeout = max_minutes is not None and _agreed(time.time() - t_start > 60 * max_minutes)
             last = done == num_steps or timeout
             if evaluate is not None:
                 row.update(evaluate(state, done, last))

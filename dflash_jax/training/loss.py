@@ -11,6 +11,7 @@ import optax
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.models.target import embed, lm_head, target_forward
+from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import build_blocks
 
 
@@ -24,28 +25,35 @@ def target_features(tcfg: TargetConfig, tparams, tokens, tap_layer_ids) -> jax.A
 
 
 def block_logits(dcfg: DrafterConfig, tcfg: TargetConfig, dparams, tparams, tokens, loss_mask,
-                 taps, anchors, valid):
-    """Drafter logits at every block row: (logits float32[B, N, bs, V], labels, label_mask)."""
+                 taps, anchors, valid, *, anchor_chunk: int = DEFAULT_ANCHOR_CHUNK,
+                 context_chunk: int = DEFAULT_CONTEXT_CHUNK):
+    """Drafter logits at every block row: (logits float32[B, N, bs, V], labels, label_mask).
+
+    ``anchor_chunk`` / ``context_chunk``: the chunks of the drafter's training attention
+    (``DrafterModel``; dense when N <= anchor_chunk and L <= context_chunk)."""
     bs = dcfg.block_size
     B, N = anchors.shape
     inputs, positions, labels, label_mask = build_blocks(tokens, loss_mask, anchors, valid, bs,
                                                          dcfg.mask_token_id)
     emb = embed(tparams, inputs.reshape(B, N * bs))
-    h = DrafterModel(dcfg).apply({"params": dparams}, emb, positions.reshape(B, N * bs),
-                                 taps.astype(emb.dtype), anchors, valid,
-                                 method=DrafterModel.train_blocks)  # [B, N*bs, D]
+    model = DrafterModel(dcfg, anchor_chunk=anchor_chunk, context_chunk=context_chunk)
+    h = model.apply({"params": dparams}, emb, positions.reshape(B, N * bs), taps.astype(emb.dtype),
+                    anchors, valid, method=DrafterModel.train_blocks)  # [B, N*bs, D]
     logits = lm_head(tcfg, tparams, h).reshape(B, N, bs, -1)
     return logits, labels, label_mask
 
 
 def drafter_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weights, *,
-                 dcfg: DrafterConfig, tcfg: TargetConfig):
+                 dcfg: DrafterConfig, tcfg: TargetConfig, anchor_chunk: int = DEFAULT_ANCHOR_CHUNK,
+                 context_chunk: int = DEFAULT_CONTEXT_CHUNK):
     """Weighted mean cross-entropy over labelled block rows, and metrics.
 
-    weights: float32[bs] (row 0 is 0). Returns (loss, metrics) with per-position accuracy
+    weights: float32[bs] (row 0 is 0); anchor_chunk / context_chunk: as :func:`block_logits`.
+    Returns (loss, metrics) with per-position accuracy
     ``accuracy_per_pos`` float32[bs-1] (top-1 accuracy of rows 1..bs-1) and the label count."""
     logits, labels, label_mask = block_logits(dcfg, tcfg, dparams, tparams, tokens, loss_mask,
-                                              taps, anchors, valid)
+                                              taps, anchors, valid, anchor_chunk=anchor_chunk,
+                                              context_chunk=context_chunk)
     ce = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
     w = weights[None, None, :] * label_mask
     loss = jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1e-9)
@@ -54,8 +62,9 @@ def drafter_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weig
     return loss, {"loss": loss, "accuracy_per_pos": per_pos[1:], "num_labels": jnp.sum(label_mask)}
 
 
-@functools.partial(jax.jit, static_argnames=("dcfg", "tcfg"))
-def eval_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weights, *, dcfg, tcfg):
+@functools.partial(jax.jit, static_argnames=("dcfg", "tcfg", "anchor_chunk", "context_chunk"))
+def eval_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weights, *, dcfg, tcfg,
+              anchor_chunk: int = DEFAULT_ANCHOR_CHUNK, context_chunk: int = DEFAULT_CONTEXT_CHUNK):
     """Jitted :func:`drafter_loss` (used by tests and evaluation)."""
     return drafter_loss(dparams, tparams, tokens, loss_mask, taps, anchors, valid, weights,
-                        dcfg=dcfg, tcfg=tcfg)
+                        dcfg=dcfg, tcfg=tcfg, anchor_chunk=anchor_chunk, context_chunk=context_chunk)

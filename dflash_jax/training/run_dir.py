@@ -27,12 +27,14 @@ METRICS_FILE = "metrics.jsonl"
 def check_run_file(run_dir: str, record: dict, added: dict | None = None) -> None:
     """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings.
 
+    Across hosts every process checks and only process 0 writes.
     ``added``: ``{section: {key: value}}``, settings added to ``record[section]`` after some
     runs were started, with the value those runs had implicitly; an old ``run.json`` without
     them resumes when the new record has that value (:func:`dflash_jax.files.check_settings`)."""
     path = os.path.join(run_dir, RUN_FILE)
     if check_settings(path, record, holder=f"{run_dir} belongs to a run", added=added,
-                      remedy="resume with the same settings or use a new run directory") is None:
+                      remedy="resume with the same settings or use a new run directory") is None \
+            and jax.process_index() == 0:  # across hosts, only process 0 writes it
         write_json(path, record)
 
 

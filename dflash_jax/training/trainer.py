@@ -27,6 +27,8 @@ import orbax.checkpoint as ocp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
+from dflash_jax.training import sharding
 from dflash_jax.training.blocks import block_loss_weights, check_anchor_strategy, check_gamma, epoch_anchors
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
@@ -79,6 +81,12 @@ class TrainConfig:
         eval_max_new_tokens: tokens generated per held-out prompt to measure tau
         compute_dtype: dtype of the forward and backward passes (not given: the target's);
             the master weights stay float32
+        anchor_chunk: blocks per chunk of the memory-efficient training attention (the drafter's
+            attention is dense when num_anchors <= anchor_chunk and the sequence length <=
+            context_chunk; else chunked: online softmax, rematerialised, scores of one anchor
+            chunk x context chunk at a time); lower both when a step runs out of memory
+        context_chunk: context positions per chunk of the memory-efficient training attention
+            (see anchor_chunk)
     """
 
     steps: int | None = None
@@ -98,6 +106,8 @@ class TrainConfig:
     eval_every: int = 0
     eval_max_new_tokens: int = 64
     compute_dtype: Literal["float32", "bfloat16"] | None = None  # None: the target's dtype (bf16 on GPU)
+    anchor_chunk: int = DEFAULT_ANCHOR_CHUNK  # dense attention up to 64 anchors
+    context_chunk: int = DEFAULT_CONTEXT_CHUNK  # ... and length 1024 (every CPU-scale run)
 
     def __post_init__(self):
         if self.steps is not None and self.epochs is not None:
@@ -112,6 +122,8 @@ class TrainConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         check_anchor_strategy(self.anchors)
+        check_chunk("anchor_chunk", self.anchor_chunk)
+        check_chunk("context_chunk", self.context_chunk)
         if self.gamma is not None:
             check_gamma(self.gamma)
             if self.uniform_weights:
@@ -146,7 +158,11 @@ def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig, block_size: 
 
 
 # settings added to TrainConfig after runs were started, with the value those runs had
-RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False, "anchors": "random"}}
+# (the attention chunks: runs before them computed dense attention, which their shapes, <= 64
+# anchors and length <= 1024, still get at the defaults; a longer run resumed now computes the
+# same attention chunked, equal up to float rounding)
+RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False, "anchors": "random",
+                          "anchor_chunk": DEFAULT_ANCHOR_CHUNK, "context_chunk": DEFAULT_CONTEXT_CHUNK}}
 
 
 class Trainer:
@@ -154,13 +170,28 @@ class Trainer:
 
     run_dir/run.json (configs; a resume with different ones is refused), run_dir/checkpoints
     (Orbax: params, optimizer state, step), run_dir/metrics.jsonl.
+
+    With ``mesh`` it trains on several devices or hosts (``__init__``, ``training.sharding``):
+    checkpoints are written sharded (each process its shards) and restore onto any mesh; a
+    resume on the same mesh is bitwise exact on CPU, on another one equal up to float rounding.
     """
 
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
-                 eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None):
+                 eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
+                 mesh=None, fsdp: bool = False):
         """``init_from``: a drafter directory (released layout) to start from instead of random
-        weights (continued training / fine-tuning); its config must equal ``drafter_config``."""
+        weights (continued training / fine-tuning); its config must equal ``drafter_config``.
+
+        ``mesh``: a ``(data, model)`` mesh (``dflash_jax.parallel.make_mesh``) to train on:
+        batch rows over ``data``, the frozen target tensor-parallel over ``model`` by
+        ``parallel.rules`` (a target on no mesh or another one is placed on this one), the
+        drafter and its optimizer state replicated, or with ``fsdp`` split over ``data``
+        (``training.sharding`` says what goes where and why jit's GSPMD partitioning). The
+        mesh and the layout are not part of the run's settings: a run resumes on any mesh
+        (its checkpoint is restored onto the new layout) and continues equally up to float
+        rounding. Only process 0 writes run.json and the metrics. None: one device, the
+        single-device step unchanged."""
         drafter_config.check_target(target.config)
         self.init_from = None if init_from is None else os.path.abspath(init_from)
         if init_from is not None:
@@ -175,6 +206,14 @@ class Trainer:
             raise ValueError(f"the dataset has {len(data)} sequences, fewer than batch_size {cfg.batch_size}")
         if features is not None and len(features) != len(data):
             raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
+        if fsdp and mesh is None:
+            raise ValueError("fsdp shards the drafter over the mesh's data axis: give a mesh too (--mesh)")
+        self.mesh, self.fsdp = mesh, bool(fsdp)
+        if mesh is not None:  # every check before any work
+            sharding.check_mesh(mesh, cfg.batch_size, target.config, drafter_config,
+                                len(eval_prompts) if eval_prompts and cfg.eval_every else 0)
+            if target.mesh != mesh:
+                target = dataclasses.replace(target, mesh=mesh)  # its params placed by the rules
         self.target, self.dcfg, self.data, self.cfg = target, drafter_config, data, cfg
         self.features, self.eval_prompts = features, eval_prompts
         self.run_dir = os.path.abspath(run_dir)
@@ -187,7 +226,16 @@ class Trainer:
         self.weights = jnp.asarray(block_loss_weights(drafter_config.block_size, cfg.gamma, cfg.uniform_weights))
         self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
         self.manager = checkpoint_manager(self.run_dir, cfg.keep_checkpoints)
-        self._step_fn = jax.jit(self._train_step)
+        if mesh is None:
+            self._step_fn = jax.jit(self._train_step)
+        else:  # the same step, partitioned by XLA from the shardings of its inputs and outputs
+            self.state_shardings = sharding.state_shardings(
+                jax.eval_shape(lambda: self._fresh_state(jax.random.key(0))), mesh, self.fsdp)
+            rows = sharding.batch_sharding(mesh)
+            self._step_fn = jax.jit(self._train_step, in_shardings=(
+                self.state_shardings, sharding.param_shardings(self.target.params, mesh), rows, rows,
+                None if features is None else rows, rows, rows),
+                out_shardings=(self.state_shardings, sharding.replicated(mesh)))
 
     # ------------------------------------------------------------------ bookkeeping
     def _run_record(self) -> dict:
@@ -198,17 +246,25 @@ class Trainer:
             {"init_from": self.init_from} if self.init_from else {})
 
     def init_state(self, seed: int | None = None) -> dict:
-        if self.init_from is not None:
-            from dflash_jax.checkpoints import load_drafter_params
+        if self.init_from is None:
+            return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
+        from dflash_jax.checkpoints import load_drafter_params
 
-            params = load_drafter_params(self.init_from, self.dcfg, dtype=jnp.float32)
-        else:
-            params = init_drafter_params(self.dcfg, jax.random.key(self.cfg.seed if seed is None else seed),
-                                         jnp.float32)
+        params = load_drafter_params(self.init_from, self.dcfg, dtype=jnp.float32)
+        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
+
+    def _fresh_state(self, key) -> dict:
+        """The initial state of random weights from ``key``."""
+        params = init_drafter_params(self.dcfg, key, jnp.float32)
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
 
     def restore_or_init(self) -> dict:
-        return restore_latest(self.manager, self.init_state())
+        """The newest checkpoint, or the initial state; on a mesh, laid out by
+        ``state_shardings`` (a checkpoint written on another mesh is resharded as it loads)."""
+        fresh = self.init_state()
+        if self.mesh is not None:
+            fresh = sharding.place(fresh, self.state_shardings)
+        return restore_latest(self.manager, fresh)
 
     # ------------------------------------------------------------------ the step
     def _train_step(self, state, tparams, tokens, loss_mask, taps, anchors, valid):
@@ -218,7 +274,8 @@ class Trainer:
         def loss_fn(p):
             p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)
             return drafter_loss(p, tparams, tokens, loss_mask, taps, anchors, valid, self.weights,
-                                dcfg=self.dcfg, tcfg=self.target.config)
+                                dcfg=self.dcfg, tcfg=self.target.config,
+                                anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk)
 
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
@@ -229,6 +286,12 @@ class Trainer:
 
     def step_inputs(self, step: int):
         ids, anchors, valid = batch_for_step(step, self.data, self.cfg, self.dcfg.block_size)
+        if self.mesh is not None:  # global arrays, rows over data (every process has the batch)
+            rows = sharding.batch_sharding(self.mesh)
+            taps = None if self.features is None else sharding.global_array(self.features.take(ids), rows)
+            return (sharding.global_array(self.data.tokens[ids], rows),
+                    sharding.global_array(self.data.loss_mask[ids], rows), taps,
+                    sharding.global_array(anchors, rows), sharding.global_array(valid, rows))
         taps = None if self.features is None else jnp.asarray(self.features.take(ids))
         return (jnp.asarray(self.data.tokens[ids]), jnp.asarray(self.data.loss_mask[ids]), taps,
                 jnp.asarray(anchors), jnp.asarray(valid))
@@ -238,7 +301,9 @@ class Trainer:
         from dflash_jax.decoding.generation import generate
         from dflash_jax.models.handles import Drafter
 
-        drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
+        # on a mesh the drafter is placed by the rules next to the target, as generate needs
+        drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
+                          mesh=self.target.mesh)
         r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens, drafter=drafter)
         return r.tau
 
@@ -275,7 +340,9 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
     step = manager.latest_step()
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
-    restored = manager.restore(step, args=ocp.args.StandardRestore())
+    # a checkpoint written on a mesh of other devices loads onto this process's first device
+    restored = manager.restore(step, args=ocp.args.StandardRestore(
+        fallback_sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0])))
     return dcfg, restored["params"], step
 
 
@@ -286,4 +353,5 @@ def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    save_drafter(Drafter(dcfg, params), out_dir)
+    if jax.process_index() == 0:  # across hosts, process 0 writes the export
+        save_drafter(Drafter(dcfg, params), out_dir)

@@ -1,6 +1,8 @@
 """Train a DFlash drafter on a data directory written by train-data (optax AdamW, Orbax
 checkpoints; a run directory that exists is resumed). The training settings are the fields of
-TrainConfig (dflash_jax/training/trainer.py), one option each."""
+TrainConfig (dflash_jax/training/trainer.py), one option each. --mesh data=D,model=M trains on
+D*M devices (batch rows over data, the target tensor-parallel over model, --fsdp to split the
+drafter and its optimizer state over data too); a run resumes on any mesh."""
 
 from __future__ import annotations
 
@@ -32,12 +34,27 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", help="dtype the target is loaded in (default: the checkpoint's)")
     add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
                             exclusive=[("steps", "epochs")])
+    from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments
+
+    add_parallel_arguments(p)
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --mesh: split the drafter's parameters and optimizer state over the "
+                        "mesh's data axis (FSDP) instead of replicating them; the target is always "
+                        "split over model (tensor parallelism) and the batch rows over data")
 
 
 def run(args) -> None:
     from dflash_jax.training.trainer import TrainConfig
 
     cfg = dataclass_from_args(TrainConfig, args)  # the settings are checked before anything is loaded
+    from dflash_jax.parallel.cli import mesh_from_args
+    from dflash_jax.training import sharding
+
+    mesh = mesh_from_args(args)  # before any JAX computation (multi-host runtime)
+    if args.fsdp and mesh is None:
+        raise ValueError("--fsdp splits the drafter over the mesh's data axis: give --mesh too")
+    if mesh is not None:
+        sharding.check_batch(mesh, cfg.batch_size)  # the target's split: load_target checks it
     import jax.numpy as jnp
 
     from dflash_jax.models.handles import load_target
@@ -46,7 +63,7 @@ def run(args) -> None:
     from dflash_jax.training.features import FeatureStore
     from dflash_jax.training.trainer import Trainer
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None)
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh)
     mask = args.mask_token_id
     if mask is None:
         tok = target.tokenizer
@@ -62,8 +79,8 @@ def run(args) -> None:
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
-    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts,
-            init_from=args.init_from).run(stop_after=args.stop_after)
+    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=args.init_from,
+            mesh=mesh, fsdp=args.fsdp).run(stop_after=args.stop_after)
 
 
 def main(argv=None):
