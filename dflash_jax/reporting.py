@@ -38,6 +38,18 @@ def environment() -> dict:
     }
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def command_line(module: str, argv) -> str:
     """The command that produced a result, for its JSON file: ``python -m <module> <argv>``
     (``argv`` None: this process's own arguments)."""

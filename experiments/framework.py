@@ -784,7 +784,7 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     from tqdm import tqdm
 
     from dflash_jax.models.handles import load_target
-    from dflash_jax.reporting import environment
+    from dflash_jax.reporting import cpu_model, environment
 
     t0 = time.perf_counter()
     settings, train, axes, cells = check_experiment(experiment, preset, overrides)
@@ -819,7 +819,7 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
               "anchors_per_sequence": first["anchors_per_sequence"], "blocks": first["blocks"],
               "learning_rate": train["learning_rate"], "seeds": list(range(settings.seed, settings.seed + settings.seeds))}
-    env = environment() | {"cpu_model": _cpu_model()}
+    env = environment() | {"cpu_model": cpu_model()}
     table = Table(experiment, preset, _jsonable(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
     write_outputs(table, out, identity)
@@ -833,17 +833,6 @@ def _sets_for(cell: Cell):
 
     ev = cell.evaluation
     return [s for n in ev["datasets"] for s in load_prompt_set(n, None, ev["max_samples"], ev["seed"], subset=ev["subset"])]
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def _jsonable(obj):

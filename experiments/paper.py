@@ -556,14 +556,14 @@ def saved(out: str, preset: str, ablations_out: str | None) -> tuple[dict, dict,
 
 def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float | None,
            ablations_out: str | None, missing: Sequence[str] = ()) -> str:
-    from dflash_jax.reporting import environment
+    from dflash_jax.reporting import cpu_model, environment
 
     env = environment()
     lines = [f"# The paper's tables and figures ({preset} preset)", "",
              f"Command: `{command}`" + ("" if minutes is None else
                                        f" ({minutes:.1f} minutes for this invocation; measurements and cells reused "
                                        "from earlier runs cost nothing here)") + ".", "",
-             f"Machine: {env['device']} ({env['platform']}, {framework._cpu_model() or ''}, {os.cpu_count()} cores), "
+             f"Machine: {env['device']} ({env['platform']}, {cpu_model() or ''}, {os.cpu_count()} cores), "
              f"jax {env['jax']}. Pair: target `{_show(opt.target)}`, "
              f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
              f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "

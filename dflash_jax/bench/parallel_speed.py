@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -136,17 +135,6 @@ def rerun_in_subprocess(argv: list[str], out_dir: str) -> dict:
 
 
 # ---------------------------------------------------------------------------- machine
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -356,7 +344,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
 
 
 def environment_info() -> dict:
-    from dflash_jax.reporting import environment
+    from dflash_jax.reporting import cpu_model, environment
 
     return {**environment(), "cpu_model": cpu_model(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
