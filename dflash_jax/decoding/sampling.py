@@ -41,14 +41,18 @@ def process_logits(logits: jax.Array, params: SamplingParams,
 
     For greedy params this returns the log-softmax of the raw logits. ``shards``: inside
     ``shard_map`` with the vocabulary split (``parallel.vocab``): logits and result are the
-    shard's slice; top-k / top-p gather the whole vocabulary for their thresholds.
+    shard's slice; top-k finds its threshold from every shard's k largest values, top-p gathers
+    the whole vocabulary (its threshold needs the sorted distribution).
     """
     if shards is not None and shards.vocab_split:
         x = logits.astype(jnp.float32)
         if not params.greedy:
             x = x / params.temperature
-        if params.top_k is not None or params.top_p is not None:
+        if params.top_p is not None and params.top_p < 1.0:  # a sort of the whole vocabulary
             x = vocab.local_vocab(_filter(vocab.gather_vocab(x, shards), params), shards)
+        elif params.top_k is not None and params.top_k < x.shape[-1] * shards.model:
+            kth = vocab.kth_largest(x, params.top_k, shards)[..., None]
+            x = jnp.where(x >= kth, x, -jnp.inf)
         return vocab.log_softmax(x, shards)
     x = logits.astype(jnp.float32)
     if not params.greedy:

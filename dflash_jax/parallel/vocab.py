@@ -3,8 +3,9 @@ depend on the split (used inside ``shard_map``).
 
 Inside the sharded program every device holds logits ``[rows/d, ..., V/m]`` of its own rows
 (the ``data`` axis) and its own vocabulary slice (the ``model`` axis). Nothing here gathers the
-full logits except :func:`gather_vocab`, which top-k / top-p sampling needs (their thresholds
-are order statistics over the whole vocabulary):
+full logits except :func:`gather_vocab`, which top-p sampling needs (its threshold depends on
+the sorted distribution); top-k's threshold comes from every shard's k largest values
+(:func:`kth_largest`):
 
   * greedy argmax: each shard's (max, argmax); an all-gather of those two numbers per row; the
     first shard holding the maximum wins, which is the first index of the global maximum, as
@@ -97,6 +98,16 @@ def take(x: jax.Array, ids: jax.Array, shards: Shards | None) -> jax.Array:
     mine = (local >= 0) & (local < Vl)
     val = jnp.take_along_axis(x, jnp.clip(local, 0, Vl - 1)[..., None], axis=-1)[..., 0]
     return jax.lax.psum(jnp.where(mine, val, 0.0), shards.model_axis)
+
+
+def kth_largest(x: jax.Array, k: int, shards: Shards | None) -> jax.Array:
+    """The k-th largest value over the last axis [...]: each shard's min(k, V/m) largest
+    values are all-gathered (k * m numbers per row, not the logits) and ranked together."""
+    if shards is None or not shards.vocab_split:
+        return jax.lax.top_k(x, k)[0][..., -1]
+    local = jax.lax.top_k(x, min(k, x.shape[-1]))[0]
+    every = jax.lax.all_gather(local, shards.model_axis, axis=x.ndim - 1, tiled=True)
+    return jax.lax.top_k(every, k)[0][..., -1]
 
 
 def gather_vocab(x: jax.Array, shards: Shards | None) -> jax.Array:
