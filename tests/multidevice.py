@@ -40,6 +40,34 @@ def run_on_devices(code: str, devices: int = 8, timeout: float = 1200, args=()) 
     return json.loads(lines[-1][len(PREFIX):])
 
 
+_RESULTS: dict = {}
+
+
+def shared_run(tmp_path_factory, name: str, code: str, devices: int = 8) -> dict:
+    """:func:`run_on_devices` once per test session, however pytest-xdist spreads the tests that
+    use it: the result is kept for the process and in a file under the session's base temp
+    directory that every worker shares (the first worker runs it under a lock, the others wait
+    and read it). CI's logs showed a module fixture set up on two workers despite its
+    ``xdist_group`` (twice 345 s)."""
+    if name in _RESULTS:
+        return _RESULTS[name]
+    from dflash_jax.files import exclusive
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / f"multidevice-{name}.json"
+    with exclusive(str(path) + ".lock"):
+        if path.exists():
+            result = json.loads(path.read_text())
+        else:
+            result = run_on_devices(code, devices)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result))
+            os.replace(tmp, path)
+    _RESULTS[name] = result
+    return result
+
+
 def emit(result: dict) -> None:
     """Called by the subprocess code: prints the result line."""
     print(PREFIX + json.dumps(result), flush=True)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from multidevice import device_env, run_on_devices
+from multidevice import device_env, run_on_devices, shared_run
 
 pytestmark = pytest.mark.xdist_group("parallel")
 
@@ -103,8 +103,8 @@ emit(result)
 
 
 @pytest.fixture(scope="module")
-def engine_runs():
-    return run_on_devices(ENGINE_CODE)
+def engine_runs(tmp_path_factory):
+    return shared_run(tmp_path_factory, "engine_runs", ENGINE_CODE)
 
 
 @pytest.mark.parametrize("model", ["qwen3", "llama"])
