@@ -115,9 +115,8 @@ def replicated(mesh) -> NamedSharding:
 
 def global_array(x, sharding) -> jax.Array:
     """The global array of host value ``x`` (the same on every process) laid out by
-    ``sharding``; each process fills only its addressable shards."""
-    host = np.asarray(x)
-    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+    ``sharding``; each process fills only its addressable shards (``parallel.rules.place``)."""
+    return rules.place(np.asarray(x), sharding)
 
 
 def place(tree, shardings):
