@@ -221,16 +221,18 @@ SAMPLING_CASES = {
 }
 
 
-def run_case(setup, case, groups=1, seed=3):
+def run_case(setup, case, groups=1, seed=3, adaptive=None):
     """generate on ROWS * groups rows of one case, with a fresh proposer object (a new engine
     spec, so the engine is traced anew: a patched ``accept`` is what runs); and the exact
-    joint of the first DEPTH tokens."""
+    joint of the first DEPTH tokens. ``adaptive``: options of ``block_size="adaptive"``
+    (``verify_lengths``, ``cost_table``) instead of the fixed block."""
     target, drafter, prefix_logits = setup
     proposer, sampled_draft, kw = SAMPLING_CASES[case]
     draft_fn = None if proposer == "dflash" else functools.partial(
         table_draft, prefix_logits=prefix_logits, q_temperature=Q_TEMPERATURE if sampled_draft else None)
-    r = dj.generate(target, [PROMPT] * (ROWS * groups), DEPTH, drafter=drafter, block_size=BLOCK,
-                    draft_fn=draft_fn, sampled_draft=sampled_draft, seed=seed, **kw)
+    block = dict(block_size="adaptive", **adaptive) if adaptive else dict(block_size=BLOCK)
+    r = dj.generate(target, [PROMPT] * (ROWS * groups), DEPTH, drafter=drafter, draft_fn=draft_fn,
+                    sampled_draft=sampled_draft, seed=seed, **block, **kw)
     joint, margin = prefix_logits.joint(kw["temperature"], kw.get("top_k"), kw.get("top_p"))
     assert margin > 1e-5, "a top-k/top-p decision is too close to call in float32"
     return r, joint

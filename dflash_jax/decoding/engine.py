@@ -59,6 +59,12 @@ class EngineSpec:
     mesh: a ``(data, model)`` device mesh (``parallel.make_mesh``) to run on, or None (one
       device). Inside the sharded program the functions see :meth:`local` specs: ``mesh``
       None, ``shards`` set and the configs of one model shard.
+    verify_lengths / verify_costs: adaptive block size (``decoding.adaptive``): the drafter
+      drafts the whole ``block_size`` block, then each iteration verifies only its first
+      L rows, L one of these static lengths (ascending, each <= block_size), chosen from the
+      drafter's own confidence and the cost of an iteration at each length (seconds, same
+      order); one compiled verify branch per length (``lax.switch``). Empty: always verify
+      ``block_size`` rows (the paper's fixed block).
     """
 
     target: TargetConfig
@@ -72,6 +78,13 @@ class EngineSpec:
     attention_impl: str = "xla"
     mesh: Any = None
     shards: vocab.Shards | None = None
+    verify_lengths: tuple[int, ...] = ()
+    verify_costs: tuple[float, ...] = ()
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether each iteration chooses its verify length (see ``verify_lengths``)."""
+        return bool(self.verify_lengths)
 
     @property
     def tp_axis(self) -> str | None:
@@ -117,6 +130,7 @@ class DecodeState:
     pending_taps: Any  # [B, bs, k*D] taps of the last verified block, not yet in dcache; or None
     pending_pos: jax.Array  # int32[B, bs] their positions (S = nothing pending: writes dropped)
     accept_lens: jax.Array  # int32[B, out_len] acceptance length (accepted drafts + 1) per iteration
+    verify_lens: jax.Array  # int32[B, out_len] block rows the target verified per iteration
     iters: jax.Array  # int32[B] iterations each row took part in
     key: jax.Array  # PRNG key
 
@@ -154,7 +168,7 @@ def state_specs(spec: EngineSpec) -> DecodeState:
     has_drafter = spec.drafter is not None
     return DecodeState(out=row2, n=row, done=row, tcache=cache, dcache=cache if has_drafter else None,
                        bonus=row, pending_taps=spec_of(("batch", "time", "embed")) if has_drafter else None,
-                       pending_pos=row2, accept_lens=row2, iters=row, key=jax.sharding.PartitionSpec())
+                       pending_pos=row2, accept_lens=row2, verify_lens=row2, iters=row, key=jax.sharding.PartitionSpec())
 
 
 def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths, max_new,
@@ -186,7 +200,8 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths
         out=out, n=n, done=is_stop(first, stop_ids) | (n >= max_new), tcache=tcache,
         dcache=dcache, bonus=first, pending_taps=pending,
         pending_pos=jnp.full((B, bs), cache_len, jnp.int32),  # nothing pending: dropped writes
-        accept_lens=jnp.zeros((B, spec.out_len), jnp.int32), iters=jnp.zeros((B,), jnp.int32),
+        accept_lens=jnp.zeros((B, spec.out_len), jnp.int32),
+        verify_lens=jnp.zeros((B, spec.out_len), jnp.int32), iters=jnp.zeros((B,), jnp.int32),
         key=key)
 
 
@@ -200,7 +215,10 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     each pass but the last, the most confident still-masked rows keep their prediction as input
     to the next pass.
 
-    Returns (draft int32[B, bs-1], draft log-probs float32[B, bs-1, V] or None, drafter cache).
+    Returns (draft int32[B, bs-1], draft log-probs float32[B, bs-1, V] or None, drafter cache,
+    and with ``spec.adaptive`` a 4th: float32[B, bs-1] the drafter's log-probability of each
+    draft token, the confidence :func:`choose_verify_length` reads; a custom ``draft_fn`` may
+    return it too, and must for a greedy draft in adaptive mode).
     """
     d, bs, steps = spec.drafter, spec.block_size, spec.num_denoise_steps
     start = state.tcache.lengths
@@ -235,7 +253,37 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     else:
         q_logp = None
         draft = vocab.argmax(logits, shards)
-    return jnp.where(filled, fill, draft), q_logp, dcache
+    draft = jnp.where(filled, fill, draft)
+    if not spec.adaptive:
+        return draft, q_logp, dcache
+    logp = q_logp if q_logp is not None else vocab.log_softmax(logits.astype(jnp.float32), shards)
+    return draft, q_logp, dcache, vocab.take(logp, draft, shards)
+
+
+# ---------------------------------------------------------------------------- adaptive length
+def choose_verify_length(spec: EngineSpec, draft_logp, state: DecodeState, max_new) -> jax.Array:
+    """The index into ``spec.verify_lengths`` of this iteration's verify length (one for the
+    whole batch, or for a data shard's rows on a mesh).
+
+    The drafter's probabilities stand in for acceptance: the chance that its first k draft
+    tokens are all accepted is estimated as ``prod_{i<=k} q(d_i)``, so verifying L rows is
+    expected to emit ``1 + sum_{k<L} prod_{i<=k} q(d_i)`` tokens, capped by the row's remaining
+    budget (a row about to finish gains nothing from a long block). Summed over the live rows
+    and divided by the measured iteration cost at L, it is the expected tokens per second;
+    the largest wins (ties: the shorter length).
+
+    Args:
+      draft_logp: float32[B, bs-1] the proposer's log-probability of each draft token.
+      state: the carry (``n``, ``done``); max_new: int32[B] budgets.
+    """
+    lengths = jnp.asarray(spec.verify_lengths, jnp.int32)
+    B = draft_logp.shape[0]
+    reach = jnp.exp(jnp.cumsum(draft_logp.astype(jnp.float32), axis=1))  # P(drafts 1..k accepted)
+    prefix = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), jnp.cumsum(reach, axis=1)], axis=1)
+    expected = 1.0 + prefix[:, lengths - 1]  # [B, n_lengths] tokens emitted verifying L rows
+    expected = jnp.minimum(expected, (max_new - state.n).astype(jnp.float32)[:, None])
+    total = jnp.sum(jnp.where(state.done[:, None], 0.0, expected), axis=0)
+    return jnp.argmax(total / jnp.asarray(spec.verify_costs, jnp.float32)).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------- acceptance
@@ -296,7 +344,8 @@ def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tc
 
 # ---------------------------------------------------------------------------- commit
 def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax.Array,
-           bonus: jax.Array, tcache: KVCache, max_new: jax.Array, stop_ids: jax.Array) -> DecodeState:
+           bonus: jax.Array, tcache: KVCache, max_new: jax.Array, stop_ids: jax.Array,
+           verified: jax.Array | int | None = None) -> DecodeState:
     """Appends this iteration's tokens to every live row and crops the target cache to them.
 
     A row emits ``draft[:accepted]`` then ``bonus`` (``accepted + 1`` tokens), cut after its
@@ -310,6 +359,8 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
       draft: int32[B, bs-1]; accepted: int32[B] accepted draft tokens; bonus: int32[B].
       tcache: the target cache returned by :func:`verify`.
       max_new: int32[B] token budget; stop_ids: int32[B, n_stop] (-1 = none).
+      verified: the block rows the target verified this iteration (recorded per iteration;
+        default: the block size).
     """
     bs = spec.block_size
     B = bonus.shape[0]
@@ -326,12 +377,13 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
     out = state.out.at[rows[:, None], cols].set(emit_BxBs, mode="drop")
     n = state.n + jnp.where(live, count, 0)
     done = state.done | (live & ((first_stop < bs) & (first_stop < count) | (n >= max_new)))
-    accept_lens = state.accept_lens.at[rows, jnp.where(live, state.iters, spec.out_len)].set(
-        accepted + 1, mode="drop")
+    at = jnp.where(live, state.iters, spec.out_len)
+    accept_lens = state.accept_lens.at[rows, at].set(accepted + 1, mode="drop")
+    verify_lens = state.verify_lens.at[rows, at].set(bs if verified is None else verified, mode="drop")
     return state.replace(
         out=out, n=n, done=done, tcache=tcache.crop(jnp.where(live, start + accepted + 1, start)),
         bonus=jnp.where(live, bonus, state.bonus), accept_lens=accept_lens,
-        iters=state.iters + live)
+        verify_lens=verify_lens, iters=state.iters + live)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -342,16 +394,53 @@ def _iteration(spec: EngineSpec, tparams, dparams, max_new, stop_ids, state: Dec
     key, k_draft, k_accept = jax.random.split(state.key, 3)
     positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
     if spec.speculative:
-        draft, q_logp, dcache = (spec.draft_fn or dflash_draft)(spec, tparams, dparams, state, k_draft)
+        draft, q_logp, dcache, *conf = (spec.draft_fn or dflash_draft)(spec, tparams, dparams, state, k_draft)
     else:  # autoregressive: the block is the bonus alone
-        draft, q_logp, dcache = jnp.zeros((B, 0), jnp.int32), None, state.dcache
+        draft, q_logp, dcache, conf = jnp.zeros((B, 0), jnp.int32), None, state.dcache, ()
     block = jnp.concatenate([state.bonus[:, None], draft], axis=1)
-    logits, taps, tcache = verify(spec, tparams, block, positions, state.tcache)
-    accepted, bonus = accept(spec, draft, q_logp, logits, k_accept)
-    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids)
+    if spec.adaptive:
+        accepted, bonus, taps, tcache, verified = _adaptive_verify(
+            spec, tparams, state, block, positions, draft, q_logp, conf, max_new, k_accept)
+    else:
+        logits, taps, tcache = verify(spec, tparams, block, positions, state.tcache)
+        accepted, bonus = accept(spec, draft, q_logp, logits, k_accept)
+        verified = None
+    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, verified)
     # the verified block's taps enter the drafter cache at the next draft (see DecodeState)
     return state.replace(dcache=dcache, pending_taps=taps if spec.drafter is not None else None,
                          pending_pos=positions, key=key)
+
+
+def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions, draft, q_logp,
+                     conf, max_new, key):
+    """Verify + accept of the first L block rows, L chosen by :func:`choose_verify_length`
+    (one ``lax.switch`` branch per static length). The taps come back padded to the block
+    (the rows past L are never committed, so their zeros are never read)."""
+    if conf:
+        draft_logp = conf[0]
+    elif q_logp is not None:  # a sampled draft: q at its own tokens
+        draft_logp = vocab.take(q_logp, draft, spec.shards)
+    else:
+        raise ValueError("block_size='adaptive' chooses the verify length from the proposer's "
+                         "confidence: a custom draft_fn with a greedy draft must return a 4th "
+                         "value, float32[B, bs-1] log-probabilities of its draft tokens")
+    choice = choose_verify_length(spec, draft_logp, state, max_new)
+    bs = spec.block_size
+
+    def branch(L):
+        def run(operands):
+            block, positions, tcache, draft, q_logp = operands
+            logits, taps, tcache = verify(spec, tparams, block[:, :L], positions[:, :L], tcache)
+            accepted, bonus = accept(spec, draft[:, :L - 1],
+                                     None if q_logp is None else q_logp[:, :L - 1], logits, key)
+            if taps is not None:
+                taps = jnp.pad(taps, ((0, 0), (0, bs - L), (0, 0)))
+            return accepted, bonus, taps, tcache
+        return run
+
+    accepted, bonus, taps, tcache = jax.lax.switch(
+        choice, [branch(L) for L in spec.verify_lengths], (block, positions, state.tcache, draft, q_logp))
+    return accepted, bonus, taps, tcache, jnp.asarray(spec.verify_lengths, jnp.int32)[choice]
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax import metrics, parallel
+from dflash_jax.decoding import adaptive as adaptive_mod
 from dflash_jax.decoding import engine
+from dflash_jax.decoding.adaptive import ADAPTIVE
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.models.handles import Drafter, Target
 from dflash_jax.nn.attention import check_attention_impl
@@ -34,7 +36,14 @@ class GenerateOptions:
       identically to draft and target).
     stop_token_ids: ids that end a row (one id, one list for all rows, or one list per row).
     seed: PRNG seed.
-    block_size: speculative block size (default: the drafter's training block size).
+    block_size: speculative block size (default: the drafter's training block size), or
+      "adaptive": draft the drafter's block, verify only the first L rows per iteration, L
+      among ``verify_lengths`` chosen from the drafter's confidence and ``cost_table``
+      (``decoding.adaptive``); the chosen lengths are in ``GenerateResult.verify_lengths``.
+    verify_lengths: adaptive mode: the static verify lengths (default 4, 8, 16 up to the
+      drafter's block size).
+    cost_table: adaptive mode: {verify length: seconds per iteration}; default None: measured
+      once on this device and cached (``adaptive.cost_table``).
     num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
     sampled_draft: sample the draft from the drafter's distribution and use rejection
       sampling, instead of the greedy draft the paper uses (both are lossless).
@@ -51,7 +60,9 @@ class GenerateOptions:
     top_p: float | None = None
     stop_token_ids: Any = ()
     seed: int = 0
-    block_size: int | None = None
+    block_size: int | str | None = None
+    verify_lengths: tuple[int, ...] | None = None
+    cost_table: Mapping[int, float] | None = None
     num_denoise_steps: int = 1
     sampled_draft: bool = False
     draft_fn: Callable | None = None
@@ -190,6 +201,8 @@ class GenerateResult:
     finish_reasons: per prompt, "stop" (hit a stop token) or "length" (used its budget).
     acceptance_lengths: per prompt, the acceptance length of every iteration (accepted draft
       tokens + the bonus, so 1..block_size; all 1 for autoregressive decoding).
+    verify_lengths: per prompt, the block rows the target verified in every iteration (the
+      block size, or with ``block_size="adaptive"`` the length chosen that iteration).
     prefill_time_s / decode_time_s: wall time of the two device stages (the first call of a
       new shape includes compilation; benchmarks warm up first).
     num_steps: loop iterations (target forward passes after prefill) of the longest row.
@@ -203,6 +216,7 @@ class GenerateResult:
     prefill_time_s: float
     decode_time_s: float
     num_steps: int
+    verify_lengths: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def num_generated(self) -> list[int]:
@@ -226,6 +240,7 @@ class GenerateResult:
 
     def summary(self) -> dict:
         return {"tau": self.tau, "histogram": self.acceptance_histogram.tolist(),
+                "verify_lengths": self.verify_lengths,
                 "position_acceptance_rate": self.position_acceptance_rate.tolist(),
                 "num_generated": self.num_generated, "num_steps": self.num_steps,
                 "prefill_time_s": self.prefill_time_s, "decode_time_s": self.decode_time_s}
@@ -274,9 +289,15 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     sampling = SamplingParams(float(opt.temperature), opt.top_k, opt.top_p)
     stops = _stop_array(opt.stop_token_ids, B, cfg.vocab_size)
     block_size, num_denoise_steps = opt.block_size, opt.num_denoise_steps
+    adaptive = isinstance(block_size, str)
+    if adaptive and block_size != ADAPTIVE:
+        raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
+    if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None):
+        raise ValueError("verify_lengths and cost_table belong to the adaptive block size: pass "
+                         f"block_size={ADAPTIVE!r} with them (got block_size={block_size!r})")
     if drafter is None:
         if block_size not in (None, 1):
-            raise ValueError("block_size > 1 needs a drafter (generate(..., drafter=...))")
+            raise ValueError(f"block_size={block_size!r} needs a drafter (generate(..., drafter=...))")
         bs, dcfg, dparams = 1, None, None
     else:
         if not isinstance(drafter, Drafter):
@@ -287,7 +308,10 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
             raise ValueError(f"the drafter is placed on {where(drafter.mesh)} and the target on "
                              f"{where(target.mesh)}: load the drafter with load_drafter(path, "
                              "target), which places it on the target's mesh")
-        bs = drafter.config.block_size if block_size is None else int(block_size)
+        if block_size is not None and not adaptive and (
+                isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))):
+            raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
+        bs = drafter.config.block_size if block_size is None or adaptive else int(block_size)
         if bs < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if bs > target.max_len:
@@ -307,6 +331,12 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
             raise ValueError(f"{B} prompts cannot be split over the mesh's data={data} shards: "
                              f"pass a multiple of {data} prompts (or build the mesh with "
                              f"data dividing {B})")
+    lengths, costs = (), ()
+    if adaptive:
+        lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
+        table = opt.cost_table if opt.cost_table is not None else adaptive_mod.cost_table(
+            target, drafter, lengths, B)
+        costs = adaptive_mod.check_cost_table(table, lengths)
     lens = [len(r) for r in rows]
     width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=opt.pad_to)
     spec = engine.EngineSpec(
@@ -314,7 +344,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
         sampled_draft=bool(opt.sampled_draft) and bs > 1 and not sampling.greedy,
         num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
         draft_fn=opt.draft_fn, attention_impl=check_attention_impl(opt.attention_impl),
-        mesh=target.mesh)
+        mesh=target.mesh, verify_lengths=lengths, verify_costs=costs)
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r
@@ -374,11 +404,11 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
     t1 = time.perf_counter()
     state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
                           np.int32(np.iinfo(np.int32).max), spec=pre.spec)
-    out, n, accept_lens, iters = _fetch((state.out, state.n, state.accept_lens, state.iters),
-                                        target.mesh)
+    out, n, accept_lens, verify_lens, iters = _fetch(
+        (state.out, state.n, state.accept_lens, state.verify_lens, state.iters), target.mesh)
     decode_s = time.perf_counter() - t1
-    return _finish(out, n, accept_lens, iters, pre.stops, pre.prompt_lengths, pre.spec.block_size,
-                   pre.prefill_time_s, decode_s)
+    return _finish(out, n, accept_lens, verify_lens, iters, pre.stops, pre.prompt_lengths,
+                   pre.spec.block_size, pre.prefill_time_s, decode_s)
 
 
 def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
@@ -403,7 +433,8 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
         out, n, done = _fetch((state.out, state.n, state.done), target.mesh)
 
 
-def _finish(out, n, accept_lens, iters, stops, lens, block_size, prefill_s, decode_s) -> GenerateResult:
+def _finish(out, n, accept_lens, verify_lens, iters, stops, lens, block_size, prefill_s,
+            decode_s) -> GenerateResult:
     seqs, reasons, acceptance_lengths = [], [], []
     for b in range(out.shape[0]):
         seq = [int(t) for t in out[b, :n[b]]]
@@ -411,4 +442,5 @@ def _finish(out, n, accept_lens, iters, stops, lens, block_size, prefill_s, deco
         reasons.append("stop" if seq and seq[-1] in set(stops[b][stops[b] >= 0].tolist()) else "length")
         acceptance_lengths.append([int(x) for x in accept_lens[b, :iters[b]]])
     return GenerateResult(seqs, reasons, list(lens), acceptance_lengths, block_size, prefill_s, decode_s,
-                          int(iters.max()))
+                          int(iters.max()),
+                          [[int(x) for x in verify_lens[b, :iters[b]]] for b in range(out.shape[0])])
