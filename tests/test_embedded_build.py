@@ -409,16 +409,17 @@ def test_num_prompts_is_checked_against_the_training_data(tmp_path, sources, fak
     lib, data = sources
     real = corpus.stdlib_files
     monkeypatch.setattr(corpus, "stdlib_files", lambda root=None: real(root or lib))  # 1 function
-    for n in (10, 43, 44, 100):  # the same count as the stage that draws them
-        assert build.available_prompts(data, n) == len(corpus.training_prompts(data, n)) == min(n, 44)
+    monkeypatch.setattr(corpus, "SYNTHETIC_SIZE", 10)  # 40 gsm8k + 10 math + 1 function + 3 mbpp + 10 chat
+    for n in (10, 63, 64, 100):  # the same count as the stage that draws them
+        assert build.available_prompts(data, n) == len(corpus.training_prompts(data, n)) == min(n, 64)
     stages = fake_stages()
-    with pytest.raises(ValueError, match=r"--num-prompts 100: the training data .* give only 44 prompts"):
+    with pytest.raises(ValueError, match=r"--num-prompts 100: the training data .* give only 64 prompts"):
         build.main(["--work", str(tmp_path / "work"), "--data-dir", data, "--num-prompts", "100"])
     assert stages.calls == [] and not (tmp_path / "work").exists()
     # the stage itself refuses to write fewer prompts than asked for
     from dflash_jax.embedded.cli import training_prompts
 
-    with pytest.raises(ValueError, match="--num 100: .* give only 44 prompts"):
+    with pytest.raises(ValueError, match="--num 100: .* give only 64 prompts"):
         training_prompts(["--out", str(tmp_path / "p.jsonl"), "--num", "100", "--data-dir", data])
     assert not (tmp_path / "p.jsonl").exists()
 

@@ -234,14 +234,11 @@ def _show(v) -> str:
 
 def available_prompts(data_dir: str, num: int) -> int:
     """How many of ``num`` training prompts ``embedded-prompts`` can draw from ``data_dir``
-    (``corpus.training_prompts`` returns min(num, prompts available)); the standard library
-    is scanned only when the data files alone fall short."""
+    (``corpus.training_prompts`` returns min(num, prompts available)); the standard library's
+    functions are scanned only when the other styles fall short."""
     from dflash_jax.embedded import corpus
 
-    n = len(corpus.gsm8k_train(data_dir)) + len(corpus.mbpp_train(data_dir))
-    if n < num:
-        n += sum(1 for _ in corpus.function_examples(corpus.stdlib_files(None)))
-    return min(n, num)
+    return corpus.available_training_prompts(data_dir, num)
 
 
 def check_data(a) -> str | None:

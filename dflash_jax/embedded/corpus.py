@@ -6,6 +6,8 @@ Sources (nothing is downloaded):
     documented top-level functions as HumanEval-style instruction examples;
   * GSM8K train (question -> step-by-step solution with ``\\boxed{}``) and MBPP tasks outside
     the test split (task ids 11..510), read from ``--data-dir``.
+The drafter's training prompts (:func:`training_prompts`) add synthetic competition math and
+chat requests written from templates (``synthetic``) and stdlib methods in the HumanEval format.
 Test splits stay held out; 2 % of documents (chosen by content hash) are the held-out set
 for the pretraining loss.
 """
@@ -13,8 +15,10 @@ for the pretraining loss.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
+import math
 import os
 import sysconfig
 from typing import Iterator
@@ -24,8 +28,8 @@ from tqdm import tqdm
 
 from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.datasets import MBPP_TEST_IDS, read_records
-from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, MASK, SPECIAL_TOKENS, gsm8k_solution,
-                                humaneval_prompt, math_prompt, render_chat)
+from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, HUMANEVAL_FORMAT, MASK, MATH_SUFFIX, SPECIAL_TOKENS,
+                                gsm8k_solution, humaneval_prompt, math_prompt, render_chat)
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "turtledemo", "lib2to3", "idlelib", "ensurepip", "config-3.11-x86_64-linux-gnu"}
@@ -59,8 +63,11 @@ def stdlib_files(root: str | None = None) -> list[tuple[str, str]]:
     return out
 
 
-def function_examples(files: list[tuple[str, str]], max_lines: int = 40) -> Iterator[tuple[str, str]]:
-    """(signature + docstring, full function) of documented top-level functions."""
+def function_examples(files: list[tuple[str, str]], max_lines: int = 40,
+                      methods: bool = False) -> Iterator[tuple[str, str]]:
+    """(signature + docstring, full function) of documented top-level functions; with
+    ``methods``, also of the documented methods of top-level classes (in source order), each
+    under its class line (``class C(Base):`` then the indented method)."""
     for _, text in files:
         try:
             tree = ast.parse(text)
@@ -68,18 +75,33 @@ def function_examples(files: list[tuple[str, str]], max_lines: int = 40) -> Iter
             continue
         lines = text.splitlines()
         for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node, clean=False)
-            if not doc or not node.body or node.end_lineno - node.lineno + 1 > max_lines:
-                continue
-            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            head_end = node.body[0].end_lineno
-            if len(node.body) < 2:
-                continue
-            head = "\n".join(lines[first - 1:head_end])
-            full = "\n".join(lines[first - 1:node.end_lineno])
-            yield head, full
+            if isinstance(node, ast.FunctionDef):
+                ex = _function_example(node, lines, max_lines)
+                if ex:
+                    yield ex
+            elif methods and isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                header = lines[node.lineno - 1]
+                if not header.rstrip().endswith(":"):  # a class line continued over lines
+                    continue
+                for item in node.body:
+                    ex = isinstance(item, ast.FunctionDef) and _function_example(item, lines, max_lines)
+                    if ex:
+                        yield f"{header}\n{ex[0]}", f"{header}\n{ex[1]}"
+
+
+def _function_example(node, lines: list[str], max_lines: int) -> tuple[str, str] | None:
+    if node.name.startswith("_"):
+        return None
+    doc = ast.get_docstring(node, clean=False)
+    if not doc or not node.body or node.end_lineno - node.lineno + 1 > max_lines:
+        return None
+    first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    head_end = node.body[0].end_lineno
+    if len(node.body) < 2:
+        return None
+    head = "\n".join(lines[first - 1:head_end])
+    full = "\n".join(lines[first - 1:node.end_lineno])
+    return head, full
 
 
 def gsm8k_train(data_dir: str) -> list[tuple[str, str]]:
@@ -195,19 +217,163 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def training_prompts(data_dir: str, num: int, seed: int = 0, stdlib_root: str | None = None) -> list[str]:
-    """Drafter-training prompts (user texts, benchmark formats): GSM8K train questions, MBPP
-    non-test tasks and documented stdlib functions in the HumanEval format, mixed in equal
-    parts where they have enough rows, shuffled with ``seed``. No test split is used."""
-    check_training_data(data_dir)
-    files = stdlib_files(stdlib_root)
-    pools = [[u for u, _ in gsm8k_train(data_dir)], [u for u, _ in mbpp_train(data_dir)],
-             [humaneval_prompt(h) for h, _ in function_examples(files)]]
+STYLES = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
+"""The drafter-training prompt styles, one per benchmark prompt set, each rendered in that
+set's format: GSM8K train questions (``math_prompt``), synthetic competition math
+(``math_prompt``, ``synthetic.math_problems``), stdlib functions and methods (``humaneval_prompt``),
+MBPP non-test tasks (as they are), synthetic single-turn chat requests (``synthetic.chat_requests``)."""
+SYNTHETIC_SIZE = 20_000
+"""Prompts generated for each synthetic style (math500, mt-bench; mt-bench adds a few per
+standard library module)."""
+
+
+def check_styles(styles=None, weights: dict | None = None) -> dict[str, float]:
+    """{style: weight} of the chosen ``styles`` (default: all of :data:`STYLES`), in
+    :data:`STYLES` order; ``weights`` (default 1 each) must name chosen styles and be > 0."""
+    styles = list(STYLES if styles is None else [styles] if isinstance(styles, str) else styles)
+    bad = [x for x in styles if x not in STYLES]
+    if bad or not styles:
+        raise ValueError(f"unknown prompt style(s) {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"choose from {', '.join(STYLES)}")
+    weights = dict(weights or {})
+    extra = [x for x in weights if x not in styles]
+    if extra:
+        raise ValueError(f"weights for style(s) not chosen: {', '.join(map(repr, extra))} "
+                         f"(chosen: {', '.join(s for s in STYLES if s in styles)})")
+    out = {x: float(weights.get(x, 1.0)) for x in STYLES if x in styles}
+    bad_w = {k: v for k, v in out.items() if not v > 0 or v == float("inf")}
+    if bad_w:
+        raise ValueError(f"style weights must be positive numbers, got {bad_w}")
+    return out
+
+
+def benchmark_test_prompts() -> set[str]:
+    """Every user turn of the benchmark's test splits as the benchmark renders it (gsm8k,
+    math500, mbpp, mt-bench shipped in ``dflash_jax/bench/data``; HumanEval from its package)."""
+    from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, shipped_data_dir
+
+    return {t for name in DATASETS for smp in load_prompt_set(name, shipped_data_dir()) for t in smp.turns}
+
+
+def benchmark_overlaps(prompts: list[str]) -> list[tuple[str, str]]:
+    """(prompt, test question) for each prompt that equals or contains the question text of a
+    benchmark test-split prompt (:func:`benchmark_test_prompts` without the math suffix or the
+    HumanEval frame); under a second for 50,000 prompts."""
+    by_words, short = _benchmark_questions()
+    out = []
+    for p in prompts:
+        w = p.split()
+        for key in by_words.keys() & set(zip(w, w[1:])):
+            out += [(p, q) for q in by_words[key] if q in p]
+    joined = "\0".join(prompts)
+    for q in short:
+        if q and q in joined:
+            out += [(p, q) for p in prompts if q in p]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _benchmark_questions() -> tuple[dict, list]:
+    head, tail = HUMANEVAL_FORMAT.split("{prompt}")
+    questions = set()
+    for t in benchmark_test_prompts():
+        if t.endswith(MATH_SUFFIX):
+            t = t[:-len(MATH_SUFFIX)]
+        elif t.startswith(head) and t.endswith(tail):
+            t = t[len(head):-len(tail)]
+        questions.add(t.strip())
+    # a question inside a prompt has its inner words as whole words of the prompt: look the
+    # prompts up by the question's 2nd and 3rd words; search the few short questions directly
+    by_words, short = {}, []
+    for q in questions:
+        w = q.split()
+        if len(w) >= 4:
+            by_words.setdefault((w[1], w[2]), []).append(q)
+        else:
+            short.append(q)
+    return by_words, sorted(short)
+
+
+@functools.lru_cache(maxsize=4)
+def _synthetic_pool(style: str, size: int) -> tuple[str, ...]:
+    """The synthetic math500 / mt-bench prompts, rendered, without benchmark overlaps (cached:
+    the same for every call)."""
+    from dflash_jax.embedded import synthetic
+
+    texts = ([math_prompt(q) for q in synthetic.math_problems(size)] if style == "math500"
+             else synthetic.chat_requests(size))
+    leaks = {p for p, _ in benchmark_overlaps(texts)}
+    return tuple(p for p in texts if p not in leaks)
+
+
+def training_prompt_pools(data_dir: str | None, styles=None, stdlib_root: str | None = None) -> dict[str, list[str]]:
+    """{style: every prompt it can give}, for the chosen ``styles`` (:func:`check_styles`),
+    each in its benchmark's format; a prompt is kept once (by the first style in :data:`STYLES`
+    order that has it) and never when it holds a benchmark test-split question
+    (:func:`benchmark_overlaps`; one MBPP non-test task, 569, repeats test task 104's text).
+    ``data_dir`` is needed for gsm8k and mbpp only."""
+    from dflash_jax.embedded import synthetic
+
+    chosen = check_styles(styles)
+    if "gsm8k" in chosen or "mbpp" in chosen:
+        check_training_data(data_dir)
+    files = stdlib_files(stdlib_root) if "humaneval" in chosen or "mt-bench" in chosen else []
+    make = {
+        "gsm8k": lambda: [u for u, _ in gsm8k_train(data_dir)],
+        "math500": lambda: _synthetic_pool("math500", SYNTHETIC_SIZE),
+        "humaneval": lambda: [humaneval_prompt(h) for h, _ in function_examples(files, methods=True)],
+        "mbpp": lambda: [u for u, _ in mbpp_train(data_dir)],
+        "mt-bench": lambda: (*_synthetic_pool("mt-bench", SYNTHETIC_SIZE),
+                             *synthetic.stdlib_requests(synthetic.stdlib_topics(files))),
+    }
+    seen, pools = set(), {}
+    for name in chosen:
+        pools[name] = []
+        for p in make[name]():
+            if p not in seen:
+                seen.add(p)
+                pools[name].append(p)
+    checked = set().union(*(_synthetic_pool(x, SYNTHETIC_SIZE) for x in ("math500", "mt-bench") if x in chosen))
+    leaks = {p for p, _ in benchmark_overlaps([p for p in seen if p not in checked])}
+    return {name: [p for p in pool if p not in leaks] for name, pool in pools.items()}
+
+
+def available_training_prompts(data_dir: str | None, num: int, styles=None, stdlib_root: str | None = None) -> int:
+    """How many of ``num`` prompts :func:`training_prompts` gives (min(num, all the pools
+    hold)); the standard library's functions (seconds to parse) are scanned only when the
+    other styles fall short."""
+    chosen = check_styles(styles)
+    if "humaneval" in chosen and len(chosen) > 1:
+        rest = sum(map(len, training_prompt_pools(data_dir, [s for s in chosen if s != "humaneval"],
+                                                  stdlib_root).values()))
+        if rest >= num:  # adding a style never shrinks the union
+            return num
+    return min(num, sum(map(len, training_prompt_pools(data_dir, chosen, stdlib_root).values())))
+
+
+def training_prompts(data_dir: str | None, num: int, seed: int = 0, stdlib_root: str | None = None, *,
+                     styles=None, weights: dict | None = None) -> list[str]:
+    """Drafter-training prompts (user texts in the benchmarks' formats), mixed from the
+    ``styles`` (default all of :data:`STYLES`, see :func:`training_prompt_pools`) in shares
+    proportional to ``weights`` (default equal); a style with fewer prompts than its share gives
+    all it has and the rest is shared among the others. Sampled without replacement and
+    shuffled with ``seed``; min(num, available) prompts, all distinct. No test split is used.
+
+    What each style can give (Python 3.11's standard library, the GSM8K and MBPP files of
+    ``../shared/datasets``): gsm8k 7473, math500 20000 (:data:`SYNTHETIC_SIZE`), humaneval about
+    3800 (1075 functions, the rest methods), mbpp 169, mt-bench 20000 + 3 per documented stdlib
+    module (about 21200): about 52600 in all. ``num=40000`` takes all of gsm8k, humaneval and
+    mbpp and about 14300 each of math500 and mt-bench."""
+    pools = training_prompt_pools(data_dir, styles, stdlib_root)
+    w = check_styles(list(pools), weights)
     rng = np.random.default_rng(seed)
-    out, share = [], num // len(pools)
-    for i, pool in enumerate(sorted(pools, key=len)):
-        k = min(len(pool), share if i < len(pools) - 1 else num - len(out))
+    out, left = [], sum(w.values())
+    names = sorted(pools, key=lambda n: len(pools[n]) / w[n])  # the most constrained first
+    for i, name in enumerate(names):
+        pool = pools[name]
+        share = num - len(out) if i == len(names) - 1 else math.floor((num - len(out)) * w[name] / left)
+        k = min(len(pool), share)
         out += [pool[j] for j in rng.choice(len(pool), k, replace=False)]
-        share = (num - len(out)) // max(1, len(pools) - i - 1)
+        left -= w[name]
     rng.shuffle(out)
     return out

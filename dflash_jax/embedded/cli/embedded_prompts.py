@@ -14,19 +14,56 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="jsonl file to write")
     p.add_argument("--num", type=int, default=4000, help="number of prompts")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--styles", nargs="+", default=None, metavar="STYLE",
+                   help="prompt styles to mix (space- or comma-separated): gsm8k, math500, humaneval, mbpp, "
+                        "mt-bench; default all five")
+    p.add_argument("--weights", nargs="+", default=None, metavar="STYLE=W",
+                   help="relative shares of the styles, e.g. math500=2 mbpp=0.5 (default equal)")
     add_data_dir_argument(p)
 
 
-def run(args) -> list[str]:
-    from dflash_jax.embedded.corpus import check_training_data, training_prompts
+def parse_styles(values) -> list[str] | None:
+    """``--styles`` values (each may hold comma-separated names) as a list, checked."""
+    from dflash_jax.embedded.corpus import check_styles
 
-    data_dir = check_training_data(args.data_dir)
+    if values is None:
+        return None
+    styles = [x for v in values for x in v.split(",") if x]
+    check_styles(styles)
+    return styles
+
+
+def parse_weights(values) -> dict[str, float] | None:
+    """``--weights`` values (``STYLE=W``, each may hold comma-separated pairs) as a dict."""
+    if values is None:
+        return None
+    out = {}
+    for v in (x for v in values for x in v.split(",") if x):
+        name, eq, w = v.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            out[name] = float(w)
+        except ValueError:
+            raise ValueError(f"--weights {v!r}: expected STYLE=NUMBER, e.g. math500=2") from None
+    return out
+
+
+def run(args) -> list[str]:
+    from dflash_jax.embedded.corpus import check_styles, check_training_data, training_prompts
+
+    styles, weights = parse_styles(args.styles), parse_weights(args.weights)
+    check_styles(styles, weights)
+    data_dir = args.data_dir
+    if styles is None or {"gsm8k", "mbpp"} & set(styles):  # the styles read from the data directory
+        data_dir = check_training_data(args.data_dir)
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
-    rows = training_prompts(data_dir, args.num, args.seed)
+    rows = training_prompts(data_dir, args.num, args.seed, styles=styles, weights=weights)
     if len(rows) < args.num:
-        raise ValueError(f"--num {args.num}: the training data in {data_dir} and the standard library "
-                         f"give only {len(rows)} prompts; ask for {len(rows)} or fewer")
+        raise ValueError(f"--num {args.num}: the training data in {data_dir}, the standard library and "
+                         f"the synthetic generators give only {len(rows)} prompts (styles "
+                         f"{', '.join(check_styles(styles))}); ask for {len(rows)} or fewer")
     write_text(args.out, "".join(json.dumps({"prompt": r}) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {args.out}")
     return rows
