@@ -71,7 +71,14 @@ def add_arguments(p) -> None:
                         "without the switch are unaffected)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's")
+    from dflash_jax.decoding.adaptive import block_size_arg
+
+    p.add_argument("--block-size", type=block_size_arg, default=None,
+                   help="default: the drafter's; 'adaptive': the verify length chosen per iteration")
+    p.add_argument("--adaptive", action="store_true",
+                   help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
+                        "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "
+                        "iteration from the drafter's confidence and this device's cached costs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
@@ -92,12 +99,14 @@ class Runner:
         self.encode = lambda turns: encode_prompt(turns, target.tokenizer, enable_thinking=thinking)
         self.stops = target.stop_token_ids
 
-    def run(self, ids, drafter, pad_to):
+    def run(self, ids, drafter, pad_to, adaptive: bool = False):
+        from dflash_jax.decoding.adaptive import ADAPTIVE
         from dflash_jax.decoding.generation import generate
 
         a = self.args
+        block_size = (ADAPTIVE if adaptive else a.block_size) if drafter else None
         return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
-                        stop_token_ids=self.stops, seed=a.seed, block_size=a.block_size if drafter else None,
+                        stop_token_ids=self.stops, seed=a.seed, block_size=block_size,
                         num_denoise_steps=getattr(a, "num_denoise_steps", 1),
                         sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to)
 
@@ -116,7 +125,8 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
     from dflash_jax.decoding.generation import round_up
 
     a, tok = runner.args, runner.target.tokenizer
-    bs = runner.drafter.config.block_size if a.block_size is None else a.block_size
+    bs = runner.drafter.config.block_size if a.block_size in (None, "adaptive") else a.block_size
+    adaptive = bool(getattr(a, "adaptive", False))
     # one (prompt width, cache length) for the whole set: an upper bound over all turns
     bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
                 + (len(s.turns) - 1) * (a.max_new_tokens + 8) for s in samples)
@@ -126,6 +136,8 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
               "and warming up; the timings exclude this", file=sys.stderr)
     for d in (None, runner.drafter):  # warm-up: compile both programs for these shapes
         runner.run(first, d, pad_to)
+    if adaptive:
+        runner.run(first, runner.drafter, pad_to, adaptive=True)
     rec = {"samples": [], "same_output": 0, "turns": 0}
     for s in samples:
         answers = []
@@ -137,42 +149,67 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
             same = ar.sequences[0] == df.sequences[0]
             rec["same_output"] += int(same)
             rec["turns"] += 1
-            rec["samples"].append({"id": s.id, "turn": t + 1, "prompt_tokens": len(ids), "same_output": same,
-                                   "ar": metrics.response(ar).to_dict(), "dflash": metrics.response(df).to_dict()})
+            sample = {"id": s.id, "turn": t + 1, "prompt_tokens": len(ids), "same_output": same,
+                      "ar": metrics.response(ar).to_dict(), "dflash": metrics.response(df).to_dict()}
+            if adaptive:
+                ad = runner.run(ids, runner.drafter, pad_to, adaptive=True)
+                sample["adaptive"] = metrics.response(ad).to_dict() | {"verify_lengths": ad.verify_lengths[0]}
+                sample["same_output_adaptive"] = ar.sequences[0] == ad.sequences[0]
+            rec["samples"].append(sample)
             bar.update(1)
     rec.update(metrics.summarize(*responses(rec), bs))
+    if adaptive:
+        rows = rec["samples"]
+        chosen = [v for x in rows for v in x["adaptive"]["verify_lengths"]]
+        rec["adaptive"] = metrics.summarize(*responses(rec, "adaptive"), bs) | {
+            "same_output": sum(x["same_output_adaptive"] for x in rows),
+            "mean_verify_length": float(np.mean(chosen)) if chosen else float("nan"),
+            "verify_length_counts": {str(L): chosen.count(L) for L in sorted(set(chosen))}}
     return rec
 
 
-def responses(record: dict) -> tuple[list, list]:
-    """(AR responses, DFlash responses) of a prompt set's record, paired, in order."""
+def responses(record: dict, method: str = "dflash") -> tuple[list, list]:
+    """(AR responses, ``method`` responses: "dflash", or "adaptive" with ``--adaptive``) of a
+    prompt set's record, paired, in order."""
     rows = record["samples"]
     return ([metrics.Response.from_dict(x["ar"]) for x in rows],
-            [metrics.Response.from_dict(x["dflash"]) for x in rows])
+            [metrics.Response.from_dict(x[method]) for x in rows])
 
 
-def average(datasets: dict) -> dict:
+def average(datasets: dict, method: str = "dflash") -> dict:
     """The average over the finished prompt sets (``metrics.average``)."""
-    return metrics.average({name: responses(r) for name, r in datasets.items()})
+    return metrics.average({name: responses(r, method) for name, r in datasets.items()})
 
 
 def markdown(report: dict) -> str:
     """The table: SPEC section 6's tau and decode-only speedup with 95 % bootstrap intervals
     over responses, then the pooled tau and the end-to-end (prefill included) speedup."""
+    tables = [_table(report, "dflash")]
+    if "average_adaptive" in report:
+        tables.append("DFlash with the adaptive block size (`--adaptive`; verify length chosen per "
+                      "iteration), the same prompts, AR and fixed-block runs:\n\n" + _table(report, "adaptive"))
+    return "\n\n".join(tables)
+
+
+def _table(report: dict, method: str) -> str:
     greedy = report["settings"]["temperature"] == 0
+    adaptive = method == "adaptive"
     head = ("| dataset | responses | tau [95% CI] | speedup, decode [95% CI] | tau pooled | speedup, end to end "
-            "| AR ms/token | DFlash ms/token |" + (" DFlash == AR |" if greedy else ""))
+            "| AR ms/token | DFlash ms/token |" + (" DFlash == AR |" if greedy else "")
+            + (" mean verify length |" if adaptive else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for name, r in report["datasets"].items():
-        row = (f"| {name} | {r['turns']} | {metrics.interval_text(r['tau'], r['tau_ci'])} | "
+    for name, rec in report["datasets"].items():
+        r = rec["adaptive"] if adaptive else rec
+        row = (f"| {name} | {rec['turns']} | {metrics.interval_text(r['tau'], r['tau_ci'])} | "
                f"{metrics.interval_text(r['speedup'], r['speedup_ci'])}x | {r['tau_pooled']:.2f} | "
                f"{r['end_to_end_speedup']:.2f}x | {r['ar_decode_ms_per_token']:.2f} | "
                f"{r['dflash_decode_ms_per_token']:.2f} |")
-        lines.append(row + (f" {r['same_output']}/{r['turns']} |" if greedy else ""))
-    av = report["average"]
+        lines.append(row + (f" {r['same_output']}/{rec['turns']} |" if greedy else "")
+                     + (f" {r['mean_verify_length']:.1f} |" if adaptive else ""))
+    av = report["average_adaptive" if adaptive else "average"]
     lines.append(f"| **average** | | **{metrics.interval_text(av['tau'], av['tau_ci'])}** | "
                  f"**{metrics.interval_text(av['speedup'], av['speedup_ci'])}x** | {av['tau_pooled']:.2f} | "
-                 f"{av['end_to_end_speedup']:.2f}x | | |" + (" |" if greedy else ""))
+                 f"{av['end_to_end_speedup']:.2f}x | | |" + (" |" if greedy else "") + (" |" if adaptive else ""))
     return "\n".join(lines)
 
 
@@ -180,11 +217,16 @@ def plot(report: dict):
     names = list(report["datasets"])
     fig, (ax1, ax2, ax3) = new_figure(1, 3, figsize=(15, 4))
     x = np.arange(len(names))
-    for off, key, label in ((-0.2, "speedup", "speedup, decode (x)"), (0.2, "tau", "tau")):
-        vals = np.array([report["datasets"][n][key] for n in names])
-        ci = np.array([report["datasets"][n][key + "_ci"] for n in names], float).reshape(len(names), 2)
+    bars = [(None, "speedup", "speedup, decode (x)"), (None, "tau", "tau")]
+    if "average_adaptive" in report:
+        bars[1:1] = [("adaptive", "speedup", "speedup, adaptive block (x)")]
+    width = 0.8 / len(bars)
+    for i, (method, key, label) in enumerate(bars):
+        recs = [report["datasets"][n][method] if method else report["datasets"][n] for n in names]
+        vals = np.array([r[key] for r in recs])
+        ci = np.array([r[key + "_ci"] for r in recs], float).reshape(len(names), 2)
         err = np.where(np.isfinite(ci), np.abs(ci - vals[:, None]), 0).T
-        ax1.bar(x + off, vals, 0.4, yerr=err, capsize=3, label=label)
+        ax1.bar(x + (i - (len(bars) - 1) / 2) * width, vals, width, yerr=err, capsize=3, label=label)
     ax1.axhline(1.0, color="k", lw=0.8)
     ax1.set_xticks(x, names)
     ax1.set_title(f"DFlash vs AR ({report['environment']['device']}, T={report['settings']['temperature']}), 95% CI")
@@ -294,6 +336,8 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
 
     results = report["datasets"]
     report["average"] = average(results)
+    if results and all("adaptive" in r for r in results.values()):
+        report["average_adaptive"] = average(results, "adaptive")
     report["wall_time_s"] = time.perf_counter() - t0
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     table = markdown(report)

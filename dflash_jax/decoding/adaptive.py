@@ -41,6 +41,21 @@ MEASURE_ITERATIONS = 24
 MEASURE_REPEATS = 3
 
 
+def block_size_arg(text: str) -> int | str:
+    """argparse type of ``--block-size``: a positive integer or ``adaptive``."""
+    if text.strip().lower() == ADAPTIVE:
+        return ADAPTIVE
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a positive integer nor {ADAPTIVE!r}")
+    return value
+
+
 def verify_lengths(block_size: int, lengths: Sequence[int] | None = None) -> tuple[int, ...]:
     """The checked static verify lengths for a drafter block of ``block_size``: ``lengths``
     (default: 4, 8, 16 below the block size, and the block size itself), ascending."""

@@ -37,7 +37,12 @@ def add_arguments(p) -> None:
     p.add_argument("--max-len", type=int, help="KV cache length (default: the model's max_position_embeddings)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow --max-len above the model's max_position_embeddings")
-    p.add_argument("--block-size", type=int, help="speculative block size (default: the drafter's)")
+    from dflash_jax.decoding.adaptive import block_size_arg
+
+    p.add_argument("--block-size", type=block_size_arg,
+                   help="speculative block size (default: the drafter's), or 'adaptive': verify "
+                        "4, 8 or the whole block per iteration, by the drafter's confidence and "
+                        "this device's measured (cached) iteration costs")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
@@ -92,6 +97,9 @@ def run(args):
             f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps, both including compilation")
     if drafter is not None:
         line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
+        if args.block_size == "adaptive":
+            chosen = [v for row in r.verify_lengths for v in row]
+            line += f"; verified {sum(chosen) / max(len(chosen), 1):.1f} rows per iteration on average"
     print(line + "]", file=sys.stderr)
     return r
 
