@@ -25,6 +25,8 @@ COMMANDS = {
                      "block-attention kernels (Pallas, Triton, XLA, cuDNN): microseconds and GB/s"),
     "roofline": ("dflash_jax.bench.roofline",
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
+    "iteration-profile": ("dflash_jax.bench.iteration_profile",
+                          "where a DFlash iteration's time goes (draft parts, verify 1/4/8/16 rows, accept) vs an AR step"),
     "parallel-speed": ("dflash_jax.bench.parallel_speed", "AR step and DFlash iteration time on every (data, model) mesh of 8 devices"),
     "parallel-comm": ("dflash_jax.bench.parallel_comm", "tensor-parallel communication model on paper: collectives, comm share, which mesh"),
     "train-memory": ("dflash_jax.bench.train_memory", "peak memory of a drafter training step, dense vs chunked attention, per mesh"),

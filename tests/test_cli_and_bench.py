@@ -82,6 +82,28 @@ def test_spec_speed_with_saved_target_and_drafter(tmp_path):
     assert (tmp_path / "out" / "t_cpu_float32_xla_b1_bs4.png").exists()
 
 
+def test_iteration_profile_with_saved_target_and_drafter(tmp_path):
+    """``iteration-profile`` on a saved pair: every part and loop timed, the derived ratios
+    follow from them, the report and table written."""
+    import dflash_jax as dj
+    from dflash_jax.bench import iteration_profile
+
+    make_hf_model("qwen3", num_hidden_layers=2).save_pretrained(tmp_path / "t")
+    target = dj.load_target(tmp_path / "t")
+    dj.save_drafter(dj.Drafter.random(target, num_layers=1, block_size=8), tmp_path / "d")
+    report = iteration_profile.main(["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"),
+                                     "--context", "8", "--calls", "2", "--iterations", "2", "--repeats", "1",
+                                     "--out", str(tmp_path / "out")])
+    r = report["result"]
+    assert list(r["parts_ms"]) == ["draft, context", "draft, layers", "draft, LM head + argmax",
+                                   "verify 1", "verify 4", "verify 8", "accept + commit"]
+    assert list(r["loops_ms"]) == ["AR step", "DFlash iteration, block 8", "DFlash iteration, verify 4"]
+    assert all(v > 0 for v in [*r["parts_ms"].values(), *r["loops_ms"].values()])
+    assert r["iteration_over_ar_step"] == pytest.approx(r["loops_ms"]["DFlash iteration, block 8"]
+                                                        / r["loops_ms"]["AR step"])
+    assert (tmp_path / "out" / "iteration_profile_cpu_float32.md").read_text().count("| verify") == 3
+
+
 def test_train_speed_runs(tmp_path):
     from dflash_jax.bench import train_speed
 

@@ -1,0 +1,197 @@
+"""Where one DFlash iteration's time goes, next to one autoregressive step, for a target +
+drafter (default: the embedded pair, float32 on CPU), at a realistic context.
+
+Each part is timed inside one compiled program (``n`` calls in a ``lax.fori_loop``, their
+integer inputs shifted by the loop index so the compiler cannot hoist them out): what it costs
+inside the on-device decode loop, without host dispatch. The parts:
+
+  * draft, context: the deferred update, the last verified block's taps through the drafter's
+    ``fc`` / ``hidden_norm`` and every layer's K/V into its cache;
+  * draft, layers: the drafter's layers over ``[bonus, MASK, ...]`` (the block: 16 rows);
+  * draft, LM head: the target's LM head on the 15 draft rows and their argmax;
+  * verify L: the target over the first L block rows (its LM head included) for L = 1 (the
+    AR step's target pass), 4, 8 and the block size;
+  * accept + commit;
+  * the whole iteration and the whole AR step, from the real decode loop (``engine.decode``
+    with a fixed number of iterations).
+
+    python -m dflash_jax iteration-profile --out results/iteration_profile
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.bench.env import time_fn
+from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.reporting import command_line, cpu_model, environment, new_figure, write_report
+
+LENGTHS = (1, 4, 8, 16)
+
+
+def in_loop(fn, args, n: int, repeats: int) -> float:
+    """Median seconds per call of ``fn(i, *args)`` run ``n`` times in one ``fori_loop``
+    (``i`` the traced loop index; every output feeds a running sum, so none is dropped)."""
+
+    def program(*args):
+        def body(i, acc):
+            out = jax.tree_util.tree_leaves(fn(i, *args))[0]
+            return acc + jnp.ravel(out)[0].astype(jnp.float32)
+
+        return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+
+    return time_fn(jax.jit(program), *args, repeats=repeats) / n
+
+
+def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
+    """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop)."""
+    from dflash_jax.decoding import engine
+    from dflash_jax.decoding.generation import prepare_decode
+
+    budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
+    times = []
+    for r in range(repeats + 1):  # the first compiles
+        pre = prepare_decode(target, prompt, budget, drafter=drafter, **options)
+        t0 = time.perf_counter()
+        state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                              np.int32(iterations), spec=pre.spec)
+        jax.block_until_ready(state.n)
+        done = int(np.max(jax.device_get(state.iters)))
+        if r:
+            times.append((time.perf_counter() - t0) / done)
+    return float(np.median(times))
+
+
+def measure(target, drafter, context: int, n: int, repeats: int, iterations: int) -> dict:
+    from dflash_jax.decoding import engine
+    from dflash_jax.decoding.generation import prepare_decode
+    from dflash_jax.models.drafter import DrafterModel
+    from dflash_jax.models.target import embed, lm_head
+
+    V, bs = target.config.vocab_size, drafter.config.block_size
+    prompt = [(np.arange(context) * 7919 % V).tolist()]
+    pre = prepare_decode(target, prompt, 64, drafter=drafter)
+    spec, tp, dp, state = pre.spec, target.params, pre.drafter_params, pre.state
+    model = DrafterModel(spec.drafter)
+    start = state.tcache.lengths
+    positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
+    block = jnp.concatenate([state.bonus[:, None], jnp.full((1, bs - 1), spec.drafter.mask_token_id, jnp.int32)], 1)
+    taps = jax.random.normal(jax.random.key(0), (1, bs, spec.drafter.num_taps * target.config.hidden_size),
+                             state.pending_taps.dtype)
+    dcache = model.apply({"params": dp}, taps, positions, state.dcache, start, method=DrafterModel.project_context)
+    h = model.apply({"params": dp}, embed(tp, block), positions, dcache, method=DrafterModel.draft)
+
+    shift = lambda i, toks: (toks + i) % V
+    parts = {}
+    parts["draft, context"] = in_loop(
+        lambda i, dp, taps, cache: model.apply({"params": dp}, taps * (1 + i.astype(taps.dtype) * 1e-3), positions,
+                                               cache, start, method=DrafterModel.project_context).k,
+        (dp, taps, state.dcache), n, repeats)
+    parts["draft, layers"] = in_loop(
+        lambda i, tp, dp, cache: model.apply({"params": dp}, embed(tp, shift(i, block)), positions, cache,
+                                             method=DrafterModel.draft),
+        (tp, dp, dcache), n, repeats)
+    parts["draft, LM head + argmax"] = in_loop(
+        lambda i, tp, h: jnp.argmax(lm_head(target.config, tp, h[:, 1:] * (1 + i.astype(h.dtype) * 1e-3)), -1),
+        (tp, h), n, repeats)
+    lengths = [L for L in LENGTHS if L < bs] + [bs]
+    for L in lengths:
+        parts[f"verify {L}"] = in_loop(
+            lambda i, tp, cache, L=L: engine.verify(spec, tp, shift(i, block[:, :L]), positions[:, :L], cache)[0],
+            (tp, state.tcache), n, repeats)
+    draft = block[:, 1:]
+    logits = engine.verify(spec, tp, block, positions, state.tcache)[0]
+
+    def accept_commit(i, logits, tcache):
+        d = shift(i, draft)
+        accepted, bonus = engine.accept(spec, d, None, logits, jax.random.key(0))
+        return engine.commit(spec, state, d, accepted, bonus, tcache, pre.max_new, pre.stop_ids).out
+
+    parts["accept + commit"] = in_loop(accept_commit, (logits, state.tcache), n, repeats)
+    loops = {"AR step": loop_time(target, None, prompt, iterations, repeats)}
+    loops[f"DFlash iteration, block {bs}"] = loop_time(target, drafter, prompt, iterations, repeats)
+    for L in lengths[1:-1]:
+        loops[f"DFlash iteration, verify {L}"] = loop_time(
+            target, drafter, prompt, iterations, repeats, block_size="adaptive", verify_lengths=(L,),
+            cost_table={L: 1.0})
+    ms = lambda d: {k: 1e3 * v for k, v in d.items()}
+    parts, loops = ms(parts), ms(loops)
+    summed = sum(parts[k] for k in ("draft, context", "draft, layers", "draft, LM head + argmax",
+                                    f"verify {bs}", "accept + commit"))
+    ratio = loops[f"DFlash iteration, block {bs}"] / loops["AR step"]
+    return {"context": context, "block_size": bs, "parts_ms": parts, "loops_ms": loops,
+            "sum_of_parts_ms": summed, "iteration_over_ar_step": ratio,
+            "verify_block_over_verify1": parts[f"verify {bs}"] / parts["verify 1"]}
+
+
+def plot(report: dict):
+    fig, (a, b) = new_figure(1, 2, figsize=(12, 4))
+    parts = report["result"]["parts_ms"]
+    a.barh(list(parts)[::-1], list(parts.values())[::-1])
+    a.set(xlabel="ms per call (in one compiled loop)", title="parts of an iteration")
+    loops = report["result"]["loops_ms"]
+    b.bar(range(len(loops)), list(loops.values()))
+    b.set_xticks(range(len(loops)), [k.replace("DFlash iteration, ", "DFlash\n") for k in loops], fontsize=8)
+    b.set(ylabel="ms per iteration (decode loop)",
+          title=f"{report['environment']['device']} ({report['cpu'] or '?'}), load {report['load_average'][0]:.1f}")
+    return fig
+
+
+def markdown(report: dict) -> str:
+    r = report["result"]
+    lines = ["| part | ms |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["parts_ms"].items()]
+    lines += [f"| sum of the parts of a block-{r['block_size']} iteration | {r['sum_of_parts_ms']:.2f} |", "",
+              "| decode loop | ms per iteration |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in r["loops_ms"].items()]
+    lines += ["", f"iteration / AR step: {r['iteration_over_ar_step']:.2f} (the tau at which DFlash "
+              f"breaks even); verify {r['block_size']} / verify 1: {r['verify_block_over_verify1']:.2f}"]
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
+
+    p.add_argument("--target", default=EMBEDDED_TARGET_DIR)
+    p.add_argument("--drafter", default=EMBEDDED_DRAFTER_DIR)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--context", type=int, default=192, help="prompt tokens before the timed step")
+    p.add_argument("--calls", type=int, default=20, help="calls per compiled timing loop")
+    p.add_argument("--iterations", type=int, default=24, help="decode-loop iterations per timing")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default="runs/iteration_profile")
+
+
+def run(args) -> dict:
+    import os
+
+    from dflash_jax.files import write_text
+    from dflash_jax.models.handles import load_drafter, load_target
+
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype))
+    drafter = load_drafter(args.drafter, target, dtype=jnp.dtype(args.dtype))
+    result = measure(target, drafter, args.context, args.calls, args.repeats, args.iterations)
+    report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),
+              "dtype": args.dtype, "environment": environment(), "cpu": cpu_model(),
+              "load_average": list(os.getloadavg()), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "result": result}
+    table = markdown(report)
+    print(table)
+    stem = write_report(report, args.out, f"iteration_profile_{report['environment']['platform']}_{args.dtype}", plot)
+    write_text(stem + ".md", f"`{report['command']}` on {report['environment']['device']} ({report['cpu']}, "
+               f"{report['environment']['cpu_count']} cores, load average {report['load_average'][0]:.1f}), "
+               f"jax {report['environment']['jax']}, {args.dtype}, context {args.context}\n\n{table}\n")
+    return report
+
+
+def main(argv=None) -> dict:
+    return command_main("iteration-profile", sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    run_cli(main)
