@@ -19,11 +19,21 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
-def pytest_unconfigure(config):
-    if _OWN_CACHE is not None:
-        import shutil
+# The adaptive block size's measured cost tables (dflash_jax.decoding.adaptive) go to a fresh
+# directory per run too, not to the user's ~/.cache.
+_OWN_COSTS = None
+if "DFLASH_CACHE_DIR" not in os.environ:
+    import tempfile
 
-        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+    _OWN_COSTS = os.environ["DFLASH_CACHE_DIR"] = tempfile.mkdtemp(prefix="dflash-jax-tests-costs-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for own in (_OWN_CACHE, _OWN_COSTS):
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
 
 import pytest
 

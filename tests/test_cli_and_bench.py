@@ -147,7 +147,7 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
     monkeypatch.setattr(harness.Runner, "run", lambda self, ids, drafter, pad_to: (
         seen.append(list(ids)), real(self, ids, drafter, pad_to))[1])
     common = ["--target", target_dir, "--drafter", drafter_dir, "--max-samples", "2",
-              "--max-new-tokens", "3"]
+              "--max-new-tokens", "3", "--no-adaptive"]
     report = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference",
                            "--out", str(tmp_path / "off")])
     assert len(seen) == 2 * (1 + 2) + 2 * (1 + 4)  # AR + DFlash: warm-up and 2 gsm8k / 2x2 mt-bench turns

@@ -75,10 +75,11 @@ def add_arguments(p) -> None:
 
     p.add_argument("--block-size", type=block_size_arg, default=None,
                    help="default: the drafter's; 'adaptive': the verify length chosen per iteration")
-    p.add_argument("--adaptive", action="store_true",
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
                    help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
                         "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "
-                        "iteration from the drafter's confidence and this device's cached costs)")
+                        "iteration from the drafter's confidence and this device's cached costs, "
+                        "measured once, ~20 s); --no-adaptive: the fixed block only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")

@@ -182,7 +182,8 @@ def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
                   f"device (once; cached in {path})", file=sys.stderr)
         costs = measure_costs(target, drafter, lengths, batch)
         write_json(path, {"key": key, "costs": {str(k): v for k, v in costs.items()},
-                          "unit": "seconds per decode iteration"})
+                          "unit": "seconds per decode iteration",
+                          "measured": {"time": _time_text(), "load_average": _load()}})
     return costs
 
 
@@ -192,7 +193,9 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     """Seconds per decode iteration with the verify length forced to each of ``lengths``
     (the real on-device loop: draft of the whole block, verify + accept of L rows, commit),
     the median of ``repeats`` timed runs of ``iterations`` iterations after a warm-up, at a
-    context of ``context`` prompt tokens."""
+    context of ``context`` prompt tokens. The lengths take turns (one run of each per round,
+    after one compiling round), so a load that comes and goes during the measurement slows
+    them alike: the choice depends only on their ratios."""
     from dflash_jax.decoding import engine
     from dflash_jax.decoding.generation import prepare_decode
 
@@ -203,10 +206,9 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     budget = iterations * longest + 1
     context = max(1, min(context, target.max_len - budget))
     prompt = [(np.arange(context) * 7919 % V).tolist()] * batch  # fixed tokens, no stop ids
-    out = {}
-    for L in lengths:
-        times = []
-        for r in range(repeats + 1):  # the first run compiles
+    times = {L: [] for L in lengths}
+    for r in range(repeats + 1):  # the first round compiles
+        for L in lengths:
             pre = prepare_decode(target, prompt, budget, drafter=drafter, block_size=ADAPTIVE,
                                  verify_lengths=(L,), cost_table={L: 1.0})
             t0 = _now()
@@ -215,9 +217,21 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
             jax.block_until_ready(state.n)
             done = int(np.max(jax.device_get(state.iters)))
             if r:
-                times.append((_now() - t0) / max(done, 1))
-        out[L] = float(np.median(times))
-    return out
+                times[L].append((_now() - t0) / max(done, 1))
+    return {L: float(np.median(t)) for L, t in times.items()}
+
+
+def _time_text() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _load() -> list[float] | None:
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
 
 
 def _now() -> float:
