@@ -79,7 +79,7 @@ def add_arguments(p) -> None:
                    help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
                         "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "
                         "iteration from the drafter's confidence and this device's cached costs, "
-                        "measured once, ~20 s); --no-adaptive: the fixed block only")
+                        "measured once, ~20 s); on by default, --no-adaptive: the fixed block only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
