@@ -38,16 +38,26 @@ def environment() -> dict:
     }
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` line's value in ``/proc/cpuinfo`` (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or None
+    return None
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (``/proc/cpuinfo``; "" where unknown)."""
+    return _cpuinfo("flags") or ""
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
+    return _cpuinfo("model name") or platform.processor() or None
 
 
 def command_line(module: str, argv) -> str:

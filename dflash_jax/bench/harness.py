@@ -126,7 +126,9 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
     from dflash_jax.decoding.generation import round_up
 
     a, tok = runner.args, runner.target.tokenizer
-    bs = runner.drafter.config.block_size if a.block_size in (None, "adaptive") else a.block_size
+    from dflash_jax.decoding.adaptive import ADAPTIVE
+
+    bs = runner.drafter.config.block_size if a.block_size in (None, ADAPTIVE) else a.block_size
     adaptive = bool(getattr(a, "adaptive", False))
     # one (prompt width, cache length) for the whole set: an upper bound over all turns
     bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))

@@ -50,22 +50,14 @@ def in_loop(fn, args, n: int, repeats: int) -> float:
 
 
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
-    """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop)."""
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.generation import prepare_decode
+    """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
+    median of ``repeats`` runs after a compiling one."""
+    from dflash_jax.decoding.adaptive import iteration_seconds
 
     budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
-    times = []
-    for r in range(repeats + 1):  # the first compiles
-        pre = prepare_decode(target, prompt, budget, drafter=drafter, **options)
-        t0 = time.perf_counter()
-        state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
-                              np.int32(iterations), spec=pre.spec)
-        jax.block_until_ready(state.n)
-        done = int(np.max(jax.device_get(state.iters)))
-        if r:
-            times.append((time.perf_counter() - t0) / done)
-    return float(np.median(times))
+    times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
+             for _ in range(repeats + 1)]
+    return float(np.median(times[1:]))
 
 
 def measure(target, drafter, context: int, n: int, repeats: int, iterations: int) -> dict:

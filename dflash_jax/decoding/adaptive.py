@@ -117,15 +117,10 @@ def device_signature(mesh=None) -> dict:
     """What the cost of an iteration depends on besides the models: the devices, the CPU
     (model, cores, instruction-set flags: two machines named "AMD EPYC" may differ in AVX-512)
     and the jax build."""
-    from dflash_jax.reporting import cpu_model
+    from dflash_jax.reporting import cpu_flags, cpu_model
 
     dev = jax.devices()[0]
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        pass
+    flags = cpu_flags()
     return {"platform": dev.platform, "device_kind": getattr(dev, "device_kind", str(dev)),
             "devices": 1 if mesh is None else int(np.prod(mesh.devices.shape)),
             "mesh": None if mesh is None else dict(zip(mesh.axis_names, map(int, mesh.devices.shape))),
@@ -196,9 +191,6 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     context of ``context`` prompt tokens. The lengths take turns (one run of each per round,
     after one compiling round), so a load that comes and goes during the measurement slows
     them alike: the choice depends only on their ratios."""
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.generation import prepare_decode
-
     V, longest = target.config.vocab_size, max(lengths)
     # a budget no run can exhaust before its timed iterations (a full block accepted each time)
     # and the context, both within the cache (a small target's max_len shortens them)
@@ -209,16 +201,28 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     times = {L: [] for L in lengths}
     for r in range(repeats + 1):  # the first round compiles
         for L in lengths:
-            pre = prepare_decode(target, prompt, budget, drafter=drafter, block_size=ADAPTIVE,
-                                 verify_lengths=(L,), cost_table={L: 1.0})
-            t0 = _now()
-            state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new,
-                                  pre.stop_ids, np.int32(iterations), spec=pre.spec)
-            jax.block_until_ready(state.n)
-            done = int(np.max(jax.device_get(state.iters)))
+            t = iteration_seconds(target, drafter, prompt, budget, iterations, block_size=ADAPTIVE,
+                                  verify_lengths=(L,), cost_table={L: 1.0})
             if r:
-                times[L].append((_now() - t0) / max(done, 1))
+                times[L].append(t)
     return {L: float(np.median(t)) for L, t in times.items()}
+
+
+def iteration_seconds(target, drafter, prompt, budget: int, iterations: int, **options) -> float:
+    """Seconds per iteration of one run of the real decode loop (``engine.decode``) for at
+    most ``iterations`` iterations after a fresh prefill of ``prompt`` (``options``: those of
+    ``generate``); the first call of a shape includes its compilation."""
+    import time
+
+    from dflash_jax.decoding import engine
+    from dflash_jax.decoding.generation import prepare_decode
+
+    pre = prepare_decode(target, prompt, budget, drafter=drafter, **options)
+    t0 = time.perf_counter()
+    state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                          np.int32(iterations), spec=pre.spec)
+    jax.block_until_ready(state.n)
+    return (time.perf_counter() - t0) / max(int(np.max(jax.device_get(state.iters))), 1)
 
 
 def _time_text() -> str:
@@ -232,9 +236,3 @@ def _load() -> list[float] | None:
         return list(os.getloadavg())
     except OSError:
         return None
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()

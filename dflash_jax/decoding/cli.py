@@ -97,7 +97,9 @@ def run(args):
             f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps, both including compilation")
     if drafter is not None:
         line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
-        if args.block_size == "adaptive":
+        from dflash_jax.decoding.adaptive import ADAPTIVE
+
+        if args.block_size == ADAPTIVE:
             chosen = [v for row in r.verify_lengths for v in row]
             line += f"; verified {sum(chosen) / max(len(chosen), 1):.1f} rows per iteration on average"
     print(line + "]", file=sys.stderr)

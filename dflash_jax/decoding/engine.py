@@ -216,9 +216,10 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     to the next pass.
 
     Returns (draft int32[B, bs-1], draft log-probs float32[B, bs-1, V] or None, drafter cache,
-    and with ``spec.adaptive`` a 4th: float32[B, bs-1] the drafter's log-probability of each
-    draft token, the confidence :func:`choose_verify_length` reads; a custom ``draft_fn`` may
-    return it too, and must for a greedy draft in adaptive mode).
+    and for a greedy draft with ``spec.adaptive`` a 4th: float32[B, bs-1] the drafter's
+    log-probability of each draft token, the confidence :func:`choose_verify_length` reads (a
+    sampled draft's is read from q); a custom ``draft_fn`` with a greedy draft must return it
+    too in adaptive mode).
     """
     d, bs, steps = spec.drafter, spec.block_size, spec.num_denoise_steps
     start = state.tcache.lengths
@@ -254,9 +255,9 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
         q_logp = None
         draft = vocab.argmax(logits, shards)
     draft = jnp.where(filled, fill, draft)
-    if not spec.adaptive:
+    if not spec.adaptive or q_logp is not None:
         return draft, q_logp, dcache
-    logp = q_logp if q_logp is not None else vocab.log_softmax(logits.astype(jnp.float32), shards)
+    logp = vocab.log_softmax(logits.astype(jnp.float32), shards)
     return draft, q_logp, dcache, vocab.take(logp, draft, shards)
 
 
