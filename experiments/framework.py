@@ -194,6 +194,8 @@ class Experiment:
     paper_keys: list[str]
     plot: Callable[["Table"], Any]
     findings: Callable[["Table"], list[str]]
+    # axis name -> the command-line type of one value (default: the axis's tuple[int, ...])
+    axis_types: dict[str, Callable[[str], Any]] = dataclasses.field(default_factory=dict)
 
 
 def stable_hash(obj: Any) -> str:
@@ -256,6 +258,7 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
     """The grid's cells, every one checked as the trainer and the evaluation would check it,
     before anything runs. Raises ValueError naming the setting."""
     from dflash_jax.config import DrafterConfig
+    from dflash_jax.decoding.adaptive import ADAPTIVE
 
     s = settings
     if s.prompt_source not in PROMPT_SOURCES and not s.prompt_source.endswith(".jsonl"):
@@ -286,7 +289,12 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             if unknown:
                 raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown entries {sorted(unknown)}")
             ev_bs = spec.get("eval_block_size", s.eval_block_size) or d["block_size"]
-            for what, bs in (("training block size", d["block_size"]), ("inference block size", ev_bs)):
+            if isinstance(ev_bs, str) and ev_bs != ADAPTIVE:
+                raise ValueError(f"inference block size {ev_bs!r} of cell {spec['label']}: give an integer "
+                                 f">= 2 or {ADAPTIVE!r} (the verify length chosen per iteration)")
+            sizes = [("training block size", d["block_size"])]
+            sizes += [] if ev_bs == ADAPTIVE else [("inference block size", ev_bs)]
+            for what, bs in sizes:
                 if bs < 2:
                     raise ValueError(f"{what} {bs} of cell {spec['label']}: a block needs the anchor and at "
                                      "least one draft position (block size >= 2; block size 1 is "
@@ -510,6 +518,7 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
     from dflash_jax.bench import harness
     from dflash_jax.bench.prompt_sets import load_prompt_set
     from dflash_jax.bench.spec_speed import step_times
+    from dflash_jax.decoding.adaptive import ADAPTIVE
     from dflash_jax.models.handles import load_drafter
     from dflash_jax.reporting import environment
 
@@ -525,7 +534,9 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
     timing = {}
     if work.settings.timing_repeats:
         first = runner.encode(harness.chat(next(iter(sets.values()))[0].turns[:1], []))
-        timing = step_times(work.target, drafter, [first], ev["block_size"], work.settings.timing_repeats,
+        # an adaptive cell's draft and (longest) verify at the drafter's block
+        timed = drafter.config.block_size if ev["block_size"] == ADAPTIVE else ev["block_size"]
+        timing = step_times(work.target, drafter, [first], timed, work.settings.timing_repeats,
                             num_denoise_steps=ev["num_denoise_steps"])
     record = {"label": cell.label, "key": work.cell_key(cell), "drafter_hash": stable_hash(work.drafter_key(cell)),
               "settings": {"drafter": cell.drafter, "train": cell.train, "evaluation": ev,
@@ -612,6 +623,9 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
                                "same_output": sum(r["datasets"][s]["same_output"] for r in recs),
                                "responses": sum(r["datasets"][s]["turns"] for r in recs),
                                "block_size": len(first["histogram"])}
+            if "mean_verify_length" in first:  # an adaptive cell: the verify lengths it chose
+                per_set[s]["mean_verify_length"] = float(np.mean([r["datasets"][s]["mean_verify_length"]
+                                                                  for r in recs]))
         average = metrics.average({f"{s}/seed{i}": responses(r["datasets"][s]) for s in sets
                                    for i, r in enumerate(recs)})
         mean = lambda xs: None if any(x is None for x in xs) else float(np.mean(xs))
@@ -889,6 +903,8 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
         for name in names:
             hint = hints.get(name, tuple[int, ...])
             kwargs = argument_kwargs(name, hint, None)
+            if name in experiment.axis_types:
+                kwargs["type"] = experiment.axis_types[name]
             if kwargs.get("action") == "store_true":
                 kwargs = {"action": argparse.BooleanOptionalAction}
             if name == "datasets":

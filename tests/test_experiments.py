@@ -101,6 +101,41 @@ def test_a_second_run_reuses_every_cell(smoke):
     assert plain(again.rows) == plain(depth.rows) and plain(again_block.rows) == plain(block.rows)
 
 
+def test_the_adaptive_inference_block_size_is_a_cell_of_the_block_size_ablation(smoke, tmp_path):
+    """'adaptive' beside the fixed sizes: the trained drafter is reused (no training), the
+    greedy output still equals AR, every iteration's verify length is recorded and bounds
+    its acceptance, and the option parses from the command line."""
+    root, work, _, block = smoke
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    drafters = sorted(os.listdir(copy / "drafters"))
+    table = ablate_block_size.run("smoke", out=str(tmp_path / "out"), work=str(copy), train_block_sizes=(16,),
+                                  eval_block_sizes=(16, "adaptive"))
+    assert sorted(os.listdir(copy / "drafters")) == drafters  # nothing trained
+    fixed, adaptive = table.rows
+    assert fixed["label"] == {"train_block_size": 16, "eval_block_size": 16}
+    assert adaptive["label"] == {"train_block_size": 16, "eval_block_size": "adaptive"}
+    assert fixed["cells"] == adaptive["cells"] == block.rows[3]["cells"]
+    cell = next(json.load(open(p)) for p in _files(str(copy / "cells"), "cell.json")
+                if json.load(open(p))["label"].get("eval_block_size") == "adaptive")
+    for name, r in cell["datasets"].items():
+        assert r["same_output"] == r["turns"] == len(r["samples"])
+        chosen = []
+        for x in r["samples"]:
+            lengths, acc = x["dflash"]["verify_lengths"], x["dflash"]["acceptance_lengths"]
+            assert len(lengths) == len(acc) and set(lengths) <= {4, 8, 16}
+            assert all(1 <= a <= v for a, v in zip(acc, lengths)), (acc, lengths)
+            chosen += lengths
+        assert r["mean_verify_length"] == pytest.approx(np.mean(chosen))
+        assert adaptive["datasets"][name]["mean_verify_length"] == pytest.approx(np.mean(chosen))
+    assert any("adaptive verify length (trained at 16" in f for f in ablate_block_size.findings(table))
+    assert (tmp_path / "out" / "plot.png").stat().st_size > 0
+    args = framework.parser(ablate_block_size.EXPERIMENT).parse_args(["--eval-block-sizes", "8", "Adaptive"])
+    assert args.eval_block_sizes == [8, "adaptive"]
+    with pytest.raises(SystemExit):
+        framework.parser(ablate_block_size.EXPERIMENT).parse_args(["--eval-block-sizes", "adaptve"])
+
+
 def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
     """SIGKILL during a cell's training, rerun: the exported drafter equals the one the
     uninterrupted smoke run trained (the trainer resumes from its Orbax checkpoint)."""
@@ -182,6 +217,7 @@ def test_the_hash_changes_when_and_only_when_a_setting_changes():
     ({"no_such_setting": 1}, "has no setting 'no_such_setting'"),
     ({"train_block_sizes": (1, 8)}, "block size >= 2"),
     ({"eval_block_sizes": (1,)}, "inference block size 1"),
+    ({"eval_block_sizes": (8, "adaptve")}, "inference block size 'adaptve'"),
     ({"depths": (1, 9)}, "9-layer drafter"),
     ({"datasets": ("gsm8k", "nope")}, "unknown prompt set nope"),
     ({"steps": 0}, "steps must be an integer >= 1"),

@@ -152,23 +152,31 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
             same = ar.sequences[0] == df.sequences[0]
             rec["same_output"] += int(same)
             rec["turns"] += 1
+            lengths = lambda r: {"verify_lengths": r.verify_lengths[0]}
             sample = {"id": s.id, "turn": t + 1, "prompt_tokens": len(ids), "same_output": same,
-                      "ar": metrics.response(ar).to_dict(), "dflash": metrics.response(df).to_dict()}
+                      "ar": metrics.response(ar).to_dict(),
+                      "dflash": metrics.response(df).to_dict() | (lengths(df) if a.block_size == ADAPTIVE else {})}
             if adaptive:
                 ad = runner.run(ids, runner.drafter, pad_to, adaptive=True)
-                sample["adaptive"] = metrics.response(ad).to_dict() | {"verify_lengths": ad.verify_lengths[0]}
+                sample["adaptive"] = metrics.response(ad).to_dict() | lengths(ad)
                 sample["same_output_adaptive"] = ar.sequences[0] == ad.sequences[0]
             rec["samples"].append(sample)
             bar.update(1)
     rec.update(metrics.summarize(*responses(rec), bs))
+    if a.block_size == ADAPTIVE:  # the main DFlash run chose its verify lengths
+        rec.update(verify_length_summary(rec["samples"], "dflash"))
     if adaptive:
-        rows = rec["samples"]
-        chosen = [v for x in rows for v in x["adaptive"]["verify_lengths"]]
         rec["adaptive"] = metrics.summarize(*responses(rec, "adaptive"), bs) | {
-            "same_output": sum(x["same_output_adaptive"] for x in rows),
-            "mean_verify_length": float(np.mean(chosen)) if chosen else float("nan"),
-            "verify_length_counts": {str(L): chosen.count(L) for L in sorted(set(chosen))}}
+            "same_output": sum(x["same_output_adaptive"] for x in rec["samples"])} | verify_length_summary(
+            rec["samples"], "adaptive")
     return rec
+
+
+def verify_length_summary(rows: list[dict], method: str) -> dict:
+    """The mean and the counts of the verify lengths an adaptive ``method`` chose over ``rows``."""
+    chosen = [v for x in rows for v in x[method]["verify_lengths"]]
+    return {"mean_verify_length": float(np.mean(chosen)) if chosen else float("nan"),
+            "verify_length_counts": {str(L): chosen.count(L) for L in sorted(set(chosen))}}
 
 
 def responses(record: dict, method: str = "dflash") -> tuple[list, list]:

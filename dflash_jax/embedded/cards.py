@@ -80,6 +80,8 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
   weight decay {ft['weight_decay']}, on the same data; held-out tau {ft['eval_tau_before']:.2f} before,
   {ft['eval_tau_after']:.2f} after. Commands: {ft['commands']}
 """)
+    for st in recipe.get("continued", []):
+        lines.append(continued_text(st))
     if bench:
         s = bench["settings"]
         lines.append(f"## Acceptance (temperature {s['temperature']}, block {s['block_size']}, "
@@ -88,6 +90,15 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
         for name, r in bench["datasets"].items():
             lines.append(f"| {name} | {r['tau']:.2f} | {r['speedup']:.2f}x |")
         lines.append(f"| average | {bench['average']['tau']:.2f} | {bench['average']['speedup']:.2f}x |\n")
+        if "average_adaptive" in bench:
+            lines.append("With the adaptive block size (`block_size=\"adaptive\"`, the verify length chosen "
+                         "per iteration), the same prompts:\n")
+            lines.append("| prompt set | tau | speedup vs AR, decode only (CPU) | mean verify length |\n|---|---|---|---|")
+            for name, r in bench["datasets"].items():
+                a = r["adaptive"]
+                lines.append(f"| {name} | {a['tau']:.2f} | {a['speedup']:.2f}x | {a['mean_verify_length']:.1f} |")
+            av = bench["average_adaptive"]
+            lines.append(f"| average | {av['tau']:.2f} | {av['speedup']:.2f}x | |\n")
         lines.append(f"Measured by `{bench['command']}` on {bench['environment']['device']} "
                      f"({bench['environment']['cpu_count']} cores, jax {bench['environment']['jax']}).\n")
     return "\n".join(lines)
@@ -99,3 +110,48 @@ def write_cards(assets_dir: str, recipe: dict, bench_json: str | None) -> None:
         f.write(target_card(os.path.join(assets_dir, "target"), recipe))
     with open(os.path.join(assets_dir, "drafter", "README.md"), "w") as f:
         f.write(drafter_card(os.path.join(assets_dir, "drafter"), recipe, bench))
+
+
+def training_stage(run_dir: str, data_dir: str, **record) -> dict:
+    """A continued-training stage of the drafter for ``recipe.json``'s ``continued`` list,
+    from a ``train`` run directory (its settings, ``metrics.jsonl``: held-out tau and loss
+    against steps, minutes) and its ``train-data`` directory (sequences, response tokens);
+    ``record``: what the run directory does not know (date, why, prompts, commands, the
+    held-out tau of the starting weights as ``eval_tau_before``)."""
+    run = _load(os.path.join(run_dir, "run.json"))
+    data = _load(os.path.join(data_dir, "metadata.json"))
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    train = run["train"]
+    curve = []
+    for i, r in enumerate(rows):
+        if "eval_tau" in r:
+            window = [x["loss"] for x in rows[max(0, i - 49):i + 1]]
+            curve.append({"step": r["step"], "eval_tau": round(r["eval_tau"], 4),
+                          "train_loss_last_50": round(sum(window) / len(window), 4)})
+    return {**record, "steps": train["steps"], "batch_size": train["batch_size"],
+            "num_anchors": train["num_anchors"], "learning_rate": train["learning_rate"],
+            "warmup_fraction": train["warmup_fraction"], "weight_decay": train["weight_decay"],
+            "gamma": train.get("gamma"), "sequences": data["sequences"],
+            "response_tokens": data["response_tokens"],
+            "minutes": round(sum(r.get("time_s", 0.0) for r in rows) / 60, 1), "curve": curve}
+
+
+def continued_text(st: dict) -> str:
+    """A continued-training stage as model-card text, with its held-out tau curve."""
+    seen = st["steps"] * st["batch_size"] / st["sequences"]
+    rows = "\n".join(f"| {c['step']} | {c['eval_tau']:.2f} | {c['train_loss_last_50']:.3f} |" for c in st["curve"])
+    return f"""- Then trained further ({st['date']}): {st['why']} Data: {st['prompts']}, answered greedily by
+  the target ({st['sequences']} sequences, {st['response_tokens'] / 1e3:.0f}K response tokens). {st['steps']} steps of
+  batch {st['batch_size']} with {st['num_anchors']} anchors per sequence ({seen:.1f} epochs), AdamW lr
+  {st['learning_rate']} (warmup {st['warmup_fraction']:.0%}, cosine), weight decay {st['weight_decay']},
+  loss decay gamma {st['gamma']}; {st['minutes']} minutes of steps on 2 CPU cores. Commands: {st['commands']}
+
+  Held-out tau ({st['eval_prompts']} prompts held out of this data, {st['eval_max_new_tokens']} new tokens,
+  greedy, block 16) against steps (step 0: the weights it started from):
+
+  | step | held-out tau | training loss, mean of the last 50 steps |
+  |---|---|---|
+  | 0 | {st['eval_tau_before']:.2f} | |
+{chr(10).join('  ' + r for r in rows.splitlines())}
+"""
