@@ -489,3 +489,36 @@ def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --epochs: not allowed with argument --steps" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_step_pays_only_for_its_longest_row(pair, regenerated, tmp_path):
+    """Data padded far past its rows (train-data's --max-len is a bound, not the usual length):
+    a step's arrays are cut to its longest row rounded up to 64 columns, and the loss on the
+    cut batch equals the loss on the whole width (the padding after the rows is never seen)."""
+    from dflash_jax.training.trainer import batch_for_step, batch_width
+
+    assert [batch_width(np.array(x), 512) for x in ([1], [64], [65, 3], [200, 130], [600])] == [64, 64, 128, 256, 512]
+    assert batch_width(np.array([40]), 48) == 48  # never wider than the data
+    target, drafter = pair
+    data = TokenDataset(regenerated)
+    padded = tmp_path / "padded"
+    padded.mkdir()
+    width = 200
+    np.savez(padded / "shard-00000.npz", tokens=np.pad(data.tokens, ((0, 0), (0, width - data.seq_len))),
+             loss_mask=np.pad(data.loss_mask, ((0, 0), (0, width - data.seq_len))), lengths=data.lengths)
+    wide = TokenDataset(str(padded))
+    cfg = TrainConfig(steps=4, batch_size=4, num_anchors=8, seed=3)
+    trainer = Trainer(target, drafter.config, wide, str(tmp_path / "run"), cfg)
+    w = jnp.asarray(loss_weights(4, 2.0))
+    for step in range(3):
+        tokens, mask, taps, anchors, valid = trainer.step_inputs(step)
+        ids = batch_for_step(step, wide, cfg, drafter.config.block_size)[0]
+        assert tokens.shape == mask.shape == (4, 64) and taps is None  # the rows are <= 48 long
+        assert (np.asarray(tokens) == wide.tokens[ids, :64]).all()
+        full_t, full_m = jnp.asarray(wide.tokens[ids]), jnp.asarray(wide.loss_mask[ids])
+        losses = []
+        for t, m in ((tokens, mask), (full_t, full_m)):
+            f = target_features(CFG, target.params, t, drafter.config.target_layer_ids)
+            losses.append(float(eval_loss(drafter.params, target.params, t, m, f, anchors, valid, w,
+                                          dcfg=drafter.config, tcfg=CFG)[0]))
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5)

@@ -196,3 +196,24 @@ def test_no_prompt_holds_a_benchmark_test_question():
     assert {s: len(p) for s, p in pools.items() if s in ("gsm8k", "mbpp", "math500")} == \
         {"gsm8k": 7473, "math500": size, "mbpp": 169}
     assert len(pools["humaneval"]) > 3000 and len(pools["mt-bench"]) > size and len(every) > 40_000
+
+
+def test_embedded_prompts_drop_the_ones_too_long_for_the_data(tmp_path):
+    """--max-prompt-tokens keeps exactly the prompts whose chat-rendered length (the embedded
+    target's tokenizer, as train-data renders them) is within the bound, in their order."""
+    from transformers import AutoTokenizer
+
+    from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+    from dflash_jax.prompts import encode_prompt
+
+    args = ["--num", "60", "--styles", "math500,mt-bench", "--seed", "5", "--data-dir", str(tmp_path / "none")]
+    every = embedded_prompts_cli(["--out", str(tmp_path / "all.jsonl"), *args])
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_TARGET_DIR)
+    lengths = [len(encode_prompt(r, tok)) for r in every]
+    bound = sorted(lengths)[len(lengths) // 2]  # about half are longer
+    kept = embedded_prompts_cli(["--out", str(tmp_path / "short.jsonl"), *args, "--max-prompt-tokens", str(bound)])
+    assert kept == [r for r, n in zip(every, lengths) if n <= bound] and 0 < len(kept) < len(every)
+    assert [json.loads(line)["prompt"] for line in open(tmp_path / "short.jsonl")] == kept
+    with pytest.raises(ValueError, match="--max-prompt-tokens must be >= 1, got 0"):
+        embedded_prompts_cli(["--out", str(tmp_path / "z.jsonl"), *args, "--max-prompt-tokens", "0"])
+    assert not (tmp_path / "z.jsonl").exists()

@@ -144,6 +144,16 @@ class TrainConfig:
         return max(1, math.ceil(round(self.epochs * per_epoch, 9)))  # round: 0.1 * 30 is 3, not 4
 
 
+WIDTH_BUCKET = 64  # a step's columns are a multiple of this (or the dataset's whole width)
+
+
+def batch_width(lengths, seq_len: int, bucket: int = WIDTH_BUCKET) -> int:
+    """Columns a step needs: its longest row rounded up to a multiple of ``bucket``, at most
+    ``seq_len``."""
+    longest = int(np.max(lengths)) if len(lengths) else seq_len
+    return min(seq_len, max(bucket, -(-longest // bucket) * bucket))
+
+
 BATCH_STREAM = 7  # the drafter's stream of batch orders (training.loop.batch_rows)
 
 
@@ -286,14 +296,18 @@ class Trainer:
 
     def step_inputs(self, step: int):
         ids, anchors, valid = batch_for_step(step, self.data, self.cfg, self.dcfg.block_size)
+        # the step's columns: its longest row rounded up to a bucket (the padding after it changes
+        # nothing: attention is causal and anchors lie in responses), so a dataset padded to a
+        # long max_len does not make every step pay for it; few buckets, few compilations
+        width = batch_width(self.data.lengths[ids], self.data.seq_len)
+        tokens, mask = self.data.tokens[ids, :width], self.data.loss_mask[ids, :width]
+        taps = None if self.features is None else self.features.take(ids)[:, :width]
         if self.mesh is not None:  # global arrays, rows over data (every process has the batch)
             rows = sharding.batch_sharding(self.mesh)
-            taps = None if self.features is None else sharding.global_array(self.features.take(ids), rows)
-            return (sharding.global_array(self.data.tokens[ids], rows),
-                    sharding.global_array(self.data.loss_mask[ids], rows), taps,
+            return (sharding.global_array(tokens, rows), sharding.global_array(mask, rows),
+                    None if taps is None else sharding.global_array(taps, rows),
                     sharding.global_array(anchors, rows), sharding.global_array(valid, rows))
-        taps = None if self.features is None else jnp.asarray(self.features.take(ids))
-        return (jnp.asarray(self.data.tokens[ids]), jnp.asarray(self.data.loss_mask[ids]), taps,
+        return (jnp.asarray(tokens), jnp.asarray(mask), None if taps is None else jnp.asarray(taps),
                 jnp.asarray(anchors), jnp.asarray(valid))
 
     # ------------------------------------------------------------------ the loop

@@ -19,6 +19,13 @@ def add_arguments(p) -> None:
                         "mt-bench; default all five")
     p.add_argument("--weights", nargs="+", default=None, metavar="STYLE=W",
                    help="relative shares of the styles, e.g. math500=2 mbpp=0.5 (default equal)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                   help="drop the drawn prompts longer than N tokens as the target's chat template renders "
+                        "them (so that train-data's --max-len fits every prompt and its answer); the number "
+                        "dropped is printed (default: keep all)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="with --max-prompt-tokens: the target directory whose tokenizer counts the tokens "
+                        "(default: the embedded target)")
     add_data_dir_argument(p)
 
 
@@ -64,9 +71,26 @@ def run(args) -> list[str]:
         raise ValueError(f"--num {args.num}: the training data in {data_dir}, the standard library and "
                          f"the synthetic generators give only {len(rows)} prompts (styles "
                          f"{', '.join(check_styles(styles))}); ask for {len(rows)} or fewer")
+    if args.max_prompt_tokens is not None:
+        rows = drop_long(rows, args.max_prompt_tokens, args.tokenizer)
     write_text(args.out, "".join(json.dumps({"prompt": r}) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {args.out}")
     return rows
+
+
+def drop_long(rows: list[str], max_tokens: int, tokenizer_dir: str | None) -> list[str]:
+    """The prompts of ``rows`` whose chat-rendered token count is at most ``max_tokens``."""
+    from transformers import AutoTokenizer
+
+    from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+    from dflash_jax.prompts import encode_prompt
+
+    if max_tokens < 1:
+        raise ValueError(f"--max-prompt-tokens must be >= 1, got {max_tokens}")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or EMBEDDED_TARGET_DIR)
+    kept = [r for r in rows if len(encode_prompt(r, tok)) <= max_tokens]
+    print(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than {max_tokens} tokens")
+    return kept
 
 
 def main(argv=None):
