@@ -378,6 +378,9 @@ def block_size_curve(s: Session) -> dict:
     return {"results": table, "markdown": "\n".join(lines), "findings": findings, "figure": fig}
 
 
+CONTINUED_METRICS = "continued_metrics.jsonl"  # the embedded drafter's continued-training metrics
+
+
 def training_curve(s: Session | None, opt: Options) -> dict:
     """Held-out tau (real generation) against training steps, and the loss, from run metrics."""
     from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
@@ -391,6 +394,11 @@ def training_curve(s: Session | None, opt: Options) -> dict:
         last = pre[-1]["step"] if pre else 0
         runs = {"embedded drafter: training": pre,
                 "embedded drafter: fine-tune (tap convention)": [r | {"step": r["step"] + last} for r in fine]}
+        more = os.path.join(EMBEDDED_DRAFTER_DIR, CONTINUED_METRICS)
+        if os.path.exists(more):  # the continued-training stage (recipe.json's "continued")
+            last += fine[-1]["step"] if fine else 0
+            runs["embedded drafter: continued (five-style data)"] = [r | {"step": r["step"] + last}
+                                                                     for r in _rows(more)]
     if not any(r.get("eval_tau") is not None for rows in runs.values() for r in rows):
         raise ValueError("the runs have no held-out tau (eval_tau): train with --eval-every N (and held-out prompts)")
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(12, 4))

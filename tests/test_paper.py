@@ -17,6 +17,7 @@ import pytest
 
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
 from experiments import ablate_taps, framework, paper, paper_numbers
+from experiments.paper import CONTINUED_METRICS
 
 pytestmark = pytest.mark.xdist_group("test_experiments")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,6 +90,12 @@ def test_table1_acceptance_and_block_curve_follow_from_the_measurements(paper_al
     shipped = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, "training_metrics.jsonl"))]
     assert tc["embedded drafter: training"]["eval_tau"] == [[r["step"], r["eval_tau"]] for r in shipped
                                                             if r.get("eval_tau") is not None]
+    # the continued-training stage follows the fine-tune on the same step axis
+    fine = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, "finetune_metrics.jsonl"))]
+    more = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, CONTINUED_METRICS))]
+    offset = shipped[-1]["step"] + fine[-1]["step"]
+    assert tc["embedded drafter: continued (five-style data)"]["eval_tau"] == [
+        [r["step"] + offset, r["eval_tau"]] for r in more if r.get("eval_tau") is not None]
 
 
 def _table(root, name) -> dict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from dflash_jax.training.blocks import default_gamma
+
 
 def _load(path):
     with open(path) as f:
@@ -132,7 +134,8 @@ def training_stage(run_dir: str, data_dir: str, **record) -> dict:
     return {**record, "steps": train["steps"], "batch_size": train["batch_size"],
             "num_anchors": train["num_anchors"], "learning_rate": train["learning_rate"],
             "warmup_fraction": train["warmup_fraction"], "weight_decay": train["weight_decay"],
-            "gamma": train.get("gamma"), "sequences": data["sequences"],
+            "gamma": train.get("gamma") or default_gamma(run["drafter"]["block_size"]),  # None: the default
+            "sequences": data["sequences"],
             "response_tokens": data["response_tokens"],
             "minutes": round(sum(r.get("time_s", 0.0) for r in rows) / 60, 1), "curve": curve}
 
