@@ -188,7 +188,11 @@ def test_settings_added_later_keep_the_committed_cells_reusable():
         want = {json.dumps(r["label"], sort_keys=True): r["cells"][0] for r in committed["rows"]}
         got = {json.dumps({k: v for k, v in c.label.items() if k != "seed"}, sort_keys=True):
                framework.stable_hash(work.drafter_key(c)) for c in cells}
-        assert got == want, name
+        # every committed cell keeps its drafter; a cell added since (the inference block size
+        # 'adaptive') is only measured, on a drafter the committed table already trained
+        assert {k: got.get(k) for k in want} == want, name
+        added = {k: v for k, v in got.items() if k not in want}
+        assert set(added.values()) <= set(want.values()), (name, added)
 
 
 def test_the_hash_changes_when_and_only_when_a_setting_changes():
