@@ -66,6 +66,8 @@ def run(args) -> list[str]:
         data_dir = check_training_data(args.data_dir)
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise ValueError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     rows = training_prompts(data_dir, args.num, args.seed, styles=styles, weights=weights)
     if len(rows) < args.num:
         raise ValueError(f"--num {args.num}: the training data in {data_dir}, the standard library and "
@@ -85,8 +87,6 @@ def drop_long(rows: list[str], max_tokens: int, tokenizer_dir: str | None) -> li
     from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
     from dflash_jax.prompts import encode_prompt
 
-    if max_tokens < 1:
-        raise ValueError(f"--max-prompt-tokens must be >= 1, got {max_tokens}")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or EMBEDDED_TARGET_DIR)
     kept = [r for r in rows if len(encode_prompt(r, tok)) <= max_tokens]
     print(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than {max_tokens} tokens")
