@@ -378,7 +378,26 @@ def block_size_curve(s: Session) -> dict:
     return {"results": table, "markdown": "\n".join(lines), "findings": findings, "figure": fig}
 
 
-CONTINUED_METRICS = "continued_metrics.jsonl"  # the embedded drafter's continued-training metrics
+CONTINUED_METRICS = "continued_metrics.jsonl"  # the first continued stage's metrics (older recipes name none)
+
+
+def continued_stages(drafter_dir: str) -> list[tuple[str, str]]:
+    """(label, metrics file) of each continued-training stage in the drafter's ``recipe.json``
+    (its ``continued`` list, in training order): a stage names its ``metrics`` file and its
+    ``label``; the first stage of an older recipe names neither (``CONTINUED_METRICS``)."""
+    path = os.path.join(drafter_dir, "recipe.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        stages = json.load(f).get("continued", [])
+    out = []
+    for i, st in enumerate(stages):
+        metrics = st.get("metrics", CONTINUED_METRICS if i == 0 else None)
+        if metrics is None:
+            raise ValueError(f"{path}: continued stage {i + 1} names no metrics file ('metrics')")
+        out.append((st.get("label", "continued (five-style data)" if i == 0 else f"continued, stage {i + 1}"),
+                    os.path.join(drafter_dir, metrics)))
+    return out
 
 
 def training_curve(s: Session | None, opt: Options) -> dict:
@@ -388,17 +407,17 @@ def training_curve(s: Session | None, opt: Options) -> dict:
 
     if opt.runs:
         runs = {os.path.basename(os.path.normpath(r)): _rows(os.path.join(r, "metrics.jsonl")) for r in opt.runs}
-    else:  # the embedded drafter's shipped metrics: pretraining, then the fine-tune continuing from it
+    else:  # the embedded drafter's shipped metrics: pretraining, the fine-tune, then each continued stage
         pre = _rows(os.path.join(EMBEDDED_DRAFTER_DIR, "training_metrics.jsonl"))
         fine = _rows(os.path.join(EMBEDDED_DRAFTER_DIR, "finetune_metrics.jsonl"))
         last = pre[-1]["step"] if pre else 0
         runs = {"embedded drafter: training": pre,
                 "embedded drafter: fine-tune (tap convention)": [r | {"step": r["step"] + last} for r in fine]}
-        more = os.path.join(EMBEDDED_DRAFTER_DIR, CONTINUED_METRICS)
-        if os.path.exists(more):  # the continued-training stage (recipe.json's "continued")
-            last += fine[-1]["step"] if fine else 0
-            runs["embedded drafter: continued (five-style data)"] = [r | {"step": r["step"] + last}
-                                                                     for r in _rows(more)]
+        last += fine[-1]["step"] if fine else 0
+        for label, metrics in continued_stages(EMBEDDED_DRAFTER_DIR):  # on one step axis, in order
+            rows = _rows(metrics)
+            runs[f"embedded drafter: {label}"] = [r | {"step": r["step"] + last} for r in rows]
+            last += rows[-1]["step"] if rows else 0
     if not any(r.get("eval_tau") is not None for rows in runs.values() for r in rows):
         raise ValueError("the runs have no held-out tau (eval_tau): train with --eval-every N (and held-out prompts)")
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(12, 4))

@@ -61,3 +61,16 @@ def test_the_shipped_card_is_the_one_the_recipe_and_the_bench_report_give():
     for st in recipe.get("continued", []):  # the held-out curve is in the card
         for c in st["curve"]:
             assert f"| {c['step']} | {c['eval_tau']:.2f} |" in shipped
+
+
+def test_continued_stages_are_read_in_order_and_each_names_its_metrics(tmp_path):
+    from experiments.paper import CONTINUED_METRICS, continued_stages
+
+    assert continued_stages(str(tmp_path)) == []  # no recipe: no stages
+    # an older recipe: the first stage names no file (the shipped default), a later one must
+    _write(tmp_path / "recipe.json", {"continued": [{"date": "a"}, {"date": "b"}]})
+    with pytest.raises(ValueError, match="stage 2 names no metrics file"):
+        continued_stages(str(tmp_path))
+    _write(tmp_path / "recipe.json", {"continued": [{"date": "a"}, {"metrics": "m2.jsonl", "label": "second"}]})
+    assert continued_stages(str(tmp_path)) == [("continued (five-style data)", str(tmp_path / CONTINUED_METRICS)),
+                                               ("second", str(tmp_path / "m2.jsonl"))]

@@ -17,7 +17,7 @@ import pytest
 
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
 from experiments import ablate_taps, framework, paper, paper_numbers
-from experiments.paper import CONTINUED_METRICS
+from experiments.paper import CONTINUED_METRICS, continued_stages
 
 pytestmark = pytest.mark.xdist_group("test_experiments")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,12 +90,16 @@ def test_table1_acceptance_and_block_curve_follow_from_the_measurements(paper_al
     shipped = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, "training_metrics.jsonl"))]
     assert tc["embedded drafter: training"]["eval_tau"] == [[r["step"], r["eval_tau"]] for r in shipped
                                                             if r.get("eval_tau") is not None]
-    # the continued-training stage follows the fine-tune on the same step axis
+    # the continued-training stages follow the fine-tune, in order, on the same step axis
     fine = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, "finetune_metrics.jsonl"))]
-    more = [json.loads(x) for x in open(os.path.join(EMBEDDED_DRAFTER_DIR, CONTINUED_METRICS))]
     offset = shipped[-1]["step"] + fine[-1]["step"]
-    assert tc["embedded drafter: continued (five-style data)"]["eval_tau"] == [
-        [r["step"] + offset, r["eval_tau"]] for r in more if r.get("eval_tau") is not None]
+    stages = continued_stages(EMBEDDED_DRAFTER_DIR)
+    assert stages and stages[0] == ("continued (five-style data)", os.path.join(EMBEDDED_DRAFTER_DIR, CONTINUED_METRICS))
+    for label, path in stages:
+        more = [json.loads(x) for x in open(path)]
+        assert tc[f"embedded drafter: {label}"]["eval_tau"] == [
+            [r["step"] + offset, r["eval_tau"]] for r in more if r.get("eval_tau") is not None]
+        offset += more[-1]["step"]
 
 
 def _table(root, name) -> dict:
