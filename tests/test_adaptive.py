@@ -146,7 +146,7 @@ def tables(cache_dir) -> dict:
     return {p.name: json.loads(p.read_text()) for p in sorted(cache_dir.glob("verify-costs-*.json"))}
 
 
-def test_cost_table_is_measured_once_and_rebuilt_for_another_model_or_device(cache, capsys):
+def test_cost_table_is_measured_once_and_rebuilt_for_another_model_or_device(cache, capsys, monkeypatch):
     target, drafter = pair("qwen3", 0)
     prompt = [[1, 2, 3, 4]]
     ref = dj.generate(target, prompt, 12).sequences
@@ -183,6 +183,9 @@ def test_cost_table_is_measured_once_and_rebuilt_for_another_model_or_device(cac
     assert adaptive.cost_key(target, drafter, (4, 8, 16), 2) != key  # batch size
     cast = dj.Target(target.config, jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), target.params))
     assert adaptive.cost_key(cast, drafter, (4, 8, 16), 1) != key  # dtype
+    from dflash_jax.decoding import engine
+    monkeypatch.setattr(engine, "LOOP_VERSION", engine.LOOP_VERSION + 1)
+    assert adaptive.cost_key(target, drafter, (4, 8, 16), 1) != key  # a loop that costs otherwise
 
 
 @pytest.mark.parametrize("options, message", [

@@ -81,7 +81,8 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
     V, bs = target.config.vocab_size, drafter.config.block_size
     prompt = [(np.arange(context) * 7919 % V).tolist()]
     pre = prepare_decode(target, prompt, 64, drafter=drafter)
-    spec, tp, dp, state = pre.spec, target.params, pre.drafter_params, pre.state
+    # the target's weights in the layout the decode loop uses (split per layer on CPU)
+    spec, tp, dp, state = pre.spec, engine.loop_params(target.params), pre.drafter_params, pre.state
     model = DrafterModel(spec.drafter)
     start = state.tcache.lengths
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)

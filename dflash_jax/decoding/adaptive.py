@@ -18,7 +18,8 @@ The cost table is measured once per (model pair, dtype, batch, device) by timing
 loop forced to each length, and cached as JSON in :func:`cache_dir` (``$DFLASH_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/dflash_jax``, else ``~/.cache/dflash_jax``). A cached table is used only
 when everything it was measured with matches; otherwise (another model, dtype, batch, device,
-CPU, jax version, or an unreadable file) it is measured again and replaced. A user may pass
+CPU, jax version, decode-loop version ``engine.LOOP_VERSION``, or an unreadable file) it is
+measured again and replaced. A user may pass
 ``cost_table={L: seconds, ...}`` instead; it must give one positive cost per length.
 """
 
@@ -131,10 +132,12 @@ def device_signature(mesh=None) -> dict:
 
 def cost_key(target, drafter, lengths: tuple[int, ...], batch: int, device: dict | None = None) -> dict:
     """Everything a measured cost table depends on (compared whole when a cached table is read)."""
+    from dflash_jax.decoding import engine
+
     dtype = lambda params: sorted({str(x.dtype) for x in jax.tree_util.tree_leaves(params)})
     return {"target": target.config.to_hf_dict(), "drafter": drafter.config.to_hf_dict(),
             "dtype": dtype(target.params) + dtype(drafter.params), "verify_lengths": list(lengths),
-            "batch": int(batch), "context": MEASURE_CONTEXT,
+            "batch": int(batch), "context": MEASURE_CONTEXT, "loop_version": engine.LOOP_VERSION,
             "device": device_signature(target.mesh) if device is None else device}
 
 

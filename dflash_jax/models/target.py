@@ -118,6 +118,7 @@ class TargetModel(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     attention_impl: str = "xla"
     model_axis: str | None = None
+    split_layers: bool = False
 
     def setup(self):
         cfg = self.cfg
@@ -128,11 +129,16 @@ class TargetModel(nn.Module):
                     f"tap layer id {i} is outside the target's decoder layers 0..{cfg.num_layers - 1}")
         self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size,
                                      param_dtype=self.param_dtype, name="embed_tokens")
-        self.layers = nn.scan(
-            DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=nn.broadcast, length=cfg.num_layers,
-        )(cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl, self.model_axis,
-          name="layers")
+        layer_args = (cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl,
+                      self.model_axis)
+        if self.split_layers:
+            self.layer_list = [DecoderLayer(*layer_args, name=f"{SPLIT_PREFIX}{i}")
+                               for i in range(cfg.num_layers)]
+        else:
+            self.layers = nn.scan(
+                DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                in_axes=nn.broadcast, length=cfg.num_layers,
+            )(*layer_args, name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")
         if not cfg.tie_word_embeddings:
             self.lm_head = LMHeadKernel(cfg.hidden_size, cfg.vocab_size, self.param_dtype)
@@ -175,8 +181,14 @@ class TargetModel(nn.Module):
             mask = positions[:, None, :] <= positions[:, :, None]
         K = len(self.tap_layer_ids)
         taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
-        (h, cache, taps, _), _ = self.layers((h, cache, taps, jnp.int32(0)),
-                                             (cos, sin, positions, mask))
+        shared = (cos, sin, positions, mask)
+        if self.split_layers:  # one call per layer, its own weight buffers (see split_layer_params)
+            carry = (h, cache, taps, 0)
+            for layer in self.layer_list:
+                carry, _ = layer(carry, shared)
+            h, cache, taps, _ = carry
+        else:
+            (h, cache, taps, _), _ = self.layers((h, cache, taps, jnp.int32(0)), shared)
         if cache is not None:
             cache = cache.crop(positions[:, -1] + 1)
         last = cfg.num_layers - 1
@@ -230,12 +242,34 @@ def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
     return jax.jit(init)(key)
 
 
+SPLIT_PREFIX = "layers_"
+
+
+def split_layer_params(params):
+    """The target's parameters with the stacked ``layers`` tree ([N, ...] leaves) replaced by
+    one tree per layer, ``layers_0`` .. ``layers_{N-1}`` (each its own buffers), the layout
+    :func:`target_forward` runs as N separate layer calls instead of an ``nn.scan``.
+
+    Why: inside a loop, XLA:CPU copies each layer's weight slice out of the stacked array before
+    its matmuls (a ``dynamic-slice`` fusion per weight per step: read, write, read again), which
+    made a memory-bound decode step of the embedded target about a fifth slower. The decoding
+    engine splits once per ``decode`` call, outside its loop (:func:`engine.decode`)."""
+    if "layers" not in params:
+        return params
+    out = {k: v for k, v in params.items() if k != "layers"}
+    n = jax.tree_util.tree_leaves(params["layers"])[0].shape[0]
+    for i in range(n):
+        out[f"{SPLIT_PREFIX}{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], params["layers"])
+    return out
+
+
 def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
                    attention_impl: str = "xla", model_axis: str | None = None):
-    """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``."""
+    """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``;
+    ``params`` stacked (``layers``) or split per layer (:func:`split_layer_params`)."""
     return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl,
-                       model_axis=model_axis).apply(
+                       model_axis=model_axis, split_layers="layers" not in params).apply(
         {"params": params}, tokens, positions, cache, logit_index, compute_logits)
 
 
