@@ -50,6 +50,15 @@ def _cpuinfo(field: str) -> str | None:
     return None
 
 
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): how busy the machine
+    was, recorded beside every CPU timing."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
 def cpu_flags() -> str:
     """The CPU's instruction-set flags (``/proc/cpuinfo``; "" where unknown)."""
     return _cpuinfo("flags") or ""

@@ -163,12 +163,15 @@ class Session:
 
     def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
         """One prompt set under the bench protocol (cached; see the module docstring)."""
+        from dflash_jax.decoding import engine
+
         o = self.opt
         drafter = self.drafters[drafter_dir]
         bs = block_size or drafter.config.block_size
         key = {"target": self.ids["target"], "dtype": self.ids["dtype"], "drafter": self.ids[drafter_dir],
                "dataset": dataset, "max_samples": o.max_samples, "max_new_tokens": o.max_new_tokens,
-               "temperature": float(temperature), "block_size": bs, "subset": o.subset, "seed": o.seed}
+               "temperature": float(temperature), "block_size": bs, "subset": o.subset, "seed": o.seed,
+               "loop_version": engine.LOOP_VERSION}  # a loop that costs otherwise: measured again
         path = os.path.join(self.work, "paper", framework.stable_hash(key), "record.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -182,13 +185,15 @@ class Session:
     def _measure(self, drafter, dataset, temperature, bs, key, path, bar) -> dict:
         from dflash_jax.bench import harness
         from dflash_jax.bench.prompt_sets import load_prompt_set
-        from dflash_jax.reporting import environment
+        from dflash_jax.reporting import environment, load_average
 
         o = self.opt
         args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
                                      block_size=bs, thinking=False, num_denoise_steps=1)
         samples = load_prompt_set(dataset, None, o.max_samples, o.seed, subset=o.subset)
+        load = load_average()
         record = harness.bench_dataset(harness.Runner(self.target, drafter, args), samples, bar)
+        record["load_average_before"] = load
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, {"key": key, "record": record, "environment": environment(),
                           "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -448,7 +453,7 @@ def _rows(path: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- outputs
 def _write(out: str, name: str, result: dict, opt: Options, preset: str, command: str) -> None:
-    from dflash_jax.reporting import environment, new_figure  # noqa: F401 (Agg backend)
+    from dflash_jax.reporting import environment, load_average, new_figure  # noqa: F401 (Agg backend)
     import matplotlib.pyplot as plt
 
     os.makedirs(out, exist_ok=True)
@@ -460,7 +465,9 @@ def _write(out: str, name: str, result: dict, opt: Options, preset: str, command
     if "markdown" in result:
         write_text(os.path.join(out, f"{name}.md"), f"`{command}`\n\n{result['markdown']}\n")
     write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset, "options": dataclasses.asdict(opt),
-                                                   "command": command, "environment": environment(), **result})
+                                                   "command": command, "environment": environment(),
+                                                   "load_average": load_average(),
+                                                   "time": time.strftime("%Y-%m-%d %H:%M:%S"), **result})
 
 
 def check_out(out: str, preset: str, opt: Options, overwrite: bool) -> None:

@@ -39,7 +39,7 @@ from dflash_jax.cli import command_main, command_parser, invocation, options, ru
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
 from dflash_jax.files import write_text
-from dflash_jax.reporting import command_line, environment, new_figure, write_report
+from dflash_jax.reporting import command_line, environment, load_average, new_figure, write_report
 
 
 def parser() -> argparse.ArgumentParser:
@@ -293,7 +293,7 @@ def run(args) -> dict:
     runner = Runner(target, drafter, args)
     report = {
         "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
-        "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
+        "load_average_before": load_average(), "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
                                   "enable_thinking": args.thinking,
@@ -358,7 +358,8 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     st = report["settings"]
     write_text(os.path.join(out, "bench.md"),
                f"`{report['command']}` on {report['environment']['device']} "
-               f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
+               f"(jax {report['environment']['jax']}; load average before the run "
+               f"{report.get('load_average_before')}); prompts: --subset {st.get('subset', 'random')}, "
                f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n\n"
                "tau: per response the mean acceptance length, then the mean over responses; speedup: "
                "mean AR time per output token / mean DFlash time per output token, decode phase only "

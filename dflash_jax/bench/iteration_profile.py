@@ -30,7 +30,7 @@ import numpy as np
 
 from dflash_jax.bench.env import time_fn
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax.reporting import command_line, cpu_model, environment, new_figure, write_report
+from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, write_report
 
 LENGTHS = (1, 4, 8, 16)
 
@@ -187,7 +187,7 @@ def run(args) -> dict:
     result = measure(target, drafter, args.context, args.calls, args.repeats, args.iterations)
     report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),
               "dtype": args.dtype, "environment": environment(), "cpu": cpu_model(),
-              "load_average": list(os.getloadavg()), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "load_average": load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
               "result": result}
     table = markdown(report)
     print(table)

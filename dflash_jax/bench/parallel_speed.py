@@ -134,14 +134,6 @@ def rerun_in_subprocess(argv: list[str], out_dir: str) -> dict:
         return json.load(f)
 
 
-# ---------------------------------------------------------------------------- machine
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
 # ---------------------------------------------------------------------------- measuring
 def mesh_name(data: int, model: int) -> str:
     return f"{data}x{model}"
@@ -287,6 +279,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
 
     from dflash_jax.config import TargetConfig
     from dflash_jax.models.handles import Drafter, Target
+    from dflash_jax.reporting import load_average
 
     s = dict(QUICK_SETTINGS if quick else SETTINGS, **(settings or {}))
     cfg = TargetConfig(**(QUICK_MODEL if quick else MODEL))

@@ -166,6 +166,7 @@ def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
     device: the cached table when one matches, else measured (:func:`measure_costs`) and cached
     (written atomically; concurrent measurements of the same key are serialised)."""
     from dflash_jax.files import exclusive, write_json
+    from dflash_jax.reporting import load_average
 
     key = cost_key(target, drafter, lengths, batch)
     if not refresh and (hit := read_cached(key)) is not None:
@@ -181,7 +182,7 @@ def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
         costs = measure_costs(target, drafter, lengths, batch)
         write_json(path, {"key": key, "costs": {str(k): v for k, v in costs.items()},
                           "unit": "seconds per decode iteration",
-                          "measured": {"time": _time_text(), "load_average": _load()}})
+                          "measured": {"time": _time_text(), "load_average": load_average()}})
     return costs
 
 
@@ -234,8 +235,3 @@ def _time_text() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _load() -> list[float] | None:
-    try:
-        return list(os.getloadavg())
-    except OSError:
-        return None
