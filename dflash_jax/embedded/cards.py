@@ -101,8 +101,10 @@ layout (`config.json` with `dflash_config`, `model.safetensors`, bfloat16).
                 lines.append(f"| {name} | {a['tau']:.2f} | {a['speedup']:.2f}x | {a['mean_verify_length']:.1f} |")
             av = bench["average_adaptive"]
             lines.append(f"| average | {av['tau']:.2f} | {av['speedup']:.2f}x | |\n")
+        load = bench.get("load_average_before")
         lines.append(f"Measured by `{bench['command']}` on {bench['environment']['device']} "
-                     f"({bench['environment']['cpu_count']} cores, jax {bench['environment']['jax']}).\n")
+                     f"({bench['environment']['cpu_count']} cores, jax {bench['environment']['jax']}"
+                     + (f", load average {load[0]:.2f} before the run" if load else "") + ").\n")
     return "\n".join(lines)
 
 
