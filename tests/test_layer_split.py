@@ -94,6 +94,24 @@ def test_decode_loop_reads_the_weights_in_place(target):
     assert copied_weight_slices(control, target.params), "the detector finds no copy in the control"
 
 
+def test_targets_over_the_size_cap_stay_stacked(target, monkeypatch):
+    """Above ``SPLIT_MAX_BYTES`` of layer weights the loop keeps the stacked layout (no second
+    copy of the weights), and still decodes the same tokens."""
+    ref = dj.generate(target, [[5, 6, 7, 8]], 6).sequences
+    monkeypatch.setattr(engine, "SPLIT_MAX_BYTES", 0)
+    jax.clear_caches()  # the layout is chosen when decode is traced
+    try:
+        assert engine.loop_params(target.params) is target.params
+        pre = prepare_decode(target, [[5, 6, 7, 8]], 12)
+        hlo = engine.decode.lower(target.params, pre.drafter_params, pre.state, pre.max_new,
+                                  pre.stop_ids, np.int32(11), spec=pre.spec).compile().as_text()
+        assert copied_weight_slices(hlo, target.params)
+        assert dj.generate(target, [[5, 6, 7, 8]], 6).sequences == ref
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+
+
 def test_greedy_decode_unchanged_by_the_split(target):
     """The engine (split inside decode) gives the tokens of a step-by-step greedy loop over the
     stacked model's full forward (the independent oracle: no cache, no engine)."""

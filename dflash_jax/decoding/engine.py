@@ -455,14 +455,24 @@ def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, posit
     return accepted, bonus, taps, tcache, jnp.asarray(spec.verify_lengths, jnp.int32)[choice]
 
 
+# the largest stacked layer weights (bytes) that loop_params splits: the split copies them once
+# per decode call and holds both copies while the loop runs
+SPLIT_MAX_BYTES = 2 << 30
+
+
 def loop_params(tparams):
     """The target's parameters as the decode loop uses them: on CPU split per layer
     (``models.target.split_layer_params``), once per :func:`decode` call, outside the loop.
     XLA:CPU copies a stacked layer's weights out of the stack at every use inside a loop (a
     ``dynamic-slice`` per weight per step; measured on the embedded target, 2 cores: AR step
-    4.1 -> 3.3-3.6 ms, DFlash block-16 iteration 14.7 -> 13.1-13.5 ms). On GPU, XLA reads the
-    slices in place (``xla_flags``) and a split would hold a second copy of the weights."""
-    return split_layer_params(tparams) if jax.default_backend() == "cpu" else tparams
+    4.1 -> 3.3-3.6 ms, DFlash block-16 iteration 14.7 -> 13.1-13.5 ms). The split holds a
+    second copy of the layer weights during the call, so targets whose layer weights exceed
+    ``SPLIT_MAX_BYTES`` keep the stacked layout (and the copies). On GPU, XLA reads the slices
+    in place (``xla_flags``)."""
+    if jax.default_backend() != "cpu" or "layers" not in tparams:
+        return tparams
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tparams["layers"]))
+    return split_layer_params(tparams) if size <= SPLIT_MAX_BYTES else tparams
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
