@@ -5,7 +5,9 @@ that applies ``TargetModel``) returns ``(logits, taps, cache)``; ``embed`` and `
 the target's embedding and LM head as functions of its parameters, which drafters share (the
 model's own logits go through the same ``lm_head``). Decoder layers are stacked with
 ``nn.scan`` (parameters carry a leading layer axis), which keeps compile time flat in depth
-and lets the KV cache, stacked the same way, be updated in place.
+and lets the KV cache, stacked the same way, be updated in place. The same model also runs on
+the split layout of :func:`split_layer_params` (``layers_0`` .. ``layers_{N-1}``, one call per
+layer), which the CPU decode loop uses so that XLA reads each layer's weights in place.
 
 Parameter tree (shapes; kernels are [in, out], the transpose of PyTorch's Linear weights):
 
