@@ -293,7 +293,8 @@ def run(args) -> dict:
     runner = Runner(target, drafter, args)
     report = {
         "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
-        "load_average_before": load_average(), "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
+        "load_average_before": load_average(),
+        "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
                                   "enable_thinking": args.thinking,

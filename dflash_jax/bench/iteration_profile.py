@@ -177,8 +177,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    import os
-
     from dflash_jax.files import write_text
     from dflash_jax.models.handles import load_drafter, load_target
 

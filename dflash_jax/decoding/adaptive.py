@@ -233,5 +233,3 @@ def _time_text() -> str:
     import time
 
     return time.strftime("%Y-%m-%d %H:%M:%S")
-
-

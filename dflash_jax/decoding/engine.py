@@ -394,13 +394,11 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
 
 
 # ---------------------------------------------------------------------------- the loop
-def _iteration(spec: EngineSpec, tparams, dparams, max_new, stop_ids, state: DecodeState,
-               verify_params=None):
+def _iteration(spec: EngineSpec, tparams, vparams, dparams, max_new, stop_ids, state: DecodeState):
     """draft -> verify -> accept -> commit for every row, then the deferred context update.
 
-    ``tparams``: the target's parameters as given (the proposer gets these); ``verify_params``:
-    the same in the layout verify runs (:func:`loop_params`; default ``tparams``)."""
-    vparams = tparams if verify_params is None else verify_params
+    ``tparams``: the target's parameters as given (the proposer gets these); ``vparams``: the
+    same in the layout verify runs (:func:`loop_params`)."""
     bs = spec.block_size
     B = state.bonus.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
@@ -505,7 +503,7 @@ def _decode(spec: EngineSpec, tparams, dparams, state: DecodeState, max_new, sto
 
     def body(carry):
         state, it = carry
-        return _iteration(spec, tparams, dparams, max_new, stop_ids, state, vparams), it + 1
+        return _iteration(spec, tparams, vparams, dparams, max_new, stop_ids, state), it + 1
 
     state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
     return state
