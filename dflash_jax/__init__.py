@@ -17,6 +17,8 @@ from dflash_jax.xla_flags import add_gpu_flags as _add_gpu_flags  # noqa: E402
 
 _add_gpu_flags()  # GPU installs only, before jax creates its backend (see dflash_jax/xla_flags.py)
 
+import dflash_jax.targets.builtin  # noqa: E402,F401  (registers the built-in target families)
+
 from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter,  # noqa: E402
                             GenerateResult, StreamChunk, Target, generate, generate_stream,
                             load_drafter, load_embedded, load_target, save_drafter)

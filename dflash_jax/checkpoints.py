@@ -18,6 +18,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from dflash_jax import targets
 from dflash_jax.config import TargetConfig, conditioning_from_hf, read_config_json
 from dflash_jax.files import atomic_path, write_json
 
@@ -73,17 +74,9 @@ def layer_tensor_specs(prefix: str, num_layers: int, D: int, H: int, Hkv: int, D
     return specs
 
 
-def target_tensor_specs(cfg: TargetConfig) -> dict[str, TensorSpec]:
-    """All tensors of a ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` checkpoint."""
-    D, V = cfg.hidden_size, cfg.vocab_size
-    specs = {"model.embed_tokens.weight": TensorSpec(("embed_tokens", "embedding"), None, False, (V, D))}
-    specs.update(layer_tensor_specs("model.", cfg.num_layers, D, cfg.num_heads, cfg.num_kv_heads,
-                                    cfg.head_dim, cfg.intermediate_size, cfg.qk_norm,
-                                    cfg.attention_bias))
-    specs["model.norm.weight"] = TensorSpec(("norm", "weight"), None, False, (D,))
-    if not cfg.tie_word_embeddings:
-        specs["lm_head.weight"] = TensorSpec(("lm_head", "kernel"), None, True, (V, D))
-    return specs
+def target_tensor_specs(cfg) -> dict[str, TensorSpec]:
+    """All tensors of a target checkpoint, as its family names them (``TargetFamily.tensor_specs``)."""
+    return targets.family_of(cfg).tensor_specs(cfg)
 
 
 # ---------------------------------------------------------------------------- reading

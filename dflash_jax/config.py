@@ -24,7 +24,8 @@ import math
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
+from dflash_jax import targets
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_FIELDS = ("factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings")
@@ -70,7 +71,7 @@ class RopeConfig:
                     original_max_position_embeddings=self.original_max_position_embeddings)
 
 
-def _decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
+def decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
     """The decoder-shape fields shared by targets and drafters, read from a config.json."""
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in d]
@@ -86,8 +87,8 @@ def _decoder_fields_from_hf(d: Mapping[str, Any], what: str) -> dict:
         max_position_embeddings=int(d.get("max_position_embeddings", 4096)))
 
 
-def _decoder_fields_to_hf(cfg) -> dict:
-    """Inverse of :func:`_decoder_fields_from_hf`, readable by transformers 4.x and 5.x alike.
+def decoder_fields_to_hf(cfg) -> dict:
+    """Inverse of :func:`decoder_fields_from_hf`, readable by transformers 4.x and 5.x alike.
 
     RoPE goes in both layouts: top-level ``rope_theta`` + ``rope_scaling`` (hub, 4.x) and
     ``rope_parameters`` (5.x); the two always carry the same values.
@@ -109,7 +110,7 @@ def _decoder_fields_to_hf(cfg) -> dict:
     }
 
 
-def _qwen3_full_attention_to_hf(num_layers: int) -> dict:
+def qwen3_full_attention_to_hf(num_layers: int) -> dict:
     """Qwen3's attention-layout fields, spelled out as full attention in every layer (what the
     hub's Qwen3 files and transformers 5 write; 4.x reads ``use_sliding_window``, 5.x and the
     serving engines ``layer_types``)."""
@@ -118,7 +119,7 @@ def _qwen3_full_attention_to_hf(num_layers: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- refusals
-def _unsupported_decoder_features(d: Mapping[str, Any], qwen3_attention: bool) -> list[str]:
+def unsupported_decoder_features(d: Mapping[str, Any], qwen3_attention: bool) -> list[str]:
     """Fields of a target or drafter config that ask for something this project does not
     implement, each as ``"field=value: why / what to do"``.
 
@@ -210,8 +211,8 @@ _DRAFTER_VARIANTS = (
 
 
 def _unsupported_drafter_features(d: Mapping[str, Any]) -> list[str]:
-    """:func:`_unsupported_decoder_features` plus the DFlash-specific variants above."""
-    problems = _unsupported_decoder_features(d, qwen3_attention=True)
+    """:func:`unsupported_decoder_features` plus the DFlash-specific variants above."""
+    problems = unsupported_decoder_features(d, qwen3_attention=True)
     dflash = d.get("dflash_config") or {}
     for section, key, fine, why in _DRAFTER_VARIANTS:
         src = dflash if section else d
@@ -225,7 +226,7 @@ def _unsupported_drafter_features(d: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _refuse(problems: list[str], what: str) -> None:
+def refuse(problems: list[str], what: str) -> None:
     if problems:
         raise ValueError(
             f"{what} asks for what dflash-jax does not implement (refused rather than ignored: "
@@ -236,7 +237,10 @@ def _refuse(problems: list[str], what: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
-    """A decoder-only target LM (Qwen3 or Llama 3.x).
+    """A decoder-only target LM's static config: the fields every target family has (the dense
+    Qwen3 / Llama 3.x family uses exactly these; families with more, MoE or hybrid layers,
+    subclass it). Its ``model_type`` names the family (``dflash_jax.targets``), which reads and
+    writes it (:meth:`from_hf_dict`, :meth:`to_hf_dict`) and sizes it (:meth:`num_params`).
 
     Dimensions: ``hidden_size`` = D, ``num_heads`` = H, ``num_kv_heads`` = Hkv,
     ``head_dim`` = Dh, ``intermediate_size`` = F (SwiGLU width), ``num_layers`` = N,
@@ -260,11 +264,7 @@ class TargetConfig:
     eos_token_id: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unknown model_type {self.model_type!r}; supported model types are "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        family = targets.family(self.model_type)  # an unknown type lists the supported ones
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             if int(getattr(self, name)) <= 0:
@@ -280,11 +280,13 @@ class TargetConfig:
             raise ValueError(
                 f"unsupported rope type {self.rope.rope_type!r}; supported: "
                 + ", ".join(map(repr, SUPPORTED_ROPE_TYPES)))
+        family.check_config(self)
 
     @property
     def qk_norm(self) -> bool:
-        """Qwen3 applies a per-head RMSNorm to q and k before RoPE; Llama does not."""
-        return self.model_type == "qwen3"
+        """Whether the family applies a per-head RMSNorm to q and k before RoPE (Qwen3 does,
+        Llama does not)."""
+        return bool(getattr(targets.family_of(self), "qk_norm", False))
 
     @property
     def group_size(self) -> int:
@@ -293,65 +295,22 @@ class TargetConfig:
     # ------------------------------------------------------------------ Hugging Face I/O
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "TargetConfig":
-        """Builds a config from the contents of a Hugging Face ``config.json``."""
-        model_type = d.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unknown model_type {model_type!r} in config.json; supported model types are "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        fields = _decoder_fields_from_hf(d, "config.json")
-        _refuse(_unsupported_decoder_features(d, qwen3_attention=model_type == "qwen3"),
-                f"target config.json ({model_type})")
-        eos = d.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-        return cls(
-            model_type=model_type,
-            **fields,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=eos_ids,
-        )
+        """The config of a Hugging Face ``config.json``, read by the family registered for its
+        ``model_type`` (an unknown type is a ValueError listing the supported ones)."""
+        return targets.family_for_hf(d).config_from_hf(d)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "TargetConfig":
         return cls.from_hf_dict(read_config_json(path))
 
     def to_hf_dict(self) -> dict:
-        """A ``config.json`` dictionary that transformers 4.x and 5.x load as the same model.
-
-        Fields: ``architectures``, ``model_type``, the decoder shapes (``head_dim`` always
-        explicit), ``hidden_act``, ``rms_norm_eps``, RoPE as top-level ``rope_theta`` +
-        ``rope_scaling`` and as ``rope_parameters``, ``max_position_embeddings``,
-        ``tie_word_embeddings``, ``attention_bias`` (+ ``mlp_bias`` for Llama; Qwen3's
-        full-attention layout fields), ``bos_token_id``, ``eos_token_id`` (an int when there is
-        one id, as hub files have it). The checkpoint writer adds ``dtype`` / ``torch_dtype``.
-        """
-        arch = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[self.model_type]
-        eos: Any = list(self.eos_token_id)
-        if len(eos) == 1:
-            eos = eos[0]
-        elif not eos:
-            eos = None
-        layout = (_qwen3_full_attention_to_hf(self.num_layers) if self.model_type == "qwen3"
-                  else {"mlp_bias": False})
-        return {
-            "architectures": [arch],
-            "model_type": self.model_type,
-            **_decoder_fields_to_hf(self),
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            **layout,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": eos,
-        }
+        """A ``config.json`` dictionary that transformers 4.x and 5.x load as the same model
+        (written by the family)."""
+        return targets.family_of(self).config_to_hf(self)
 
     def num_params(self) -> int:
-        D, F, L, V = self.hidden_size, self.intermediate_size, self.num_layers, self.vocab_size
-        attn = D * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        per_layer = attn + 3 * D * F + 2 * D + (2 * self.head_dim if self.qk_norm else 0)
-        return L * per_layer + V * D * (1 if self.tie_word_embeddings else 2) + D
+        """The parameter count (the family's size model)."""
+        return targets.family_of(self).num_params(self)
 
 
 def rope_from_hf(d: Mapping[str, Any]) -> RopeConfig:
@@ -581,8 +540,8 @@ class DrafterConfig:
         class) is ``"kv"`` when absent; another value than ``"kv"``, ``"input"``, ``"none"`` is
         a ValueError.
         """
-        fields = _decoder_fields_from_hf(d, "drafter config.json")
-        _refuse(_unsupported_drafter_features(d), "drafter config.json")
+        fields = decoder_fields_from_hf(d, "drafter config.json")
+        refuse(_unsupported_drafter_features(d), "drafter config.json")
         if not has_rope_theta(d):
             raise ValueError("drafter config.json states no rope_theta: readers disagree on the "
                              "default (transformers 10000, vLLM and tpu-inference 1e6); write the "
@@ -641,9 +600,9 @@ class DrafterConfig:
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
-            **_decoder_fields_to_hf(self),
+            **decoder_fields_to_hf(self),
             "attention_bias": False,
-            **_qwen3_full_attention_to_hf(self.num_layers),
+            **qwen3_full_attention_to_hf(self.num_layers),
             "tie_word_embeddings": False,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.models.target import target_forward
+from dflash_jax.targets import target_forward
 
 
 def filter_probs(logits, temperature: float, top_k: int | None = None, top_p: float | None = None):

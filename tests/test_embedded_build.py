@@ -105,7 +105,7 @@ def test_pretrain_learns_resumes_exactly_and_exports(built, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from dflash_jax import load_target
-    from dflash_jax.models.target import target_forward
+    from dflash_jax.targets import target_forward
 
     out, _ = built
     cfg = PretrainConfig(steps=12, batch_size=4, learning_rate=3e-3, checkpoint_every=4, eval_every=6,

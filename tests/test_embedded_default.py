@@ -43,7 +43,7 @@ def test_transformers_agrees_with_the_shipped_target(pair):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_jax.models.target import target_forward
+    from dflash_jax.targets import target_forward
 
     target, _ = pair
     model = AutoModelForCausalLM.from_pretrained(harness.EMBEDDED_TARGET, torch_dtype=torch.float32).eval()

@@ -11,7 +11,7 @@ import torch
 
 import dflash_jax as dj
 import exact_sampling
-from dflash_jax.models.target import target_forward
+from dflash_jax.targets import target_forward
 
 
 def hf_greedy(model, prompt, max_new, stop=None):

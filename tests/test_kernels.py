@@ -11,7 +11,7 @@ import pytest
 import dflash_jax as dj
 from kernels import block_attention, block_attention_reference
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.target import target_forward
+from dflash_jax.targets import target_forward
 from model_parity import drafter_outputs
 
 # on a GPU the same tests run the compiled kernel (python -m dflash_jax.bench.gpu_suite runs them)

@@ -13,7 +13,8 @@ import dflash_jax as dj
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.generation import prepare_decode
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.target import split_layer_params, target_forward
+from dflash_jax.targets import dense, target_forward
+from dflash_jax.targets.dense.model import split_layer_params
 
 # dimensions no other array of the program shares, so a copied weight slice is recognisable
 CFG = dj.TargetConfig("qwen3", vocab_size=72, hidden_size=40, intermediate_size=56, num_layers=3,
@@ -98,10 +99,10 @@ def test_targets_over_the_size_cap_stay_stacked(target, monkeypatch):
     """Above ``SPLIT_MAX_BYTES`` of layer weights the loop keeps the stacked layout (no second
     copy of the weights), and still decodes the same tokens."""
     ref = dj.generate(target, [[5, 6, 7, 8]], 6).sequences
-    monkeypatch.setattr(engine, "SPLIT_MAX_BYTES", 0)
+    monkeypatch.setattr(dense, "SPLIT_MAX_BYTES", 0)
     jax.clear_caches()  # the layout is chosen when decode is traced
     try:
-        assert engine.loop_params(target.params) is target.params
+        assert dense.QWEN3.loop_params(target.params) is target.params
         pre = prepare_decode(target, [[5, 6, 7, 8]], 12)
         hlo = engine.decode.lower(target.params, pre.drafter_params, pre.state, pre.max_new,
                                   pre.stop_ids, np.int32(11), spec=pre.spec).compile().as_text()

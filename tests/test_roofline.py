@@ -9,7 +9,7 @@ import pytest
 from dflash_jax.bench import decode_speed, roofline
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.models.target import init_target_params
+from dflash_jax.targets import init_target_params
 
 # D 8, F 16, 2 layers, 2 heads / 1 KV head of 4, vocab 32. Per layer: q 8*2*4 = 64, k = v =
 # 8*1*4 = 32, o 64, MLP 3*8*16 = 384 (576 matrix parameters); vectors 2*8 + 2*4 = 24 (Qwen3).

@@ -22,7 +22,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding.sampling import process_logits
-from dflash_jax.models.target import TargetModel
+from dflash_jax.targets.dense.model import TargetModel
 
 import exact_sampling
 

@@ -6,7 +6,7 @@ import torch
 
 import dflash_jax as dj
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.target import target_forward
+from dflash_jax.targets import target_forward
 
 TOL = 1e-4
 

@@ -14,7 +14,7 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.models.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
-from dflash_jax.models.target import embed, lm_head
+from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.training.blocks import (block_boundaries, build_blocks, default_gamma, epoch_anchors,
                                         fixed_anchors, loss_weights, sample_anchors)
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate

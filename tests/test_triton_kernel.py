@@ -17,7 +17,7 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.bench import gpu_compile as gc
 from dflash_jax.models.cache import KVCache
-from dflash_jax.models.target import target_forward
+from dflash_jax.targets import target_forward
 from model_parity import drafter_outputs
 from kernels import block_attention_reference, tuning
 from kernels.triton_block_attention import block_attention_triton, plan_launch

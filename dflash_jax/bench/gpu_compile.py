@@ -622,7 +622,7 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     from dflash_jax.decoding.generation import round_up
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.models.target import init_target_params
+    from dflash_jax.targets import init_target_params
 
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda: init_target_params(target_cfg, key, dtype))

@@ -76,13 +76,13 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
     from dflash_jax.decoding import engine
     from dflash_jax.decoding.generation import prepare_decode
     from dflash_jax.models.drafter import DrafterModel
-    from dflash_jax.models.target import embed, lm_head
+    from dflash_jax.nn.head import embed, lm_head
 
     V, bs = target.config.vocab_size, drafter.config.block_size
     prompt = [(np.arange(context) * 7919 % V).tolist()]
     pre = prepare_decode(target, prompt, 64, drafter=drafter)
     # the target's weights in the layout the decode loop uses (split per layer on CPU)
-    spec, tp, dp, state = pre.spec, engine.loop_params(target.params), pre.drafter_params, pre.state
+    spec, tp, dp, state = pre.spec, pre.spec.family.loop_params(target.params), pre.drafter_params, pre.state
     model = DrafterModel(spec.drafter)
     start = state.tcache.lengths
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
@@ -120,6 +120,7 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
     def accept_commit(i, logits, tcache):
         d = shift(i, draft)
         accepted, bonus = engine.accept(spec, d, None, logits, jax.random.key(0))
+        tcache = engine.rollback(state, accepted, tcache)
         return engine.commit(spec, state, d, accepted, bonus, tcache, pre.max_new, pre.stop_ids).out
 
     parts["accept + commit"] = in_loop(accept_commit, (logits, state.tcache), n, repeats)

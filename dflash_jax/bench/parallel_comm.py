@@ -78,6 +78,7 @@ from typing import Sequence
 
 from dflash_jax.bench import roofline
 from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_json, write_text
 from dflash_jax.reporting import command_line, environment
@@ -225,13 +226,9 @@ def comm_totals(collectives: Sequence[Collective], p: int, link_bandwidth: float
 
 # ---------------------------------------------------------------------------- memory
 def target_weight_params(target: TargetConfig) -> int:
-    """Parameters of a (sharded) target config: its layers, the embedding table, the LM head
-    (not when tied), the final norm."""
-    per_layer = (sum(roofline.projection_params(target).values())
-                 + roofline.vector_params(target, target.qk_norm, target.attention_bias))
-    tables = 1 if target.tie_word_embeddings else 2
-    return target.num_layers * per_layer + tables * target.vocab_size * target.hidden_size \
-        + target.hidden_size
+    """Parameters of a (sharded) target config (the family's size model): its layers, the
+    embedding table, the LM head (not when tied), the final norm."""
+    return targets.family_of(target).num_params(target)
 
 
 def memory_per_device(target: TargetConfig, drafter: DrafterConfig, p: int, batch: int,
@@ -240,8 +237,8 @@ def memory_per_device(target: TargetConfig, drafter: DrafterConfig, p: int, batc
     ``context`` positions in the target's and the drafter's layers."""
     ts, ds = shard(target, p), shard(drafter, p)
     weights = (target_weight_params(ts) + roofline._drafter_params(ds)) * weight_bytes
-    kv = 2 * (ts.num_layers * ts.num_kv_heads * ts.head_dim
-              + ds.num_layers * ds.num_kv_heads * ds.head_dim) * kv_bytes * batch * context
+    kv = (targets.family_of(ts).state_bytes_per_token(ts, kv_bytes)
+          + 2 * ds.num_layers * ds.num_kv_heads * ds.head_dim * kv_bytes) * batch * context
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 

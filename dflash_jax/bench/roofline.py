@@ -57,6 +57,7 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
@@ -274,10 +275,14 @@ def dflash_iteration(target: TargetConfig, drafter: DrafterConfig, block_size: i
 
 
 def weight_and_kv_bytes(target: TargetConfig, batch: int, kv_len: float, itemsize: int) -> dict:
-    """Bytes an AR decode step must read: ``{"weights", "kv"}`` (every weight once, the K/V of
-    ``kv_len`` positions per row); what ``decode_speed`` divides by the step time."""
-    costs = ar_step(target, kv_len, batch=batch, weight_bytes=itemsize, kv_bytes=itemsize)
-    return {"weights": int(total(costs, "weights")), "kv": int(total(costs, "kv_read"))}
+    """Bytes an AR decode step must read: ``{"weights", "kv"}`` (every weight once but the
+    untied embedding table, of which it gathers one row; the decode state of ``kv_len``
+    positions per row), by the target family's size model; what ``decode_speed`` divides by
+    the step time."""
+    family = targets.family_of(target)
+    table = 0 if target.tie_word_embeddings else target.vocab_size * target.hidden_size
+    return {"weights": int((family.num_params(target) - table) * itemsize),
+            "kv": int(batch * kv_len * family.state_bytes_per_token(target, itemsize))}
 
 
 # ---------------------------------------------------------------------------- predictions
@@ -373,7 +378,7 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.cache import KVCache
     from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.models.target import init_target_params, target_forward as forward
+    from dflash_jax.targets import init_target_params, target_forward as forward
 
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda k: init_target_params(target, k), key)

@@ -83,6 +83,7 @@ import time
 from typing import Sequence
 
 from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_json, write_text
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
@@ -128,10 +129,11 @@ def _layer_vectors(cfg) -> int:
 
 
 def target_params(target: TargetConfig) -> tuple[int, int]:
-    """(matrices split over model: layers + embedding + LM head, replicated vectors)."""
-    matrices = target.num_layers * _layer_matrices(target) + target.vocab_size * target.hidden_size * (
-        1 if target.tie_word_embeddings else 2)
-    return matrices, target.num_params() - matrices
+    """(matrices split over model: layers + embedding + LM head, replicated vectors), by the
+    target family's size model."""
+    family = targets.family_of(target)
+    matrices = family.matrix_params(target)
+    return matrices, family.num_params(target) - matrices
 
 
 def drafter_params(drafter: DrafterConfig) -> tuple[int, int]:
@@ -289,7 +291,7 @@ def measured_drafter_loss(anchor_chunk: int, context_chunk: int, status=print) -
     import jax.numpy as jnp
 
     from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.models.target import init_target_params
+    from dflash_jax.targets import init_target_params
     from dflash_jax.training.blocks import block_loss_weights
     from dflash_jax.training.loss import drafter_loss
 

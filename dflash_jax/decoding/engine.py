@@ -12,7 +12,8 @@ One iteration, one function per step:
     ``[bonus, MASK, ...]``: draft int32[B, bs-1];
   * :func:`verify`: the target over ``[bonus, draft]``: logits [B, bs, V] and taps;
   * :func:`accept`: the accepted draft length and the bonus token;
-  * :func:`commit`: emit the tokens, apply stop ids and budgets, crop the target cache.
+  * :func:`rollback`: the target's decode state back to the kept rows (KV: set the length);
+  * :func:`commit`: emit the tokens, apply stop ids and budgets.
 
 Acceptance rules:
   * greedy (temperature 0): accept while ``draft[i+1] == argmax p_i``;
@@ -42,17 +43,17 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
 from dflash_jax.models.cache import KVCache
 from dflash_jax.parallel import rules, vocab
 from dflash_jax.models.drafter import DrafterModel
-from dflash_jax.models.target import embed, lm_head, split_layer_params, target_forward
 
 
 # Bumped whenever a change to the loop changes what an iteration costs, so that measured cost
 # tables (``decoding.adaptive``) made before it are measured again. 2: the target's weights
-# split per layer on CPU (``loop_params``).
+# split per layer on CPU (the dense family's ``loop_params``).
 LOOP_VERSION = 2
 
 
@@ -107,6 +108,11 @@ class EngineSpec:
             drafter=rules.local_config(self.drafter, m) if self.drafter is not None else None)
 
     @property
+    def family(self):
+        """The target's family (``dflash_jax.targets``): its forward, decode state, rules."""
+        return targets.family_of(self.target)
+
+    @property
     def tap_layer_ids(self) -> tuple[int, ...]:
         return self.drafter.target_layer_ids if self.drafter is not None else ()
 
@@ -130,7 +136,7 @@ class DecodeState:
     out: jax.Array  # int32[B, out_len] generated ids (-1 = none yet)
     n: jax.Array  # int32[B] number of ids in out
     done: jax.Array  # bool[B] the row stopped or spent its budget; it idles
-    tcache: KVCache  # the target's cache: k, v [L, B, S, Hkv, Dh]; lengths int32[B] committed
+    tcache: Any  # the target family's decode state (KVCache for dense targets); lengths int32[B] committed
     dcache: Any  # the drafter's context cache (KVCache, lengths = its context length) or None
     bonus: jax.Array  # int32[B] last committed token, at position tcache.lengths (next anchor)
     pending_taps: Any  # [B, bs, k*D] taps of the last verified block, not yet in dcache; or None
@@ -158,21 +164,29 @@ def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
     if spec.mesh is None:
         return _prefill(spec, cache_len, *args)
     row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
-    in_specs = (rules.param_specs(tparams), rules.param_specs(dparams), row2, row, row, row2,
+    in_specs = (target_param_specs(spec, tparams), rules.param_specs(dparams), row2, row, row, row2,
                 jax.sharding.PartitionSpec())
     return jax.shard_map(functools.partial(_prefill, spec.local(), cache_len), mesh=spec.mesh,
                          in_specs=in_specs, out_specs=state_specs(spec), check_vma=False)(*args)
 
 
+def target_param_specs(spec: EngineSpec, tparams):
+    """The PartitionSpec tree of the target's parameters (its family's partition rules)."""
+    return rules.param_specs(tparams, spec.family.param_axes(spec.target))
+
+
 def state_specs(spec: EngineSpec) -> DecodeState:
     """The PartitionSpec of every field of the loop state on ``spec.mesh``: rows over
-    ``data``; caches also by KV heads over ``model``; the key replicated."""
+    ``data``; the target's decode state by its family's axes, the drafter's cache also by KV
+    heads over ``model``; the key replicated."""
     spec_of = rules.logical_to_spec
     row, row2 = spec_of(("batch",)), spec_of(("batch", "time"))
     kv = spec_of(rules.CACHE_AXES)
     cache = KVCache(k=kv, v=kv, lengths=row)
+    tstate = jax.tree_util.tree_map(spec_of, spec.family.state_axes(spec.target),
+                                    is_leaf=lambda x: isinstance(x, tuple))
     has_drafter = spec.drafter is not None
-    return DecodeState(out=row2, n=row, done=row, tcache=cache, dcache=cache if has_drafter else None,
+    return DecodeState(out=row2, n=row, done=row, tcache=tstate, dcache=cache if has_drafter else None,
                        bonus=row, pending_taps=spec_of(("batch", "time", "embed")) if has_drafter else None,
                        pending_pos=row2, accept_lens=row2, verify_lens=row2, iters=row, key=jax.sharding.PartitionSpec())
 
@@ -184,12 +198,13 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths
     dtype = tparams["embed_tokens"]["embedding"].dtype
     key, sub = jax.random.split(key)
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-    logits, taps, tcache = target_forward(cfg, tparams, tokens, positions,
-                                          KVCache.for_config(cfg, B, cache_len, dtype),
+    family = spec.family
+    logits, taps, tcache = family.forward(cfg, tparams, tokens, positions,
+                                          family.init_state(cfg, B, cache_len, dtype),
                                           tap_layer_ids=spec.tap_layer_ids, logit_index=lengths - 1,
                                           attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
     first = sample_tokens(sub, logits[:, 0], spec.sampling, spec.shards)
-    tcache = tcache.crop(lengths)
+    tcache = tcache.rollback(lengths)  # the right padding is not part of the prompt
     bs = spec.block_size
     dcache = pending = None
     if spec.drafter is not None:
@@ -232,16 +247,16 @@ def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
     B = start.shape[0]
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
     model = DrafterModel(d, attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
-    shards = spec.shards
+    family, shards = spec.family, spec.shards
     fill = jnp.full((B, bs - 1), d.mask_token_id, jnp.int32)
     filled = jnp.zeros((B, bs - 1), bool)
     dcache = model.apply({"params": dparams}, state.pending_taps, state.pending_pos, state.dcache,
                          start, method=DrafterModel.project_context)
     for step in range(steps):
         block = jnp.concatenate([state.bonus[:, None], fill], axis=1)
-        h = model.apply({"params": dparams}, embed(tparams, block, spec.tp_axis), positions, dcache,
-                        method=DrafterModel.draft)
-        logits = lm_head(spec.target, tparams, h[:, 1:])
+        h = model.apply({"params": dparams}, family.embed(tparams, block, spec.tp_axis), positions,
+                        dcache, method=DrafterModel.draft)
+        logits = family.lm_head(spec.target, tparams, h[:, 1:])
         if step == steps - 1:
             break
         pred = vocab.argmax(logits, shards)
@@ -336,35 +351,44 @@ def accept(spec: EngineSpec, draft, q_logp, logits, key):
 
 
 # ---------------------------------------------------------------------------- verify
-def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tcache: KVCache):
+def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tcache):
     """The target over the block ``[bonus, draft...]`` (tokens int32[B, T]) at positions
-    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its cache.
+    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its decode state.
 
     Returns (logits float32[B, T, V]: row i predicts the token after ``block[:, i]``;
-    taps [B, T, k*D] of the block rows, None without a drafter; the cache with the whole block
-    written, ``lengths = positions[:, -1] + 1``, cropped later by :func:`commit`).
+    taps [B, T, k*D] of the block rows, None without a drafter; the state holding the whole
+    block, ``lengths = positions[:, -1] + 1``, rolled back by :func:`rollback`).
     """
-    return target_forward(spec.target, tparams, block, positions, tcache,
-                          tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                          model_axis=spec.tp_axis)
+    return spec.family.forward(spec.target, tparams, block, positions, tcache,
+                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
+                               model_axis=spec.tp_axis)
+
+
+# ---------------------------------------------------------------------------- rollback
+def rollback(state: DecodeState, accepted: jax.Array, tcache):
+    """The target's decode state after verify (``tcache``, holding the whole block) rolled back
+    to what each row keeps: ``start + accepted + 1`` positions (the anchor and the accepted
+    drafts; the bonus, not yet seen by the target, is the next block's anchor), or ``start``
+    for a row that was already done. A KV cache sets its length; a recurrent state restores
+    the state after the last kept row (``models.cache``)."""
+    start = state.tcache.lengths
+    return tcache.rollback(jnp.where(state.done, start, start + accepted + 1))
 
 
 # ---------------------------------------------------------------------------- commit
 def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax.Array,
-           bonus: jax.Array, tcache: KVCache, max_new: jax.Array, stop_ids: jax.Array,
+           bonus: jax.Array, tcache, max_new: jax.Array, stop_ids: jax.Array,
            verified: jax.Array | int | None = None) -> DecodeState:
-    """Appends this iteration's tokens to every live row and crops the target cache to them.
+    """Appends this iteration's tokens to every live row and takes the rolled-back target state.
 
     A row emits ``draft[:accepted]`` then ``bonus`` (``accepted + 1`` tokens), cut after its
     first stop id and at its budget; it is done when it emitted a stop id or reached
-    ``max_new`` tokens. Verify wrote the whole block into ``tcache``; the row keeps
-    ``start + accepted + 1`` positions (the anchor and the accepted drafts), so the bonus, not
-    yet seen by the target, is the next block's anchor. A row that was done changes nothing.
+    ``max_new`` tokens. A row that was done changes nothing.
 
     Args:
       state: the carry before this iteration (``state.tcache.lengths`` = the block's start).
       draft: int32[B, bs-1]; accepted: int32[B] accepted draft tokens; bonus: int32[B].
-      tcache: the target cache returned by :func:`verify`.
+      tcache: the target's state from :func:`rollback`.
       max_new: int32[B] token budget; stop_ids: int32[B, n_stop] (-1 = none).
       verified: the block rows the target verified this iteration (recorded per iteration;
         default: the block size).
@@ -373,7 +397,6 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
     B = bonus.shape[0]
     rows, j = jnp.arange(B), jnp.arange(bs)
     live = ~state.done
-    start = state.tcache.lengths
     emit_BxBs = jnp.where(j[None] < accepted[:, None], jnp.pad(draft, ((0, 0), (0, 1))), bonus[:, None])
     count = accepted + 1
     stop_at = jnp.where(is_stop(emit_BxBs, stop_ids) & (j[None] < count[:, None]), j[None], bs)
@@ -388,17 +411,18 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
     accept_lens = state.accept_lens.at[rows, at].set(accepted + 1, mode="drop")
     verify_lens = state.verify_lens.at[rows, at].set(bs if verified is None else verified, mode="drop")
     return state.replace(
-        out=out, n=n, done=done, tcache=tcache.crop(jnp.where(live, start + accepted + 1, start)),
+        out=out, n=n, done=done, tcache=tcache,
         bonus=jnp.where(live, bonus, state.bonus), accept_lens=accept_lens,
         verify_lens=verify_lens, iters=state.iters + live)
 
 
 # ---------------------------------------------------------------------------- the loop
 def _iteration(spec: EngineSpec, tparams, vparams, dparams, max_new, stop_ids, state: DecodeState):
-    """draft -> verify -> accept -> commit for every row, then the deferred context update.
+    """draft -> verify -> accept -> rollback -> commit for every row, then the deferred context
+    update.
 
     ``tparams``: the target's parameters as given (the proposer gets these); ``vparams``: the
-    same in the layout verify runs (:func:`loop_params`)."""
+    same in the layout verify runs (the family's ``loop_params``)."""
     bs = spec.block_size
     B = state.bonus.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
@@ -414,6 +438,7 @@ def _iteration(spec: EngineSpec, tparams, vparams, dparams, max_new, stop_ids, s
     else:
         logits, taps, tcache = verify(spec, vparams, block, positions, state.tcache)
         accepted, bonus = accept(spec, draft, q_logp, logits, k_accept)
+        tcache = rollback(state, accepted, tcache)
         verified = None
     state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, verified)
     # the verified block's taps enter the drafter cache at the next draft (see DecodeState)
@@ -443,6 +468,7 @@ def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, posit
             logits, taps, tcache = verify(spec, tparams, block[:, :L], positions[:, :L], tcache)
             accepted, bonus = accept(spec, draft[:, :L - 1],
                                      None if q_logp is None else q_logp[:, :L - 1], logits, key)
+            tcache = rollback(state, accepted, tcache)  # here: the branches' states must agree
             if taps is not None:
                 taps = jnp.pad(taps, ((0, 0), (0, bs - L), (0, 0)))
             return accepted, bonus, taps, tcache
@@ -451,26 +477,6 @@ def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, posit
     accepted, bonus, taps, tcache = jax.lax.switch(
         choice, [branch(L) for L in spec.verify_lengths], (block, positions, state.tcache, draft, q_logp))
     return accepted, bonus, taps, tcache, jnp.asarray(spec.verify_lengths, jnp.int32)[choice]
-
-
-# the largest stacked layer weights (bytes) that loop_params splits: the split copies them once
-# per decode call and holds both copies while the loop runs
-SPLIT_MAX_BYTES = 2 << 30
-
-
-def loop_params(tparams):
-    """The target's parameters as the decode loop uses them: on CPU split per layer
-    (``models.target.split_layer_params``), once per :func:`decode` call, outside the loop.
-    XLA:CPU copies a stacked layer's weights out of the stack at every use inside a loop (a
-    ``dynamic-slice`` per weight per step; measured on the embedded target, 2 cores: AR step
-    4.1 -> 3.3-3.6 ms, DFlash block-16 iteration 14.7 -> 13.1-13.5 ms). The split holds a
-    second copy of the layer weights during the call, so targets whose layer weights exceed
-    ``SPLIT_MAX_BYTES`` keep the stacked layout (and the copies). On GPU, XLA reads the slices
-    in place (``xla_flags``)."""
-    if jax.default_backend() != "cpu" or "layers" not in tparams:
-        return tparams
-    size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tparams["layers"]))
-    return split_layer_params(tparams) if size <= SPLIT_MAX_BYTES else tparams
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
@@ -487,7 +493,7 @@ def decode(tparams, dparams, state: DecodeState, max_new, stop_ids, max_iteratio
         return _decode(spec, *args)
     row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
     states = state_specs(spec)
-    in_specs = (rules.param_specs(tparams), rules.param_specs(dparams), states, row, row2,
+    in_specs = (target_param_specs(spec, tparams), rules.param_specs(dparams), states, row, row2,
                 jax.sharding.PartitionSpec())
     return jax.shard_map(functools.partial(_decode, spec.local()), mesh=spec.mesh,
                          in_specs=in_specs, out_specs=states, check_vma=False)(*args)
@@ -495,7 +501,7 @@ def decode(tparams, dparams, state: DecodeState, max_new, stop_ids, max_iteratio
 
 def _decode(spec: EngineSpec, tparams, dparams, state: DecodeState, max_new, stop_ids,
             max_iterations) -> DecodeState:
-    vparams = loop_params(tparams)  # custom proposers (draft_fn) still get the stacked layout
+    vparams = spec.family.loop_params(tparams)  # custom proposers (draft_fn) get them as given
 
     def cond(carry):
         state, it = carry

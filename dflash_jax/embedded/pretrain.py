@@ -23,7 +23,7 @@ import optax
 from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.config import TargetConfig
 from dflash_jax.files import atomic_path, write_json
-from dflash_jax.models.target import init_target_params, target_forward
+from dflash_jax.targets import init_target_params, target_forward
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.run_dir import (METRICS_FILE, RUN_FILE, check_run_file, checkpoint_manager,
                                          restore_latest)

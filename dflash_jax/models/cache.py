@@ -1,10 +1,18 @@
-"""Static-shape KV cache.
+"""Decode states that roll back: the static-shape KV cache of attention layers and the state
+of recurrent (linear-attention) layers.
 
-Every sequence of the batch owns cache slots ``0 .. max_len - 1``; the token at absolute
-position ``p`` lives in slot ``p``. ``lengths[b]`` is the number of committed tokens of row b.
-Cropping (speculative decoding's rollback) only sets ``lengths``: slots past the length are
-overwritten by the next write at those positions and never read before that, because
-attention only lets a query at position ``p`` see slots ``<= p``.
+Both have ``lengths`` int32[B] (positions held per row) and ``rollback(lengths)``, the one
+operation the engine calls after verifying a block: keep each row's first ``lengths[b]``
+positions (``dflash_jax.targets``).
+
+KV cache: every sequence of the batch owns cache slots ``0 .. max_len - 1``; the token at
+absolute position ``p`` lives in slot ``p``. Rolling back (cropping) only sets ``lengths``:
+slots past the length are overwritten by the next write at those positions and never read
+before that, because attention only lets a query at position ``p`` see slots ``<= p``.
+
+Recurrent state: a fixed-size state per layer and row that each token updates, so it cannot be
+cropped; a forward over a block records the state after every block row, and rollback restores
+the one after the last kept row.
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ class KVCache:
         """Sets the committed length of every row (int32[B]); no data moves."""
         return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
+    def rollback(self, lengths: jax.Array) -> "KVCache":
+        """The decode-state rollback (``dflash_jax.targets``): for a KV cache, :meth:`crop`."""
+        return self.crop(lengths)
+
     def write(self, layer: jax.Array | int, k: jax.Array, v: jax.Array,
               positions: jax.Array) -> "KVCache":
         """Writes k, v [B, T, Hkv, Dh] of one layer at slots ``positions`` int32[B, T].
@@ -60,3 +72,46 @@ class KVCache:
         kc = self.k.at[layer, rows, positions].set(k.astype(self.k.dtype), mode="drop")
         vc = self.v.at[layer, rows, positions].set(v.astype(self.v.dtype), mode="drop")
         return self.replace(k=kc, v=vc)
+
+
+@flax.struct.dataclass
+class RecurrentState:
+    """The state of recurrent layers (e.g. linear attention's conv and matrix state), rolled
+    back by restoring a snapshot.
+
+    state: [layers, B, *S] after the last kept position of each row.
+    snapshots: [layers, B, T + 1, *S] written by the last forward over a block of T rows:
+      index 0 the state before the block, index i the state after block row i - 1; None once
+      rolled back (the decode loop carries rolled-back states only).
+    start: int32[B] each row's length before that block; lengths: int32[B] positions held.
+    """
+
+    state: jax.Array
+    snapshots: jax.Array | None
+    start: jax.Array
+    lengths: jax.Array
+
+    @classmethod
+    def init(cls, num_layers: int, batch: int, shape: tuple[int, ...], dtype=jnp.float32) -> "RecurrentState":
+        zeros = jnp.zeros((batch,), jnp.int32)
+        return cls(jnp.zeros((num_layers, batch) + tuple(shape), dtype), None, zeros, zeros)
+
+    def after_block(self, snapshots: jax.Array, start: jax.Array, lengths: jax.Array) -> "RecurrentState":
+        """The state after a forward over a block: ``snapshots`` [layers, B, T + 1, *S]
+        (index 0 = before the block), the block starting at ``start`` and ending at ``lengths``."""
+        return RecurrentState(snapshots[:, :, -1], snapshots, jnp.asarray(start, jnp.int32),
+                              jnp.asarray(lengths, jnp.int32))
+
+    def rollback(self, lengths: jax.Array) -> "RecurrentState":
+        """Each row's state after its first ``lengths[b]`` positions: the snapshot after block
+        row ``lengths[b] - start[b] - 1`` (the state before the block when nothing of it is
+        kept). ``lengths`` must lie in ``[start, start + T]``; without snapshots (nothing run
+        since the last rollback) only ``lengths == self.lengths`` is meaningful."""
+        lengths = jnp.asarray(lengths, jnp.int32)
+        if self.snapshots is None:
+            return self.replace(lengths=lengths)
+        T1 = self.snapshots.shape[2]
+        index = jnp.clip(lengths - self.start, 0, T1 - 1)  # [B]
+        rows = jnp.arange(self.snapshots.shape[1])
+        kept = self.snapshots[:, rows, index]  # [layers, B, *S]
+        return RecurrentState(kept, None, lengths, lengths)

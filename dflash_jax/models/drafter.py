@@ -27,7 +27,7 @@ Parameter tree (kernels [in, out]):
                                      with q_norm / k_norm (Qwen3 structure), no biases
   norm/weight                        [D]
 
-The embedding and LM head are the target's (``models.target.embed`` / ``lm_head``).
+The embedding and LM head are the target's (``nn.head.embed`` / ``lm_head``, through the target family).
 
 ``cfg.conditioning`` chooses how the target's features enter (the paper's comparison):
 

@@ -19,8 +19,8 @@ from dflash_jax.checkpoints import (load_drafter_params, load_target_params, sav
                                     save_target_params, save_tokenizer)
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.models.target import init_target_params
 from dflash_jax.parallel import rules
+from dflash_jax.targets import family_of, init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
@@ -54,7 +54,8 @@ class Target:
     def __post_init__(self):
         if self.mesh is not None:
             rules.check_model_split(self.config, rules.mesh_axis_sizes(self.mesh)[rules.MODEL])
-            self.params = rules.shard_params(self.params, self.mesh)
+            self.params = rules.shard_params(self.params, self.mesh,
+                                             family_of(self.config).param_axes(self.config))
         limit = self.config.max_position_embeddings
         if self.max_len is None:
             self.max_len = limit
@@ -97,7 +98,8 @@ class Target:
 
 def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
                 allow_extrapolation: bool = False, mesh=None) -> Target:
-    """Loads a Hugging Face Qwen3 / Llama-3.x checkpoint directory.
+    """Loads a Hugging Face checkpoint directory of a registered target family (Qwen3,
+    Llama-3.x; ``dflash_jax.targets``).
 
     Args:
       path: directory with config.json and model.safetensors (or a sharded index).
@@ -115,7 +117,7 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
         config = TargetConfig.from_pretrained(path)
         rules.check_model_split(config, rules.mesh_axis_sizes(mesh)[rules.MODEL])
         config, params = load_target_params(path, config, dtype=dtype,
-                                            sharding_of=_sharding_on(mesh))
+                                            sharding_of=_sharding_on(mesh, family_of(config).param_axes(config)))
     else:
         config, params = load_target_params(path, dtype=dtype)
     tokenizer = None
@@ -126,11 +128,12 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
     return Target(config, params, tokenizer, max_len, path, allow_extrapolation, mesh)
 
 
-def _sharding_on(mesh):
-    """param path, ndim -> its NamedSharding on ``mesh`` (``parallel.rules``)."""
+def _sharding_on(mesh, table=None):
+    """param path, ndim -> its NamedSharding on ``mesh`` (``parallel.rules``; ``table``: a
+    target family's ``param_axes``, default the drafter's)."""
     def sharding_of(path, ndim):
         return jax.sharding.NamedSharding(
-            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim)))
+            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim, table)))
     return sharding_of
 
 

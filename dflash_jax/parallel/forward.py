@@ -1,6 +1,6 @@
 """One sharded forward pass of the target outside the decoding loop (scoring, checks).
 
-``target_logits(target, tokens)`` runs ``models.target.target_forward`` inside ``shard_map`` on
+``target_logits(target, tokens)`` runs the target family's forward inside ``shard_map`` on
 the target's mesh with the layout of ``parallel.rules`` and returns the logits as one global
 array [B, T, V] (rows over ``data``, vocabulary over ``model``; nothing is gathered)."""
 
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dflash_jax.models.target import target_forward
 from dflash_jax.parallel import rules
+from dflash_jax.targets import family_of, target_forward
 
 
 def target_logits(target, tokens) -> jax.Array:
@@ -42,7 +42,7 @@ def _sharded_logits(cfg, mesh, params, tokens, positions):
     def body(p, t, pos):
         return target_forward(local, p, t, pos, model_axis=axis)[0]
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(rules.param_specs(params), P(rules.DATA, None),
+    return jax.shard_map(body, mesh=mesh, in_specs=(rules.param_specs(params, family_of(cfg).param_axes(cfg)), P(rules.DATA, None),
                                                     P(rules.DATA, None)),
                          out_specs=P(rules.DATA, None, rules.MODEL), check_vma=False)(
         params, tokens, positions)

@@ -25,11 +25,13 @@ over ``data``:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dflash_jax import targets
 
 DATA, MODEL = "data", "model"
 
@@ -86,12 +88,16 @@ def logical_to_spec(axes, rules=LOGICAL_RULES) -> P:
     return P(*(table[a] for a in axes))
 
 
-def param_logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
-    """Logical axes of the parameter at ``path`` (keys from the root) with ``ndim`` dims."""
+def param_logical_axes(path: tuple[str, ...], ndim: int, table=None) -> tuple[str, ...]:
+    """Logical axes of the parameter at ``path`` (keys from the root) with ``ndim`` dims, by
+    ``table`` ((module, parameter) -> axes: a target family's ``param_axes``; default
+    :data:`PARAM_AXES`, the dense decoder's and the drafter's)."""
+    table = PARAM_AXES if table is None else table
     key = tuple(path[-2:])
-    if key not in PARAM_AXES:
-        raise KeyError(f"parameter {'/'.join(path)} has no entry in parallel.rules.PARAM_AXES")
-    axes = PARAM_AXES[key]
+    if key not in table:
+        raise KeyError(f"parameter {'/'.join(path)} has no partition rule (parallel.rules.PARAM_AXES "
+                       "or the target family's param_axes)")
+    axes = table[key]
     if path[0] == "layers":
         axes = ("layers",) + axes
     if len(axes) != ndim:
@@ -103,12 +109,13 @@ def _keys(path) -> tuple[str, ...]:
     return tuple(getattr(k, "key", getattr(k, "name", str(k))) for k in path)
 
 
-def param_specs(params, rules=LOGICAL_RULES):
-    """The PartitionSpec tree of a target or drafter parameter tree (None stays None)."""
+def param_specs(params, table=None, rules=LOGICAL_RULES):
+    """The PartitionSpec tree of a target or drafter parameter tree (None stays None);
+    ``table``: see :func:`param_logical_axes`."""
     if params is None:
         return None
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: logical_to_spec(param_logical_axes(_keys(path), x.ndim), rules), params)
+        lambda path, x: logical_to_spec(param_logical_axes(_keys(path), x.ndim, table), rules), params)
 
 
 def cache_specs(cache, rules=LOGICAL_RULES):
@@ -119,9 +126,9 @@ def cache_specs(cache, rules=LOGICAL_RULES):
     return cache.replace(k=kv, v=kv, lengths=logical_to_spec(("batch",), rules))
 
 
-def shard_params(params, mesh, rules=LOGICAL_RULES):
+def shard_params(params, mesh, table=None, rules=LOGICAL_RULES):
     """``params`` placed on ``mesh`` by the rules (a no-op for arrays already placed so)."""
-    specs = param_specs(params, rules)
+    specs = param_specs(params, table, rules)
     return jax.tree_util.tree_map(lambda x, s: place(x, NamedSharding(mesh, s)), params, specs)
 
 
@@ -138,16 +145,22 @@ def place(x, sharding):
 
 
 # ---------------------------------------------------------------------------- local configs
-def check_model_split(cfg, model: int, what: str = "target") -> None:
-    """Raises ValueError, naming every dimension, when ``model`` shards cannot split ``cfg``
-    (a TargetConfig or DrafterConfig) by the layout above."""
-    if model == 1:
-        return
-    dims = [("num_key_value_heads", cfg.num_kv_heads, "KV heads (a GQA group is never split)"),
+def _split_dims(cfg) -> list[tuple[str, int, str]]:
+    """(field, size, what) of the dimensions split over ``model``: a target's from its family,
+    a drafter's (the dense decoder layout without the vocabulary, which it does not own) here."""
+    if hasattr(cfg, "model_type"):
+        return targets.family_of(cfg).split_dims(cfg)
+    return [("num_key_value_heads", cfg.num_kv_heads, "KV heads (a GQA group is never split)"),
             ("num_attention_heads", cfg.num_heads, "query heads"),
             ("intermediate_size", cfg.intermediate_size, "MLP width")]
-    if hasattr(cfg, "model_type"):
-        dims.append(("vocab_size", cfg.vocab_size, "vocabulary (embedding and LM head)"))
+
+
+def check_model_split(cfg, model: int, what: str = "target") -> None:
+    """Raises ValueError, naming every dimension, when ``model`` shards cannot split ``cfg``
+    (a target config or a DrafterConfig) by the layout above."""
+    if model == 1:
+        return
+    dims = _split_dims(cfg)
     bad = [f"{name}={n} ({why}) is not divisible by {model}" for name, n, why in dims if n % model]
     if bad:
         fits = [m for m in range(1, model + 1) if all(n % m == 0 for _, n, _ in dims)]
@@ -156,17 +169,16 @@ def check_model_split(cfg, model: int, what: str = "target") -> None:
 
 
 def local_config(cfg, model: int):
-    """The config of one of ``model`` shards: heads, KV heads, MLP width (and a target's
-    vocabulary) divided by ``model``; every other field unchanged."""
+    """The config of one of ``model`` shards: a target's by its family; a drafter's heads, KV
+    heads and MLP width divided by ``model``; every other field unchanged."""
     if model == 1:
         return cfg
     check_model_split(cfg, model)
-    fields: dict[str, Any] = dict(num_heads=cfg.num_heads // model,
-                                  num_kv_heads=cfg.num_kv_heads // model,
-                                  intermediate_size=cfg.intermediate_size // model)
     if hasattr(cfg, "model_type"):
-        fields["vocab_size"] = cfg.vocab_size // model
-    return dataclasses.replace(cfg, **fields)
+        return targets.family_of(cfg).local_config(cfg, model)
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // model,
+                               num_kv_heads=cfg.num_kv_heads // model,
+                               intermediate_size=cfg.intermediate_size // model)
 
 
 def mesh_axis_sizes(mesh) -> Mapping[str, int]:

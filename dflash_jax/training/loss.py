@@ -10,7 +10,7 @@ import optax
 
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import DrafterModel
-from dflash_jax.models.target import embed, lm_head, target_forward
+from dflash_jax.targets import family_of, target_forward
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import build_blocks
 
@@ -35,11 +35,11 @@ def block_logits(dcfg: DrafterConfig, tcfg: TargetConfig, dparams, tparams, toke
     B, N = anchors.shape
     inputs, positions, labels, label_mask = build_blocks(tokens, loss_mask, anchors, valid, bs,
                                                          dcfg.mask_token_id)
-    emb = embed(tparams, inputs.reshape(B, N * bs))
+    emb = family_of(tcfg).embed(tparams, inputs.reshape(B, N * bs))
     model = DrafterModel(dcfg, anchor_chunk=anchor_chunk, context_chunk=context_chunk)
     h = model.apply({"params": dparams}, emb, positions.reshape(B, N * bs), taps.astype(emb.dtype),
                     anchors, valid, method=DrafterModel.train_blocks)  # [B, N*bs, D]
-    logits = lm_head(tcfg, tparams, h).reshape(B, N, bs, -1)
+    logits = family_of(tcfg).lm_head(tcfg, tparams, h).reshape(B, N, bs, -1)
     return logits, labels, label_mask
 
 

@@ -1,9 +1,8 @@
-"""The target LLM: a Qwen3 / Llama-3.x decoder in Flax Linen, used functionally.
+"""The dense target family's model: a Qwen3 / Llama-3.x decoder in Flax Linen, used functionally.
 
 ``target_forward(cfg, params, tokens, positions, cache, tap_layer_ids=...)`` (the one place
-that applies ``TargetModel``) returns ``(logits, taps, cache)``; ``embed`` and ``lm_head`` are
-the target's embedding and LM head as functions of its parameters, which drafters share (the
-model's own logits go through the same ``lm_head``). Decoder layers are stacked with
+that applies ``TargetModel``) returns ``(logits, taps, cache)``; the logits go through
+``nn.head.lm_head``, the LM head the drafters share. Decoder layers are stacked with
 ``nn.scan`` (parameters carry a leading layer axis), which keeps compile time flat in depth
 and lets the KV cache, stacked the same way, be updated in place. The same model also runs on
 the split layout of :func:`split_layer_params` (``layers_0`` .. ``layers_{N-1}``, one call per
@@ -34,6 +33,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.models.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
+from dflash_jax.nn.head import LMHeadKernel, embed_rows, lm_head
 from dflash_jax.nn.layers import out_projection, random_init
 
 
@@ -210,19 +210,6 @@ class TargetModel(nn.Module):
         return lm_head(cfg, head, self.norm(h)), taps, cache
 
 
-class LMHeadKernel(nn.Module):
-    """The untied LM head's parameter ``lm_head/kernel`` [D, V]; :func:`lm_head` applies it."""
-
-    hidden_size: int
-    vocab_size: int
-    param_dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self) -> jax.Array:
-        return self.param("kernel", nn.initializers.lecun_normal(),
-                          (self.hidden_size, self.vocab_size), self.param_dtype)
-
-
 def check_token_array(x, name: str) -> None:
     """Token and position arrays must be integer, rank 2 ([batch, time])."""
     if x.ndim != 2:
@@ -273,35 +260,3 @@ def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
     return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl,
                        model_axis=model_axis, split_layers="layers" not in params).apply(
         {"params": params}, tokens, positions, cache, logit_index, compute_logits)
-
-
-def embed(params, tokens: jax.Array, model_axis: str | None = None) -> jax.Array:
-    """The target's token embedding: [..., D] rows of ``embed_tokens`` (shared with drafters);
-    ``model_axis``: the table's vocabulary is split over that mesh axis (:func:`embed_rows`)."""
-    if model_axis is None:
-        return jnp.take(params["embed_tokens"]["embedding"], tokens, axis=0)
-    return embed_rows(params["embed_tokens"]["embedding"], tokens, model_axis)
-
-
-def embed_rows(table: jax.Array, tokens: jax.Array, model_axis: str) -> jax.Array:
-    """Lookup in a vocabulary-split table (inside ``shard_map``): shard i holds rows
-    ``[i V/m, (i+1) V/m)``; each shard gathers the ids it holds, zeros elsewhere, one psum."""
-    Vl = table.shape[0]
-    local = tokens - jax.lax.axis_index(model_axis) * Vl
-    mine = (local >= 0) & (local < Vl)
-    rows = jnp.take(table, jnp.clip(local, 0, Vl - 1), axis=0)
-    return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), model_axis)
-
-
-def lm_head(cfg: TargetConfig, params, h: jax.Array) -> jax.Array:
-    """The target's LM head on already-normed hidden states h [..., D] -> float32 logits [..., V]
-    (the one implementation: ``TargetModel`` and the drafters call it). ``params`` needs only
-    ``embed_tokens/embedding`` [V, D] (tied) or ``lm_head/kernel`` [D, V]."""
-    if cfg.tie_word_embeddings:
-        # one dot_general: flax's attend, jnp.dot(h, E.T), becomes a loop fusion that XLA:CPU
-        # of jaxlib >= 0.11 leaves unvectorized (a decode step 1.7x slower)
-        w = params["embed_tokens"]["embedding"]
-        logits = jnp.einsum("...d,vd->...v", h, w.astype(h.dtype))
-    else:
-        logits = h @ params["lm_head"]["kernel"].astype(h.dtype)
-    return logits.astype(jnp.float32)

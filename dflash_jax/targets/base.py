@@ -1,0 +1,129 @@
+"""The target-family interface, :class:`TargetFamily` (what the registry in
+``dflash_jax.targets`` maps a Hugging Face ``model_type`` to; ``docs/targets.md``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from dflash_jax.nn import head
+
+
+class TargetFamily:
+    """One target architecture family. Subclass it, set :attr:`model_types`, implement the
+    methods that raise ``NotImplementedError`` here, and register an instance
+    (``dflash_jax.targets.register``, one line in ``dflash_jax/targets/builtin.py``).
+
+    The methods every family implements (the engine calls them): :meth:`config_from_hf`,
+    :meth:`init_params`, :meth:`init_state`, :meth:`forward`. The ones that default here:
+    :meth:`embed` / :meth:`lm_head` (the shared ``nn.head`` layout), :meth:`loop_params` (the
+    parameters as given). The ones a family needs for checkpoints, meshes and the cost models
+    (:meth:`config_to_hf`, :meth:`tensor_specs`, :meth:`param_axes`, :meth:`state_axes`,
+    :meth:`split_dims`, :meth:`local_config`, :meth:`num_params`, :meth:`state_bytes_per_token`) raise a clear error
+    until the family defines them.
+    """
+
+    model_types: tuple[str, ...] = ()
+    """The Hugging Face ``model_type`` values this family reads (registry keys)."""
+
+    name: str = ""
+    """A short name for messages (default: the first model type)."""
+
+    # ------------------------------------------------------------------ config
+    def config_from_hf(self, d: Mapping[str, Any]):
+        """The family's static config (a frozen, hashable dataclass with ``model_type``,
+        ``vocab_size``, ``hidden_size``, ``num_layers``, ``max_position_embeddings``,
+        ``eos_token_id``, ``tie_word_embeddings``) from a ``config.json`` dict; fields it
+        does not implement are refused with the field named."""
+        raise NotImplementedError(self._missing("config_from_hf"))
+
+    def config_to_hf(self, cfg) -> dict:
+        """The ``config.json`` dict transformers loads as the same model."""
+        raise NotImplementedError(self._missing("config_to_hf"))
+
+    def check_config(self, cfg) -> None:
+        """Raises ValueError when ``cfg`` asks for something the family does not implement
+        (called when a config is built)."""
+
+    # ------------------------------------------------------------------ checkpoints
+    def tensor_specs(self, cfg) -> dict:
+        """{Hugging Face tensor name: ``checkpoints.TensorSpec``}: the checkpoint layout
+        in both directions (names, parameter paths, shapes, transposes, layer stacking)."""
+        raise NotImplementedError(self._missing("tensor_specs"))
+
+    # ------------------------------------------------------------------ the model
+    def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
+        """Random parameters of ``cfg`` (normal(init_scale) matrices, unit norms)."""
+        raise NotImplementedError(self._missing("init_params"))
+
+    def init_state(self, cfg, batch: int, max_len: int, dtype):
+        """An empty decode state for ``batch`` rows of up to ``max_len`` positions (lengths 0)."""
+        raise NotImplementedError(self._missing("init_state"))
+
+    def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids: Sequence[int] = (),
+                logit_index=None, compute_logits: bool = True, attention_impl: str = "xla",
+                model_axis: str | None = None):
+        """One causal pass over a block of tokens int32[B, T] at positions int32[B, T]
+        (``state.lengths + arange(T)`` when decoding; no state: the block alone).
+
+        Returns ``(logits float32[B, T, V] (or [B, 1, V] at ``logit_index``, None without
+        ``compute_logits``), taps [B, T, k*D] (None without tap ids), state)``. The taps are
+        the outputs of decoder layers ``tap_layer_ids`` (0-based) concatenated in that order,
+        the last layer's after the final norm (transformers' ``hidden_states[i + 1]``,
+        ``docs/method.md``). The returned state holds the whole block (``lengths =
+        positions[:, -1] + 1``) and can be rolled back to any length from the one it had on
+        entry up to that one (``state.rollback``)."""
+        raise NotImplementedError(self._missing("forward"))
+
+    def embed(self, params, tokens, model_axis: str | None = None):
+        """The token embedding [..., D] (drafters share it)."""
+        return head.embed(params, tokens, model_axis)
+
+    def lm_head(self, cfg, params, h):
+        """Logits float32[..., V] of already-normed hidden states (drafters share it)."""
+        return head.lm_head(cfg, params, h)
+
+    def loop_params(self, params):
+        """The parameters in the layout the decode loop runs (computed once per decode call,
+        outside the loop); default: as given."""
+        return params
+
+    # ------------------------------------------------------------------ partitioning
+    def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:
+        """(module, parameter) -> logical axes (``parallel.rules``) of every parameter;
+        parameters under ``layers/`` get the stacked ``layers`` axis first."""
+        raise NotImplementedError(self._missing("param_axes", "run on a mesh"))
+
+    def state_axes(self, cfg):
+        """The decode state's pytree with a tuple of logical axis names at every leaf."""
+        raise NotImplementedError(self._missing("state_axes", "run on a mesh"))
+
+    def split_dims(self, cfg) -> list[tuple[str, int, str]]:
+        """(config field, size, what it is) of every dimension split over the ``model`` mesh
+        axis; each must be divisible by the axis size."""
+        raise NotImplementedError(self._missing("split_dims", "run on a mesh"))
+
+    def local_config(self, cfg, model: int):
+        """The config one of ``model`` tensor-parallel shards computes with."""
+        raise NotImplementedError(self._missing("local_config", "run on a mesh"))
+
+    # ------------------------------------------------------------------ size model
+    def num_params(self, cfg) -> int:
+        """Parameter count (embedding, head, layers, norms)."""
+        raise NotImplementedError(self._missing("num_params", "be sized"))
+
+    def matrix_params(self, cfg) -> int:
+        """The parameters in matrices (layers, embedding, LM head): what tensor parallelism
+        splits; the rest (norm vectors) is replicated."""
+        raise NotImplementedError(self._missing("matrix_params", "be sized"))
+
+    def state_bytes_per_token(self, cfg, itemsize: int) -> float:
+        """Decode-state bytes one more position of one row costs (KV of every attention layer)."""
+        raise NotImplementedError(self._missing("state_bytes_per_token", "be sized"))
+
+    # ------------------------------------------------------------------ helpers
+    def _missing(self, method: str, to: str = "do this") -> str:
+        return (f"the {self.name or self.model_types[0]!r} target family does not define "
+                f"{method}(), which is needed to {to}")
+
+    def __repr__(self) -> str:
+        return f"<target family {self.name or self.model_types[0]!r}: {', '.join(self.model_types)}>"

@@ -1,0 +1,9 @@
+"""The built-in target families, one registry line each (``dflash_jax`` imports this module,
+so they are registered before any config is read). A new family: its module (or folder) under
+``dflash_jax/targets/`` and one line here (``docs/targets.md``)."""
+
+from dflash_jax.targets import register
+from dflash_jax.targets import dense
+
+register(dense.QWEN3)
+register(dense.LLAMA)
