@@ -13,19 +13,15 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import adaptive, engine
-from dflash_jax.decoding.sampling import SamplingParams
 
 import exact_sampling
-from test_speculative import ALPHA, ORACLE_NOISY, pair, run_case, sampling_setup  # noqa: F401 (fixture)
+from oracle_proposers import ORACLE_NOISY, OracleProposer
+from test_speculative import ALPHA, pair, run_case, sampling_setup  # noqa: F401 (fixture)
 
-
-def confident_noisy_oracle(spec, tparams, dparams, state, key):
-    """The noisy oracle (right drafts with a quarter replaced at random) claiming, per
-    iteration, a random one of three confidences (0.3, 0.85, 0.99 per token), so the adaptive
-    choice visits every verify length (with the costs of CASES: 4, 8, 16)."""
-    draft, q, dcache = ORACLE_NOISY(spec, tparams, dparams, state, key)
-    level = jnp.array([0.3, 0.85, 0.99])[jax.random.randint(jax.random.fold_in(key, 1), (), 0, 3)]
-    return draft, q, dcache, jnp.full(draft.shape, jnp.log(level))
+# The noisy oracle (right drafts with a quarter replaced at random) claiming, per iteration, a
+# random one of three confidences (0.3, 0.85, 0.99 per token), so the adaptive choice visits
+# every verify length (with the costs of CASES: 4, 8, 16).
+CONFIDENT_NOISY_ORACLE = OracleProposer(corrupt=0.25, confidences=(0.3, 0.85, 0.99))
 
 
 CASES = {
@@ -47,9 +43,9 @@ def test_adaptive_greedy_equals_autoregressive_and_records_lengths(case):
     first_new = lambda s, i: [t for j, t in enumerate(s) if j >= i and t not in s[:j]][:1]
     stops = [first_new(s, 20 + 12 * b) for b, s in enumerate(free)] if len(prompts) > 1 else ()
     ar = dj.generate(target, prompts, budgets, stop_token_ids=stops)
-    draft_fn = confident_noisy_oracle if proposer == "noisy" else None
+    custom = CONFIDENT_NOISY_ORACLE if proposer == "noisy" else None
     r = dj.generate(target, prompts, budgets, drafter=drafter, block_size="adaptive", stop_token_ids=stops,
-                    verify_lengths=lengths, cost_table=costs, draft_fn=draft_fn)
+                    verify_lengths=lengths, cost_table=costs, proposer=custom)
     assert r.sequences == ar.sequences and r.finish_reasons == ar.finish_reasons
     assert r.block_size == 16
     for acc, ver in zip(r.acceptance_lengths, r.verify_lengths):
@@ -64,7 +60,7 @@ def test_adaptive_greedy_equals_autoregressive_and_records_lengths(case):
     else:  # random drafter, equal costs: with budget left the longest length promises the most
         assert r.verify_lengths[0][:3] == [16, 16, 16]
     fixed = dj.generate(target, prompts, budgets, drafter=drafter, stop_token_ids=stops,
-                        draft_fn=ORACLE_NOISY if proposer == "noisy" else None)
+                        proposer=ORACLE_NOISY if proposer == "noisy" else None)
     assert all(set(v) == {16} for v in fixed.verify_lengths)
     assert [len(v) for v in fixed.verify_lengths] == [len(a) for a in fixed.acceptance_lengths]
 
@@ -89,9 +85,7 @@ def expected_choice(logp, n, done, budget, lengths, costs):
 
 
 def test_choice_follows_expected_tokens_per_second():
-    cfg = pair("qwen3", 0)[0].config
-    spec = lambda lengths, costs: engine.EngineSpec(cfg, None, 16, SamplingParams(0.0),
-                                                    verify_lengths=lengths, verify_costs=costs)
+    spec = lambda lengths, costs: engine.AdaptiveVerify(lengths, costs)
     rng = np.random.default_rng(0)
     choose = jax.jit(engine.choose_verify_length, static_argnums=0)
     seen = set()
@@ -106,15 +100,15 @@ def test_choice_follows_expected_tokens_per_second():
         slope = rng.uniform(0.0, 0.15)  # a fixed draft cost plus a verify cost per row
         costs = tuple(float(1.0 + slope * L * rng.uniform(0.9, 1.1)) for L in lengths)
         state = engine.DecodeState(out=None, n=jnp.asarray(n), done=jnp.asarray(done), tcache=None,
-                                   dcache=None, bonus=None, pending_taps=None, pending_pos=None,
-                                   accept_lens=None, verify_lens=None, iters=None, key=None)
+                                   bonus=None, proposer=None, accept_lens=None, verify_lens=None,
+                                   iters=None, key=None)
         got = int(choose(spec(lengths, costs), jnp.asarray(logp), state, jnp.asarray(budget)))
         assert got == expected_choice(logp, n, done, budget, lengths, costs), trial
         seen.add(got)
     assert seen == {0, 1, 2}
     # the extremes: a sure drafter with flat costs verifies everything, an unsure one the least,
     # and a row one token from its budget gains nothing from a longer block
-    one = engine.DecodeState(None, jnp.array([1]), jnp.array([False]), *[None] * 9)
+    one = engine.DecodeState(None, jnp.array([1]), jnp.array([False]), *[None] * 7)
     sure, unsure = jnp.zeros((1, 15)), jnp.full((1, 15), -3.0)
     s = spec((4, 8, 16), (1.0, 1.1, 1.2))
     assert int(choose(s, sure, one, jnp.array([100]))) == 2
@@ -215,7 +209,6 @@ def test_bad_adaptive_options_are_clear_errors(cache):
         dj.generate(target, [[1, 2]], 4, drafter=drafter, cost_table={16: 1.0})
     with pytest.raises(ValueError, match="needs a drafter"):
         dj.generate(target, [[1, 2]], 4, block_size="adaptive")
-    greedy_oracle = lambda *a: ORACLE_NOISY(*a)  # returns no confidence
-    with pytest.raises(ValueError, match="must return a 4th value"):
-        dj.generate(target, [[1, 2]], 4, drafter=drafter, block_size="adaptive", draft_fn=greedy_oracle,
+    with pytest.raises(ValueError, match="must return Proposal.logp"):  # it returns no confidence
+        dj.generate(target, [[1, 2]], 4, drafter=drafter, block_size="adaptive", proposer=ORACLE_NOISY,
                     cost_table={4: 1.0, 8: 1.0, 16: 1.0})

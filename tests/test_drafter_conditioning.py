@@ -375,15 +375,15 @@ def test_greedy_speculative_equals_autoregressive_input_and_its_cache(drafters, 
     L = max(map(len, seqs))
     tokens = jnp.asarray([s + [0] * (L - len(s)) for s in seqs], jnp.int32)  # causal: padding after
     # a budget cut inside a block commits tokens it does not emit: compare the emitted ones
-    lengths = np.minimum(np.asarray(state.dcache.lengths), [len(s) for s in seqs])
+    lengths = np.minimum(np.asarray(state.proposer.cache.lengths), [len(s) for s in seqs])
     assert all(lengths > np.array([len(p) for p in PROMPTS]) + BLOCK)
     taps = target_features(TARGET, target.params, tokens, cfg.target_layer_ids)
-    fresh = KVCache.init(cfg.num_layers, 3, state.dcache.max_len, cfg.num_kv_heads, cfg.head_dim)
+    fresh = KVCache.init(cfg.num_layers, 3, state.proposer.cache.max_len, cfg.num_kv_heads, cfg.head_dim)
     fresh = DrafterModel(cfg).apply({"params": d.params}, taps, jnp.broadcast_to(jnp.arange(L), (3, L)),
                                     fresh, jnp.asarray(lengths), method=DrafterModel.project_context)
     for b, k in enumerate(lengths):
-        np.testing.assert_allclose(np.asarray(state.dcache.k)[:, b, :k], np.asarray(fresh.k)[:, b, :k], **TOL)
-        np.testing.assert_allclose(np.asarray(state.dcache.v)[:, b, :k], np.asarray(fresh.v)[:, b, :k], **TOL)
+        np.testing.assert_allclose(np.asarray(state.proposer.cache.k)[:, b, :k], np.asarray(fresh.k)[:, b, :k], **TOL)
+        np.testing.assert_allclose(np.asarray(state.proposer.cache.v)[:, b, :k], np.asarray(fresh.v)[:, b, :k], **TOL)
 
 
 def test_one_training_step_per_conditioning(drafters, tmp_path):

@@ -3,10 +3,9 @@
 Speculative decoding is lossless whatever the drafter proposes, so the greedy
 "DFlash == autoregressive" tests (tests/test_speculative.py) pass with a broken drafter too.
 This test checks the proposals themselves: it runs ``dflash_jax.generate`` with a recording
-``draft_fn`` that calls the engine's own ``engine.dflash_draft`` (returning its result
-unchanged) and copies every iteration's draft, block start and anchor to the host; then it
-recomputes every one of those drafts with a plain ``jnp`` re-implementation of SPEC.md
-sections 2-3 written here (no Flax module, no engine or model code, no KV cache: the target and
+DFlash proposer (``DFlashProposer.propose``, its result unchanged) that copies every
+iteration's draft, block start and anchor to the host; then it recomputes every one of those
+drafts with a plain ``jnp`` re-implementation of the method (``docs/method.md``) written here (no Flax module, no engine or model code, no KV cache: the target and
 the drafter run from scratch over the committed sequence of that iteration):
 
   * target taps: decoder-layer outputs ``hidden_states[i + 1]`` of the committed tokens (the
@@ -42,11 +41,11 @@ all rows must be clear.
 
 Mutation audit (done when the test was written, each in a separate copy of the repository;
 every one fails this test): (1) the multi-pass draft keeps the LEAST confident rows
-(``argsort(-conf)`` -> ``argsort(conf)`` in ``engine.dflash_draft``; fails the s = 3 cases);
+(``argsort(-conf)`` -> ``argsort(conf)`` in the DFlash proposer's ``propose``; fails the s = 3 cases);
 (2) the draft block shifted by one position (block positions ``start + 1 + arange(bs)``, or
 the draft read from ``h[:, :-1]`` instead of ``h[:, 1:]``); (3) the context keys at the wrong
-positions (``pending_pos + 1`` in ``dflash_draft``'s ``project_context``, or ``positions + 1``
-in the prefill's).
+positions (``pending_pos + 1`` in ``propose``'s ``project_context``, or ``positions + 1`` in
+the prefill's, ``init``).
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding import engine
+from dflash_jax.proposers import DFlashProposer
 
 MARGIN = 1e-4  # a decision closer than this (logits / log-probs) may flip with float rounding
 MIN_ITERATIONS = 4
@@ -231,15 +230,21 @@ def reference_draft(dcfg, tparams, dparams, taps, anchor, start, bs, steps):
 
 
 # ---------------------------------------------------------------------------- the test
-def recording_draft_fn(records):
-    """``engine.dflash_draft`` (its return value unchanged) that also copies each iteration's
-    (block start int32[B], anchor int32[B], draft int32[B, bs-1]) to ``records``, in loop order."""
-    def draft_fn(spec, tparams, dparams, state, key):
-        out = engine.dflash_draft(spec, tparams, dparams, state, key)
-        jax.debug.callback(lambda *xs: records.append(tuple(np.asarray(x) for x in xs)),
-                           state.tcache.lengths, state.bonus, out[0], ordered=True)
-        return out
-    return draft_fn
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordingProposer(DFlashProposer):
+    """The DFlash proposer (its proposals unchanged) that also copies each iteration's (block
+    start int32[B], anchor int32[B], draft int32[B, bs-1]) to ``records``, in loop order.
+    Compared and hashed by identity, so every instance is traced anew with its own list."""
+
+    records: list = dataclasses.field(default_factory=list)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+        proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
+        jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
+                           committed.start, committed.bonus, proposal.tokens, ordered=True)
+        return proposal, state
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -248,9 +253,9 @@ def test_drafts_equal_reference_over_consecutive_iterations(name, steps):
     target, drafter, prompts = pair(name)
     bs, max_new = PAIRS[name]
     dcfg = drafter.config
-    records = []
-    res = dj.generate(target, prompts, max_new, drafter=drafter, block_size=bs,
-                      num_denoise_steps=steps, draft_fn=recording_draft_fn(records))
+    recorder = RecordingProposer(drafter.config, num_denoise_steps=steps)
+    records = recorder.records
+    res = dj.generate(target, prompts, max_new, drafter=drafter, block_size=bs, proposer=recorder)
     assert len(records) == max(len(a) for a in res.acceptance_lengths)
     if name == "embedded":  # several verified rows entered the drafter's context at once
         assert sum(a > 2 for acc in res.acceptance_lengths for a in acc) >= 4, res.acceptance_lengths

@@ -143,8 +143,8 @@ def test_wrong_sampling_filters_are_rejected(tiny_target, tiny_prefix_logits, mo
     bugs, traced, real = AR_MUTANTS[case], [], sampling.process_logits
     variants = [filter_mutant(real, bug) for bug in bugs]
 
-    def patched(logits, params, shards=None):  # one device: shards is None
-        assert shards is None
+    def patched(logits, params, ops=None):  # one device: the local reductions
+        assert ops is None or not ops.vocab_split
         traced.append(True)
         group = (jnp.arange(logits.shape[0]) // AR_ROWS).reshape((-1,) + (1,) * (logits.ndim - 1))
         outs = [v(logits, params) for v in variants]

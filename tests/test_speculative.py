@@ -2,11 +2,12 @@
 and sampled output has the target's distribution.
 
 Besides the real (random-weight) DFlash drafter, which is almost always rejected, the tests
-use *oracle proposers* (``EngineSpec.draft_fn``): ``oracle_draft`` rolls the target itself
-forward from the current state (a real computation through the same cache), so drafts are right
-and blocks are accepted in full; ``ORACLE_NOISY`` replaces a quarter of its draft tokens at
-random to produce every acceptance length in between; ``table_draft`` (sampling tests) proposes from the target's
-exact next-token distribution at another temperature, so q is close to p but not equal.
+use *oracle proposers* (``tests/oracle_proposers.py``, ``generate(..., proposer=...)``): ``ORACLE``
+rolls the target itself forward from the current state (a real computation through the same
+cache), so drafts are right and blocks are accepted in full; ``ORACLE_NOISY`` replaces a quarter
+of its draft tokens at random to produce every acceptance length in between; ``TableProposer``
+(sampling tests) proposes from the target's exact next-token distribution at another
+temperature, so q is close to p but not equal.
 
 The sampling tests compare many sampled rows with the exact distribution of the first tokens
 (tests/exact_sampling.py) and must reject plausible wrong acceptance rules patched into
@@ -22,9 +23,9 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding.sampling import process_logits
-from dflash_jax.targets.dense.model import TargetModel
 
 import exact_sampling
+from oracle_proposers import ORACLE, ORACLE_NOISY, TableProposer
 
 CONFIGS = {
     "qwen3": dj.TargetConfig("qwen3", vocab_size=24, hidden_size=32, intermediate_size=48,
@@ -34,36 +35,6 @@ CONFIGS = {
                              num_layers=4, num_heads=4, num_kv_heads=1, head_dim=8,
                              max_position_embeddings=256, tie_word_embeddings=True),
 }
-
-
-def oracle_draft(spec, tparams, dparams, state, key, *, corrupt=0.0, q_temperature=None):
-    """Proposes the target's own continuation of ``[bonus]``: its argmax (greedy drafts) or a
-    sample from its distribution at ``q_temperature`` (sampled drafts, with q returned).
-    One ``lax.scan`` over the bs-1 draft rows, so the target is compiled once per proposer."""
-    model = TargetModel(spec.target)
-
-    def step(carry, key):
-        cache, tok = carry
-        k_tok, k_bad, k_flip = jax.random.split(key, 3)
-        logits, _, cache = model.apply({"params": tparams}, tok[:, None], cache.lengths[:, None], cache)
-        logits = logits[:, 0]
-        if q_temperature is None:
-            q, tok = None, jnp.argmax(logits, -1).astype(jnp.int32)
-        else:
-            q = process_logits(logits * spec.sampling.temperature / q_temperature, spec.sampling)
-            tok = jax.random.categorical(k_tok, q).astype(jnp.int32)
-        if corrupt:
-            bad = jax.random.uniform(k_flip, tok.shape) < corrupt
-            tok = jnp.where(bad, jax.random.randint(k_bad, tok.shape, 0, spec.target.vocab_size), tok)
-        return (cache, tok), (tok, q)
-
-    _, (drafts, qs) = jax.lax.scan(step, (state.tcache, state.bonus),
-                                   jax.random.split(key, spec.block_size - 1))
-    return drafts.T, (None if qs is None else jnp.swapaxes(qs, 0, 1)), state.dcache
-
-
-ORACLE = functools.partial(oracle_draft, corrupt=0.0)
-ORACLE_NOISY = functools.partial(oracle_draft, corrupt=0.25)
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,9 +75,9 @@ def test_greedy_speculative_equals_autoregressive(case):
     if stop_mode:
         assert "stop" in ar.finish_reasons
     for block_size, proposer in runs:
-        draft_fn = {"dflash": None, "oracle": ORACLE, "noisy": ORACLE_NOISY}[proposer]
+        custom = {"dflash": None, "oracle": ORACLE, "noisy": ORACLE_NOISY}[proposer]
         sp = dj.generate(target, prompts, max_new, stop_token_ids=stops, drafter=drafter,
-                         block_size=block_size, draft_fn=draft_fn)
+                         block_size=block_size, proposer=custom)
         assert sp.sequences == ar.sequences, (block_size, proposer)
         assert sp.finish_reasons == ar.finish_reasons
         for seq, acc in zip(sp.sequences, sp.acceptance_lengths):
@@ -119,14 +90,14 @@ def test_greedy_speculative_equals_autoregressive(case):
 def test_oracle_accepts_full_blocks_and_statistics():
     target, drafter = pair("qwen3", 0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
-    r = dj.generate(target, prompts, 41, drafter=drafter, block_size=8, draft_fn=ORACLE)
+    r = dj.generate(target, prompts, 41, drafter=drafter, block_size=8, proposer=ORACLE)
     ar = dj.generate(target, prompts, 41)
     assert r.sequences == ar.sequences
     # 1 token from prefill, then 40 = 5 full blocks of 8
     assert r.acceptance_lengths == [[8] * 5, [8] * 5] and r.tau == 8.0 and r.num_steps == 5
     assert r.acceptance_histogram.tolist() == [0] * 7 + [10]
     assert r.position_acceptance_rate.tolist() == [1.0] * 7
-    noisy = dj.generate(target, prompts, 41, drafter=drafter, block_size=8, draft_fn=ORACLE_NOISY)
+    noisy = dj.generate(target, prompts, 41, drafter=drafter, block_size=8, proposer=ORACLE_NOISY)
     assert noisy.sequences == ar.sequences
     hist = noisy.acceptance_histogram
     assert hist.sum() == sum(len(a) for a in noisy.acceptance_lengths)
@@ -150,9 +121,9 @@ def test_streaming_concatenates_to_generate():
     target, drafter = pair("qwen3", 2)
     prompts = [[1, 2, 3], [7] * 9, [5]]
     stops = [4]
-    ref = dj.generate(target, prompts, 25, drafter=drafter, draft_fn=ORACLE_NOISY, block_size=4,
+    ref = dj.generate(target, prompts, 25, drafter=drafter, proposer=ORACLE_NOISY, block_size=4,
                       stop_token_ids=stops)
-    chunks = list(dj.generate_stream(target, prompts, 25, drafter=drafter, draft_fn=ORACLE_NOISY,
+    chunks = list(dj.generate_stream(target, prompts, 25, drafter=drafter, proposer=ORACLE_NOISY,
                                      block_size=4, stop_token_ids=stops, iterations_per_chunk=2))
     assert len(chunks) > 2 and chunks[-1].done == [True] * 3
     joined = [sum((c.tokens[b] for c in chunks), []) for b in range(3)]
@@ -182,34 +153,6 @@ def sampling_setup():
     return target, drafter, exact_sampling.PrefixLogits.compute(target, PROMPT, DEPTH)
 
 
-def table_draft(spec, tparams, dparams, state, key, *, prefix_logits, q_temperature=None):
-    """A controlled proposer: the target's exact next-token logits after the row's generated
-    prefix (looked up in ``prefix_logits``; uniform past its depth), as an argmax (greedy
-    draft) or a sample at ``q_temperature`` with the sampling filters (sampled draft, q
-    returned): q close to p, so whole blocks are accepted, but not equal to it."""
-    V, depth = prefix_logits.vocab, prefix_logits.depth
-    table = jnp.asarray(np.concatenate(prefix_logits.levels), jnp.float32)  # [sum V^L, V]
-    offsets = jnp.asarray(np.cumsum([0] + [V ** L for L in range(depth)]), jnp.int32)
-    n = state.n  # generated tokens so far; the prefix is out[:, :n]
-    j = jnp.arange(state.out.shape[1])
-    power = jnp.where(j < n[:, None], V ** jnp.clip(n[:, None] - 1 - j, 0, depth), 0)
-    value = jnp.sum(jnp.maximum(state.out, 0) * power, axis=1)  # the prefix read in base V
-    drafts, qs = [], []
-    for i, k in enumerate(jax.random.split(key, spec.block_size - 1)):
-        length = n + i
-        inside = length < depth
-        logits = jnp.where(inside[:, None], table[offsets[jnp.minimum(length, depth - 1)] + value], 0.0)
-        if q_temperature is None:
-            tok = jnp.argmax(logits, -1).astype(jnp.int32)
-        else:
-            q = process_logits(logits * spec.sampling.temperature / q_temperature, spec.sampling)
-            qs.append(q)
-            tok = jax.random.categorical(k, q).astype(jnp.int32)
-        drafts.append(tok)
-        value = jnp.where(length + 1 < depth, value * V + tok, 0)
-    return jnp.stack(drafts, 1), (jnp.stack(qs, 1) if qs else None), state.dcache
-
-
 Q_TEMPERATURE = 1.3  # the sampled table proposer's temperature relative to the target's
 SAMPLING_CASES = {
     # name: (proposer, sampled_draft, sampling kwargs); top-p 0.85 and top-k 4 are clear of
@@ -228,10 +171,10 @@ def run_case(setup, case, groups=1, seed=3, adaptive=None):
     (``verify_lengths``, ``cost_table``) instead of the fixed block."""
     target, drafter, prefix_logits = setup
     proposer, sampled_draft, kw = SAMPLING_CASES[case]
-    draft_fn = None if proposer == "dflash" else functools.partial(
-        table_draft, prefix_logits=prefix_logits, q_temperature=Q_TEMPERATURE if sampled_draft else None)
+    custom = None if proposer == "dflash" else TableProposer(
+        prefix_logits, q_temperature=Q_TEMPERATURE if sampled_draft else None)
     block = dict(block_size="adaptive", **adaptive) if adaptive else dict(block_size=BLOCK)
-    r = dj.generate(target, [PROMPT] * (ROWS * groups), DEPTH, drafter=drafter, draft_fn=draft_fn,
+    r = dj.generate(target, [PROMPT] * (ROWS * groups), DEPTH, drafter=drafter, proposer=custom,
                     sampled_draft=sampled_draft, seed=seed, **block, **kw)
     joint, margin = prefix_logits.joint(kw["temperature"], kw.get("top_k"), kw.get("top_p"))
     assert margin > 1e-5, "a top-k/top-p decision is too close to call in float32"
@@ -249,7 +192,7 @@ def test_speculative_sampling_keeps_the_target_distribution(sampling_setup, case
         assert r.acceptance_histogram[BLOCK - 1] > 0.1 * r.acceptance_histogram.sum()
 
 
-def rejection_accept(spec, draft, q_logp, logits, key, bug=None):
+def rejection_accept(sampling, draft, q_logp, logits, key, bug=None):
     """``engine.accept`` written again as textbook rejection sampling (a greedy draft is a
     one-hot q), with one ``bug`` of: "accept_all" (every draft accepted); "residual_p" (at
     the first rejection a sample of p, not of normalise(max(p - q, 0))); "bonus_residual"
@@ -257,7 +200,7 @@ def rejection_accept(spec, draft, q_logp, logits, key, bug=None):
     p); "u_lt_p" (accept when u < p(d), not u < p(d) / q(d)). None: the correct rule."""
     B, bs, V = logits.shape
     k_u, k_res = jax.random.split(key)
-    p = jnp.exp(process_logits(logits, spec.sampling))  # [B, bs, V]
+    p = jnp.exp(process_logits(logits, sampling))  # [B, bs, V]
     q = jax.nn.one_hot(draft, V) if q_logp is None else jnp.exp(q_logp)  # [B, bs-1, V]
     p_d = jnp.take_along_axis(p[:, :-1], draft[..., None], -1)[..., 0]
     q_d = jnp.take_along_axis(q, draft[..., None], -1)[..., 0]
@@ -294,10 +237,11 @@ def test_wrong_acceptance_rules_are_rejected(sampling_setup, monkeypatch, case):
 
     bugs, traced = MUTANTS[case], []
 
-    def patched(spec, draft, q_logp, logits, key):
+    def patched(rule, sampling, draft, q_logp, logits, key, ops):  # one device: local ops
+        assert not ops.vocab_split
         traced.append(True)
         group = jnp.arange(logits.shape[0]) // ROWS
-        outs = [rejection_accept(spec, draft, q_logp, logits, key, bug) for bug in bugs]
+        outs = [rejection_accept(sampling, draft, q_logp, logits, key, bug) for bug in bugs]
         pick = lambda i: jnp.select([group == g for g in range(len(bugs))], [o[i] for o in outs])
         return pick(0), pick(1)
 

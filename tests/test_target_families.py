@@ -23,6 +23,7 @@ from dflash_jax import targets
 from dflash_jax.models.cache import RecurrentState
 
 import recurrent_family  # registers the test families
+from oracle_proposers import ReferenceProposer
 
 pytestmark = pytest.mark.xdist_group("target_families")
 
@@ -98,22 +99,13 @@ def wrong_at(start, bs: int = BS):
     return (start // 5) % bs
 
 
-def oracle_proposer(ref_rows, spec, tparams, dparams, state, key):
-    """Drafts the reference continuation, wrong at draft index ``wrong_at(start)``."""
-    bs = spec.block_size
-    start = state.tcache.lengths
-    idx = start[:, None] + 1 + jnp.arange(bs - 1)
-    truth = jnp.take_along_axis(ref_rows, jnp.minimum(idx, ref_rows.shape[1] - 1), axis=1)
-    bad = jnp.arange(bs - 1)[None] == wrong_at(start, bs)[:, None]
-    return jnp.where(bad, (truth + 1) % spec.target.vocab_size, truth), None, state.dcache
-
-
 def proposer_for(ref_seqs):
+    """The reference continuation of every prompt, wrong at ``wrong_at(start)``."""
     width = max(len(p) + len(r) for p, r in zip(PROMPTS, ref_seqs)) + BS
     rows = np.zeros((len(PROMPTS), width), np.int32)
     for b, (p, r) in enumerate(zip(PROMPTS, ref_seqs)):
         rows[b, :len(p) + len(r)] = p + r
-    return functools.partial(oracle_proposer, jnp.asarray(rows))
+    return ReferenceProposer(rows, wrong_at)
 
 
 def test_recurrent_family_autoregressive_equals_the_cacheless_oracle():
@@ -127,7 +119,7 @@ def test_recurrent_family_speculative_equals_autoregressive_for_every_accepted_l
     ref = reference()
     t = target()
     drafter = dj.Drafter.random(t, num_layers=1, block_size=BS, seed=6)
-    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, draft_fn=proposer_for(ref))
+    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, proposer=proposer_for(ref))
     assert r.sequences == ref
     seen = set()
     for prompt, lens in zip(PROMPTS, r.acceptance_lengths):
@@ -154,5 +146,5 @@ def test_rollback_that_keeps_the_whole_block_is_caught():
     ref = reference()
     assert dj.generate(bad, PROMPTS, MAX_NEW).sequences == ref
     drafter = dj.Drafter.random(bad, num_layers=1, block_size=BS, seed=6)
-    wrong = dj.generate(bad, PROMPTS, MAX_NEW, drafter=drafter, draft_fn=proposer_for(ref)).sequences
+    wrong = dj.generate(bad, PROMPTS, MAX_NEW, drafter=drafter, proposer=proposer_for(ref)).sequences
     assert wrong != ref

@@ -622,6 +622,7 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     from dflash_jax.decoding.generation import round_up
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.drafter import init_drafter_params
+    from dflash_jax.proposers import DFlashProposer
     from dflash_jax.targets import init_target_params
 
     key = jax.random.key(0)
@@ -629,7 +630,7 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     dparams = None if drafter_cfg is None else jax.eval_shape(
         lambda: init_drafter_params(drafter_cfg, key, dtype))
     spec = engine.EngineSpec(  # as api.prepare_decode builds it
-        target=target_cfg, drafter=drafter_cfg,
+        target=target_cfg, proposer=None if drafter_cfg is None else DFlashProposer(drafter_cfg),
         block_size=1 if drafter_cfg is None else drafter_cfg.block_size,
         sampling=SamplingParams(0.0, None, None), out_len=round_up(max_new_tokens, 16),
         attention_impl="pallas")

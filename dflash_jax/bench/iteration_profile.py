@@ -83,13 +83,14 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
     pre = prepare_decode(target, prompt, 64, drafter=drafter)
     # the target's weights in the layout the decode loop uses (split per layer on CPU)
     spec, tp, dp, state = pre.spec, pre.spec.family.loop_params(target.params), pre.drafter_params, pre.state
-    model = DrafterModel(spec.drafter)
+    dcfg = drafter.config
+    model = DrafterModel(dcfg)
     start = state.tcache.lengths
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    block = jnp.concatenate([state.bonus[:, None], jnp.full((1, bs - 1), spec.drafter.mask_token_id, jnp.int32)], 1)
-    taps = jax.random.normal(jax.random.key(0), (1, bs, spec.drafter.num_taps * target.config.hidden_size),
-                             state.pending_taps.dtype)
-    dcache = model.apply({"params": dp}, taps, positions, state.dcache, start, method=DrafterModel.project_context)
+    block = jnp.concatenate([state.bonus[:, None], jnp.full((1, bs - 1), dcfg.mask_token_id, jnp.int32)], 1)
+    taps = jax.random.normal(jax.random.key(0), (1, bs, dcfg.num_taps * target.config.hidden_size),
+                             state.proposer.pending_taps.dtype)
+    dcache = model.apply({"params": dp}, taps, positions, state.proposer.cache, start, method=DrafterModel.project_context)
     h = model.apply({"params": dp}, embed(tp, block), positions, dcache, method=DrafterModel.draft)
 
     shift = lambda i, toks: (toks + i) % V
@@ -99,7 +100,7 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
                             method=DrafterModel.project_context)
         return cache.k[:, :, start[0]], cache  # the rows written (the cache itself is carried)
 
-    parts["draft, context"] = in_loop(context_update, (dp, taps, state.dcache), n, repeats, carried=2)
+    parts["draft, context"] = in_loop(context_update, (dp, taps, state.proposer.cache), n, repeats, carried=2)
     parts["draft, layers"] = in_loop(
         lambda i, tp, dp, cache: model.apply({"params": dp}, embed(tp, shift(i, block)), positions, cache,
                                              method=DrafterModel.draft),
@@ -119,7 +120,7 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
 
     def accept_commit(i, logits, tcache):
         d = shift(i, draft)
-        accepted, bonus = engine.accept(spec, d, None, logits, jax.random.key(0))
+        accepted, bonus = engine.accept(spec.acceptance, spec.sampling, d, None, logits, jax.random.key(0))
         tcache = engine.rollback(state, accepted, tcache)
         return engine.commit(spec, state, d, accepted, bonus, tcache, pre.max_new, pre.stop_ids).out
 

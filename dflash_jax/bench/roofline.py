@@ -369,7 +369,7 @@ def xla_cost(fn, *args) -> dict:
 
 def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, cache_len: int):
     """The project's own programs for one AR step, one verify and one draft (float32), as
-    ``{name: (fn, args)}`` over abstract arguments. The draft is ``engine.dflash_draft`` on a
+    ``{name: (fn, args)}`` over abstract arguments. The draft is the DFlash proposer's ``propose`` on a
     loop state shaped by ``engine.prefill``."""
     import jax
     import jax.numpy as jnp
@@ -378,13 +378,15 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.cache import KVCache
     from dflash_jax.models.drafter import init_drafter_params
+    from dflash_jax.proposers import Committed, DFlashProposer
     from dflash_jax.targets import init_target_params, target_forward as forward
 
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda k: init_target_params(target, k), key)
     dparams = jax.eval_shape(lambda k: init_drafter_params(drafter, k), key)
     cache = jax.eval_shape(lambda: KVCache.for_config(target, 1, cache_len))
-    spec = engine.EngineSpec(target=target, drafter=drafter, block_size=block_size,
+    proposer = DFlashProposer(drafter)
+    spec = engine.EngineSpec(target=target, proposer=proposer, block_size=block_size,
                              sampling=SamplingParams())
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     state = jax.eval_shape(
@@ -394,12 +396,15 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
     def run_target(taps, p, tokens, c):
         return forward(target, p, tokens, tokens, c, tap_layer_ids=taps)
 
+    def draft(tp, dp, state, key):
+        committed = Committed(state.bonus, state.tcache.lengths, state.tcache, state.out, state.n)
+        return proposer.propose(spec, tp, dp, state.proposer, committed, key)
+
     return {
         "ar_step": (functools.partial(run_target, ()), (tparams, ints(1, 1), cache)),
         "verify": (functools.partial(run_target, drafter.target_layer_ids),
                    (tparams, ints(1, block_size), cache)),
-        "draft": (functools.partial(engine.dflash_draft, spec),
-                  (tparams, dparams, state, key)),
+        "draft": (draft, (tparams, dparams, state, key)),
     }
 
 

@@ -1,54 +1,60 @@
 """The decoding engine: prefill, then one on-device ``lax.while_loop`` of
-draft -> verify -> accept -> commit (SPEC.md section 4, DESIGN.md data flow).
+propose -> verify -> accept -> rollback -> commit (``docs/method.md``, ``docs/proposers.md``).
 
-Autoregressive decoding is the same engine with block size 1 and no drafter (the block is
+The engine names no concrete target and no concrete proposer: the target is its family
+(``dflash_jax.targets``: forward, decode state, rollback), the proposer an object behind the
+interface of ``dflash_jax.proposers`` whose state the loop carries without looking inside.
+Autoregressive decoding is the same engine with no proposer and block size 1 (the block is
 just the bonus token and verify is one target step), so the baseline and DFlash share every
 line of the loop. Rows of a batch advance by their own acceptance lengths: each row has its own
-cache lengths, positions, stop ids and budget; a finished row idles.
+state lengths, positions, stop ids and budget; a finished row idles.
 
 One iteration, one function per step:
-  * :func:`dflash_draft`: the deferred context update (the previous block's verified features
-    enter the drafter cache, see :class:`DecodeState`), then the drafter fills
-    ``[bonus, MASK, ...]``: draft int32[B, bs-1];
-  * :func:`verify`: the target over ``[bonus, draft]``: logits [B, bs, V] and taps;
-  * :func:`accept`: the accepted draft length and the bonus token;
+  * the proposer's ``propose``: the ``bs - 1`` tokens after the bonus;
+  * :func:`verify`: the target over ``[bonus, proposal]``: logits [B, bs, V] and taps;
+  * :func:`accept`: the accepted proposal length and the bonus token (the acceptance rule);
   * :func:`rollback`: the target's decode state back to the kept rows (KV: set the length);
-  * :func:`commit`: emit the tokens, apply stop ids and budgets.
+  * :func:`commit`: emit the tokens, apply stop ids and budgets;
+  * the proposer's ``observe``: the verified block's taps.
+
+Modes, each a named value of :class:`EngineSpec`: no proposer = autoregressive; the acceptance
+rule (:data:`MATCH`, :data:`REJECTION`); the verify length (:class:`FixedVerify`, the whole
+block; :class:`AdaptiveVerify`, a length per iteration from the proposer's confidence and a
+cost table passed in).
 
 Acceptance rules:
-  * greedy (temperature 0): accept while ``draft[i+1] == argmax p_i``;
-  * greedy draft + sampling: the target samples ``x_i ~ p_i`` at every block row and the draft
-    is accepted while it agrees (SPEC section 4); every emitted token is a target sample given
-    the true prefix, so the output has the target's distribution;
-  * sampled draft: ``d_{i+1} ~ q_i``; accept with probability ``min(1, p_i(d)/q_i(d))``; at the
-    first rejection emit a sample of ``normalise(max(p_i - q_i, 0))``; after a full block a
-    sample of ``p_{bs-1}``. Lossless for any q (here q is the drafter's distribution with the
-    same temperature/top-k/top-p as the target).
+  * :data:`MATCH` (greedy proposals): the target samples ``x_i ~ p_i`` at every block row
+    (argmax at temperature 0) and the proposal is accepted while it agrees; every emitted token
+    is a target sample given the true prefix, so the output has the target's distribution;
+  * :data:`REJECTION` (sampled proposals, ``d_{i+1} ~ q_i``): accept with probability
+    ``min(1, p_i(d)/q_i(d))``; at the first rejection emit a sample of
+    ``normalise(max(p_i - q_i, 0))``; after a full block a sample of ``p_{bs-1}``. Lossless
+    for any q.
 
 Multi-device (``EngineSpec.mesh``, ``dflash_jax.parallel``): ``prefill`` and ``decode`` run their
 whole body, the ``while_loop`` included, inside one ``shard_map`` over the mesh. Each device
 runs the functions above on its rows (``data``) with the shard's configs (``model``: heads, KV
 heads, MLP width, vocabulary split; ``parallel.rules``); the only cross-device steps are the
-models' psums and the vocabulary reductions of ``parallel.vocab`` (argmax, log-softmax,
-values at token ids, sampling with the single-device random numbers).
+models' psums and the vocabulary reductions the rules are given (``EngineSpec.ops``,
+``parallel.vocab.VocabOps``: argmax, log-softmax, values at token ids, sampling with the
+single-device random numbers), which exchange numbers per row, never the logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from dflash_jax import targets
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
-from dflash_jax.models.cache import KVCache
 from dflash_jax.parallel import rules, vocab
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.proposers.base import Committed, Proposal, Proposer
 
 
 # Bumped whenever a change to the loop changes what an iteration costs, so that measured cost
@@ -56,47 +62,75 @@ from dflash_jax.models.drafter import DrafterModel
 # split per layer on CPU (the dense family's ``loop_params``).
 LOOP_VERSION = 2
 
+MATCH = "match"
+"""Acceptance rule: accept while the proposal equals the target's own choice (argmax at
+temperature 0, else an independent sample per row): greedy proposals."""
+REJECTION = "rejection"
+"""Acceptance rule: rejection sampling against the proposal's distribution: sampled proposals."""
+ACCEPTANCE_RULES = (MATCH, REJECTION)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedVerify:
+    """Verify the whole block every iteration (the paper)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveVerify:
+    """Verify only the first L block rows per iteration (``decoding.adaptive``): L one of
+    ``lengths`` (static, ascending, each <= the block size), chosen by :func:`choose_verify_length`
+    from the proposer's confidence and ``costs``, the seconds of an iteration at each length
+    (same order; measured by ``adaptive.cost_table`` or given); one compiled verify branch per
+    length (``lax.switch``)."""
+
+    lengths: tuple[int, ...]
+    costs: tuple[float, ...]
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """Everything static about one decoding run (a jit cache key).
 
-    draft_fn: None for the DFlash drafter; otherwise a custom proposer with the signature of
-      :func:`dflash_draft` (used to study the engine with controlled proposals).
+    proposer: the proposer (``dflash_jax.proposers``), or None: autoregressive decoding.
+    acceptance: the acceptance rule, :data:`MATCH` or :data:`REJECTION` (a sampled proposer's).
+    verify: :class:`FixedVerify` or :class:`AdaptiveVerify`.
     mesh: a ``(data, model)`` device mesh (``parallel.make_mesh``) to run on, or None (one
       device). Inside the sharded program the functions see :meth:`local` specs: ``mesh``
       None, ``shards`` set and the configs of one model shard.
-    verify_lengths / verify_costs: adaptive block size (``decoding.adaptive``): the drafter
-      drafts the whole ``block_size`` block, then each iteration verifies only its first
-      L rows, L one of these static lengths (ascending, each <= block_size), chosen from the
-      drafter's own confidence and the cost of an iteration at each length (seconds, same
-      order); one compiled verify branch per length (``lax.switch``). Empty: always verify
-      ``block_size`` rows (the paper's fixed block).
     """
 
     target: TargetConfig
-    drafter: DrafterConfig | None
+    proposer: Proposer | None
     block_size: int
     sampling: SamplingParams
-    sampled_draft: bool = False
-    num_denoise_steps: int = 1
+    acceptance: str = MATCH
+    verify: FixedVerify | AdaptiveVerify = FixedVerify()
     out_len: int = 64
-    draft_fn: Callable | None = None
     attention_impl: str = "xla"
     mesh: Any = None
     shards: vocab.Shards | None = None
-    verify_lengths: tuple[int, ...] = ()
-    verify_costs: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {self.acceptance!r}")
+        if (self.proposer is None) != (self.block_size == 1):
+            raise ValueError(f"block_size={self.block_size} with proposer {self.proposer!r}: "
+                             "autoregressive decoding is block size 1 without a proposer")
 
     @property
     def adaptive(self) -> bool:
-        """Whether each iteration chooses its verify length (see ``verify_lengths``)."""
-        return bool(self.verify_lengths)
+        """Whether each iteration chooses its verify length."""
+        return isinstance(self.verify, AdaptiveVerify)
 
     @property
     def tp_axis(self) -> str | None:
         """The mesh axis of the models' tensor-parallel psums (None: not split)."""
         return self.shards.tp_axis if self.shards is not None else None
+
+    @property
+    def ops(self) -> vocab.VocabOps:
+        """The vocabulary reductions the sampling filters and acceptance rules are given."""
+        return vocab.VocabOps(self.shards)
 
     def local(self) -> "EngineSpec":
         """The spec one device runs inside ``shard_map`` over ``self.mesh``."""
@@ -105,7 +139,7 @@ class EngineSpec:
         return dataclasses.replace(
             self, mesh=None, shards=vocab.Shards(sizes[rules.DATA], m),
             target=rules.local_config(self.target, m),
-            drafter=rules.local_config(self.drafter, m) if self.drafter is not None else None)
+            proposer=self.proposer.local(m) if self.proposer is not None else None)
 
     @property
     def family(self):
@@ -114,7 +148,7 @@ class EngineSpec:
 
     @property
     def tap_layer_ids(self) -> tuple[int, ...]:
-        return self.drafter.target_layer_ids if self.drafter is not None else ()
+        return self.proposer.tap_layer_ids if self.proposer is not None else ()
 
     @property
     def speculative(self) -> bool:
@@ -123,24 +157,14 @@ class EngineSpec:
 
 @flax.struct.dataclass
 class DecodeState:
-    """The loop carry. B rows, bs = block size, k*D = width of the target's taps.
-
-    Deferred context update: the drafter's context is the target's features of the committed
-    tokens, but verify produces them for the whole block before accept knows how many rows will
-    be committed. So the verified block's taps wait in ``pending_taps`` and enter the drafter
-    cache at the next draft (``DrafterModel.project_context`` in :func:`dflash_draft`), whose
-    context length, the committed length, makes the rows past the accepted ones invisible (they
-    are overwritten by a later block before they are read).
-    """
+    """The loop carry. B rows."""
 
     out: jax.Array  # int32[B, out_len] generated ids (-1 = none yet)
     n: jax.Array  # int32[B] number of ids in out
     done: jax.Array  # bool[B] the row stopped or spent its budget; it idles
     tcache: Any  # the target family's decode state (KVCache for dense targets); lengths int32[B] committed
-    dcache: Any  # the drafter's context cache (KVCache, lengths = its context length) or None
     bonus: jax.Array  # int32[B] last committed token, at position tcache.lengths (next anchor)
-    pending_taps: Any  # [B, bs, k*D] taps of the last verified block, not yet in dcache; or None
-    pending_pos: jax.Array  # int32[B, bs] their positions (S = nothing pending: writes dropped)
+    proposer: Any  # the proposer's own state (opaque here), None without a proposer
     accept_lens: jax.Array  # int32[B, out_len] acceptance length (accepted drafts + 1) per iteration
     verify_lens: jax.Array  # int32[B, out_len] block rows the target verified per iteration
     iters: jax.Array  # int32[B] iterations each row took part in
@@ -154,17 +178,22 @@ def is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
     return hit.reshape(tokens.shape)
 
 
+def _axes_to_specs(axes):
+    return jax.tree_util.tree_map(rules.logical_to_spec, axes, is_leaf=lambda x: isinstance(x, tuple))
+
+
 # ---------------------------------------------------------------------------- prefill
 @functools.partial(jax.jit, static_argnames=("spec", "cache_len"))
-def prefill(tparams, dparams, tokens, lengths, max_new, stop_ids, key, *, spec: EngineSpec,
+def prefill(tparams, pparams, tokens, lengths, max_new, stop_ids, key, *, spec: EngineSpec,
             cache_len: int) -> DecodeState:
     """Target over the right-padded prompts (tokens int32[B, P], lengths int32[B]); first token
-    sampled at each row's last prompt position; prompt taps projected into the drafter cache."""
-    args = (tparams, dparams, tokens, lengths, max_new, stop_ids, key)
+    sampled at each row's last prompt position; the proposer set up from the prompt's taps
+    (``pparams``: its parameters)."""
+    args = (tparams, pparams, tokens, lengths, max_new, stop_ids, key)
     if spec.mesh is None:
         return _prefill(spec, cache_len, *args)
     row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
-    in_specs = (target_param_specs(spec, tparams), rules.param_specs(dparams), row2, row, row, row2,
+    in_specs = (target_param_specs(spec, tparams), rules.param_specs(pparams), row2, row, row, row2,
                 jax.sharding.PartitionSpec())
     return jax.shard_map(functools.partial(_prefill, spec.local(), cache_len), mesh=spec.mesh,
                          in_specs=in_specs, out_specs=state_specs(spec), check_vma=False)(*args)
@@ -177,21 +206,16 @@ def target_param_specs(spec: EngineSpec, tparams):
 
 def state_specs(spec: EngineSpec) -> DecodeState:
     """The PartitionSpec of every field of the loop state on ``spec.mesh``: rows over
-    ``data``; the target's decode state by its family's axes, the drafter's cache also by KV
-    heads over ``model``; the key replicated."""
-    spec_of = rules.logical_to_spec
-    row, row2 = spec_of(("batch",)), spec_of(("batch", "time"))
-    kv = spec_of(rules.CACHE_AXES)
-    cache = KVCache(k=kv, v=kv, lengths=row)
-    tstate = jax.tree_util.tree_map(spec_of, spec.family.state_axes(spec.target),
-                                    is_leaf=lambda x: isinstance(x, tuple))
-    has_drafter = spec.drafter is not None
-    return DecodeState(out=row2, n=row, done=row, tcache=tstate, dcache=cache if has_drafter else None,
-                       bonus=row, pending_taps=spec_of(("batch", "time", "embed")) if has_drafter else None,
-                       pending_pos=row2, accept_lens=row2, verify_lens=row2, iters=row, key=jax.sharding.PartitionSpec())
+    ``data``; the target's decode state by its family's axes, the proposer's by its own; the
+    key replicated."""
+    row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
+    proposer = _axes_to_specs(spec.proposer.state_axes()) if spec.proposer is not None else None
+    return DecodeState(out=row2, n=row, done=row, tcache=_axes_to_specs(spec.family.state_axes(spec.target)),
+                       bonus=row, proposer=proposer, accept_lens=row2, verify_lens=row2, iters=row,
+                       key=jax.sharding.PartitionSpec())
 
 
-def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths, max_new,
+def _prefill(spec: EngineSpec, cache_len: int, tparams, pparams, tokens, lengths, max_new,
              stop_ids, key) -> DecodeState:
     cfg = spec.target
     B, P = tokens.shape
@@ -203,88 +227,23 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, dparams, tokens, lengths
                                           family.init_state(cfg, B, cache_len, dtype),
                                           tap_layer_ids=spec.tap_layer_ids, logit_index=lengths - 1,
                                           attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
-    first = sample_tokens(sub, logits[:, 0], spec.sampling, spec.shards)
+    first = sample_tokens(sub, logits[:, 0], spec.sampling, spec.ops)
     tcache = tcache.rollback(lengths)  # the right padding is not part of the prompt
-    bs = spec.block_size
-    dcache = pending = None
-    if spec.drafter is not None:
-        d = spec.drafter
-        dcache = KVCache.init(d.num_layers, B, cache_len, d.num_kv_heads, d.head_dim, dtype)
-        if dparams is not None:
-            dcache = DrafterModel(d, attention_impl=spec.attention_impl, model_axis=spec.tp_axis).apply(
-                {"params": dparams}, taps, positions, dcache, lengths,
-                method=DrafterModel.project_context)
-        pending = jnp.zeros((B, bs, taps.shape[-1]), taps.dtype)
+    pstate = None
+    if spec.proposer is not None:
+        pstate = spec.proposer.init(spec, pparams, taps, positions, lengths, cache_len, dtype)
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(first)
     n = jnp.ones((B,), jnp.int32)
     return DecodeState(
         out=out, n=n, done=is_stop(first, stop_ids) | (n >= max_new), tcache=tcache,
-        dcache=dcache, bonus=first, pending_taps=pending,
-        pending_pos=jnp.full((B, bs), cache_len, jnp.int32),  # nothing pending: dropped writes
-        accept_lens=jnp.zeros((B, spec.out_len), jnp.int32),
+        bonus=first, proposer=pstate, accept_lens=jnp.zeros((B, spec.out_len), jnp.int32),
         verify_lens=jnp.zeros((B, spec.out_len), jnp.int32), iters=jnp.zeros((B,), jnp.int32),
         key=key)
 
 
-# ---------------------------------------------------------------------------- drafting
-def dflash_draft(spec: EngineSpec, tparams, dparams, state: DecodeState, key):
-    """One DFlash draft of the block ``[bonus, MASK * (bs-1)]`` at ``start = tcache.lengths``.
-
-    First the deferred context update (see :class:`DecodeState`): the last verified block's taps
-    enter the drafter cache, whose context length becomes ``start`` (the committed tokens).
-    Then the drafter fills the block. With ``num_denoise_steps = s > 1`` it runs s times; after
-    each pass but the last, the most confident still-masked rows keep their prediction as input
-    to the next pass.
-
-    Returns (draft int32[B, bs-1], draft log-probs float32[B, bs-1, V] or None, drafter cache,
-    and for a greedy draft with ``spec.adaptive`` a 4th: float32[B, bs-1] the drafter's
-    log-probability of each draft token, the confidence :func:`choose_verify_length` reads (a
-    sampled draft's is read from q); a custom ``draft_fn`` with a greedy draft must return it
-    too in adaptive mode).
-    """
-    d, bs, steps = spec.drafter, spec.block_size, spec.num_denoise_steps
-    start = state.tcache.lengths
-    B = start.shape[0]
-    positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    model = DrafterModel(d, attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
-    family, shards = spec.family, spec.shards
-    fill = jnp.full((B, bs - 1), d.mask_token_id, jnp.int32)
-    filled = jnp.zeros((B, bs - 1), bool)
-    dcache = model.apply({"params": dparams}, state.pending_taps, state.pending_pos, state.dcache,
-                         start, method=DrafterModel.project_context)
-    for step in range(steps):
-        block = jnp.concatenate([state.bonus[:, None], fill], axis=1)
-        h = model.apply({"params": dparams}, family.embed(tparams, block, spec.tp_axis), positions,
-                        dcache, method=DrafterModel.draft)
-        logits = family.lm_head(spec.target, tparams, h[:, 1:])
-        if step == steps - 1:
-            break
-        pred = vocab.argmax(logits, shards)
-        if shards is not None and shards.vocab_split:  # max log-softmax = max logit - logsumexp
-            top = jax.lax.pmax(jnp.max(logits, -1), shards.model_axis) - vocab.logsumexp(logits, shards)
-        else:
-            top = jnp.max(jax.nn.log_softmax(logits), -1)
-        conf = jnp.where(filled, jnp.inf, top)
-        rank = jnp.argsort(jnp.argsort(-conf, axis=-1), axis=-1)
-        keep = rank < round((bs - 1) * (step + 1) / steps)
-        fill = jnp.where(filled, fill, jnp.where(keep, pred, fill))
-        filled = filled | keep
-    if spec.sampled_draft:
-        q_logp = process_logits(logits, spec.sampling, shards)
-        draft = vocab.categorical(key, q_logp, shards)
-    else:
-        q_logp = None
-        draft = vocab.argmax(logits, shards)
-    draft = jnp.where(filled, fill, draft)
-    if not spec.adaptive or q_logp is not None:
-        return draft, q_logp, dcache
-    logp = vocab.log_softmax(logits.astype(jnp.float32), shards)
-    return draft, q_logp, dcache, vocab.take(logp, draft, shards)
-
-
 # ---------------------------------------------------------------------------- adaptive length
-def choose_verify_length(spec: EngineSpec, draft_logp, state: DecodeState, max_new) -> jax.Array:
-    """The index into ``spec.verify_lengths`` of this iteration's verify length (one for the
+def choose_verify_length(policy: AdaptiveVerify, draft_logp, state: DecodeState, max_new) -> jax.Array:
+    """The index into ``policy.lengths`` of this iteration's verify length (one for the
     whole batch, or for a data shard's rows on a mesh).
 
     The drafter's probabilities stand in for acceptance: the chance that its first k draft
@@ -298,55 +257,58 @@ def choose_verify_length(spec: EngineSpec, draft_logp, state: DecodeState, max_n
       draft_logp: float32[B, bs-1] the proposer's log-probability of each draft token.
       state: the carry (``n``, ``done``); max_new: int32[B] budgets.
     """
-    lengths = jnp.asarray(spec.verify_lengths, jnp.int32)
+    lengths = jnp.asarray(policy.lengths, jnp.int32)
     B = draft_logp.shape[0]
     reach = jnp.exp(jnp.cumsum(draft_logp.astype(jnp.float32), axis=1))  # P(drafts 1..k accepted)
     prefix = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), jnp.cumsum(reach, axis=1)], axis=1)
     expected = 1.0 + prefix[:, lengths - 1]  # [B, n_lengths] tokens emitted verifying L rows
     expected = jnp.minimum(expected, (max_new - state.n).astype(jnp.float32)[:, None])
     total = jnp.sum(jnp.where(state.done[:, None], 0.0, expected), axis=0)
-    return jnp.argmax(total / jnp.asarray(spec.verify_costs, jnp.float32)).astype(jnp.int32)
+    return jnp.argmax(total / jnp.asarray(policy.costs, jnp.float32)).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------- acceptance
-def accept(spec: EngineSpec, draft, q_logp, logits, key):
+def accept(rule: str, sampling: SamplingParams, draft, q_logp, logits, key,
+           ops: vocab.VocabOps = vocab.LOCAL):
     """Decides how many draft tokens the target accepts, and the token it adds after them.
 
     Args:
+      rule: :data:`MATCH` or :data:`REJECTION` (module docstring).
+      sampling: the target's sampling (temperature, top-k, top-p).
       draft: int32[B, bs-1] the drafted tokens of block rows 1..bs-1.
-      q_logp: float32[B, bs-1, V] the draft distribution each was sampled from (sampled
-        drafts), or None (greedy drafts).
+      q_logp: float32[B, bs-1, V] the draft distribution each was sampled from (REJECTION).
       logits: float32[B, bs, V] the target's logits at the block rows (row i predicts row i+1).
       key: PRNG key.
+      ops: the vocabulary reductions (``parallel.vocab.VocabOps``; V is then the shard's slice).
 
     Returns:
       (accepted int32[B] in 0..bs-1: the length of the accepted draft prefix,
        bonus int32[B]: the target's token after it; see the rules in the module docstring).
     """
     B, bs, V = logits.shape  # V: the shard's vocabulary slice under tensor parallelism
-    shards = spec.shards
-    if not spec.sampled_draft:
+    if rule == MATCH:
         # greedy: argmax; sampling with a greedy draft: one independent target sample per row
-        choice_BxBs = sample_tokens(key, logits, spec.sampling, shards)
+        choice_BxBs = sample_tokens(key, logits, sampling, ops)
         match = draft == choice_BxBs[:, :-1]
         accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
         return accepted, jnp.take_along_axis(choice_BxBs, accepted[:, None], 1)[:, 0]
+    if q_logp is None:
+        raise ValueError("the rejection rule needs the proposal's distribution (q_logp): a "
+                         "sampled proposer returns it")
     k_u, k_res = jax.random.split(key)
-    p_logp = process_logits(logits, spec.sampling, shards)  # [B, bs, V]
-    p_d = vocab.take(p_logp[:, :-1], draft, shards)  # [B, bs-1]
-    q_d = vocab.take(q_logp, draft, shards)
-    u = vocab.uniform(k_u, (B, bs - 1), shards)
+    p_logp = process_logits(logits, sampling, ops)  # [B, bs, V]
+    p_d = ops.take(p_logp[:, :-1], draft)  # [B, bs-1]
+    q_d = ops.take(q_logp, draft)
+    u = ops.uniform(k_u, (B, bs - 1))
     ok = jnp.log(u) < p_d - q_d  # u < p/q  (always when p >= q)
     accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
     p_a = jnp.exp(jnp.take_along_axis(p_logp, accepted[:, None, None], 1)[:, 0])  # [B, V]
     q_pad = jnp.concatenate([jnp.exp(q_logp), jnp.zeros((B, 1, V), q_logp.dtype)], axis=1)
     q_a = jnp.take_along_axis(q_pad, accepted[:, None, None], 1)[:, 0]  # zeros after a full block
     resid = jnp.maximum(p_a - q_a, 0.0)
-    mass = jnp.sum(resid, -1, keepdims=True)
-    if shards is not None and shards.vocab_split:
-        mass = jax.lax.psum(mass, shards.model_axis)
+    mass = ops.sum(resid, keepdims=True)
     resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_a)
-    bonus = vocab.categorical(k_res, jnp.log(resid), shards)
+    bonus = ops.categorical(k_res, jnp.log(resid))
     return accepted, bonus
 
 
@@ -417,9 +379,9 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
 
 
 # ---------------------------------------------------------------------------- the loop
-def _iteration(spec: EngineSpec, tparams, vparams, dparams, max_new, stop_ids, state: DecodeState):
-    """draft -> verify -> accept -> rollback -> commit for every row, then the deferred context
-    update.
+def _iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids, state: DecodeState):
+    """propose -> verify -> accept -> rollback -> commit for every row, then the proposer
+    observes the verified block.
 
     ``tparams``: the target's parameters as given (the proposer gets these); ``vparams``: the
     same in the layout verify runs (the family's ``loop_params``)."""
@@ -427,47 +389,50 @@ def _iteration(spec: EngineSpec, tparams, vparams, dparams, max_new, stop_ids, s
     B = state.bonus.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
     positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    if spec.speculative:
-        draft, q_logp, dcache, *conf = (spec.draft_fn or dflash_draft)(spec, tparams, dparams, state, k_draft)
+    pstate = state.proposer
+    if spec.proposer is not None:
+        committed = Committed(state.bonus, state.tcache.lengths, state.tcache, state.out, state.n)
+        proposal, pstate = spec.proposer.propose(spec, tparams, pparams, pstate, committed, k_draft,
+                                                 want_logp=spec.adaptive)
     else:  # autoregressive: the block is the bonus alone
-        draft, q_logp, dcache, conf = jnp.zeros((B, 0), jnp.int32), None, state.dcache, ()
+        proposal = Proposal(jnp.zeros((B, 0), jnp.int32))
+    draft = proposal.tokens
     block = jnp.concatenate([state.bonus[:, None], draft], axis=1)
     if spec.adaptive:
         accepted, bonus, taps, tcache, verified = _adaptive_verify(
-            spec, vparams, state, block, positions, draft, q_logp, conf, max_new, k_accept)
+            spec, vparams, state, block, positions, proposal, max_new, k_accept)
     else:
         logits, taps, tcache = verify(spec, vparams, block, positions, state.tcache)
-        accepted, bonus = accept(spec, draft, q_logp, logits, k_accept)
+        accepted, bonus = accept(spec.acceptance, spec.sampling, draft, proposal.q_logp, logits,
+                                 k_accept, spec.ops)
         tcache = rollback(state, accepted, tcache)
-        verified = None
+        verified = bs
     state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, verified)
-    # the verified block's taps enter the drafter cache at the next draft (see DecodeState)
-    return state.replace(dcache=dcache, pending_taps=taps if spec.drafter is not None else None,
-                         pending_pos=positions, key=key)
+    if spec.proposer is not None:
+        pstate = spec.proposer.observe(spec, pparams, pstate, taps, positions)
+    return state.replace(proposer=pstate, key=key)
 
 
-def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions, draft, q_logp,
-                     conf, max_new, key):
-    """Verify + accept of the first L block rows, L chosen by :func:`choose_verify_length`
-    (one ``lax.switch`` branch per static length). The taps come back padded to the block
-    (the rows past L are never committed, so their zeros are never read)."""
-    if conf:
-        draft_logp = conf[0]
-    elif q_logp is not None:  # a sampled draft: q at its own tokens
-        draft_logp = vocab.take(q_logp, draft, spec.shards)
-    else:
-        raise ValueError("block_size='adaptive' chooses the verify length from the proposer's "
-                         "confidence: a custom draft_fn with a greedy draft must return a 4th "
-                         "value, float32[B, bs-1] log-probabilities of its draft tokens")
-    choice = choose_verify_length(spec, draft_logp, state, max_new)
+def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions,
+                     proposal: Proposal, max_new, key):
+    """Verify + accept + rollback of the first L block rows, L chosen by
+    :func:`choose_verify_length` from the proposal's log-probabilities (one ``lax.switch``
+    branch per static length). The taps come back padded to the block (the rows past L are
+    never committed, so their zeros are never read)."""
+    if proposal.logp is None:
+        raise ValueError("the adaptive verify length is chosen from the proposer's confidence: "
+                         "its propose(..., want_logp=True) must return Proposal.logp")
+    policy = spec.verify
+    choice = choose_verify_length(policy, proposal.logp, state, max_new)
     bs = spec.block_size
 
     def branch(L):
         def run(operands):
             block, positions, tcache, draft, q_logp = operands
             logits, taps, tcache = verify(spec, tparams, block[:, :L], positions[:, :L], tcache)
-            accepted, bonus = accept(spec, draft[:, :L - 1],
-                                     None if q_logp is None else q_logp[:, :L - 1], logits, key)
+            accepted, bonus = accept(spec.acceptance, spec.sampling, draft[:, :L - 1],
+                                     None if q_logp is None else q_logp[:, :L - 1], logits, key,
+                                     spec.ops)
             tcache = rollback(state, accepted, tcache)  # here: the branches' states must agree
             if taps is not None:
                 taps = jnp.pad(taps, ((0, 0), (0, bs - L), (0, 0)))
@@ -475,33 +440,35 @@ def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, posit
         return run
 
     accepted, bonus, taps, tcache = jax.lax.switch(
-        choice, [branch(L) for L in spec.verify_lengths], (block, positions, state.tcache, draft, q_logp))
-    return accepted, bonus, taps, tcache, jnp.asarray(spec.verify_lengths, jnp.int32)[choice]
+        choice, [branch(L) for L in policy.lengths],
+        (block, positions, state.tcache, proposal.tokens, proposal.q_logp))
+    return accepted, bonus, taps, tcache, jnp.asarray(policy.lengths, jnp.int32)[choice]
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def decode(tparams, dparams, state: DecodeState, max_new, stop_ids, max_iterations,
+def decode(tparams, pparams, state: DecodeState, max_new, stop_ids, max_iterations,
            *, spec: EngineSpec) -> DecodeState:
     """Runs iterations until every row is done or ``max_iterations`` (a traced int) ran.
 
     One call with a large ``max_iterations`` is the whole generation on device; streaming calls
     it repeatedly with a small one and reads the state in between. On a mesh, each data shard
     runs the loop until its own rows are done (the loop's collectives are over ``model`` only).
+    ``pparams``: the proposer's parameters.
     """
-    args = (tparams, dparams, state, max_new, stop_ids, max_iterations)
+    args = (tparams, pparams, state, max_new, stop_ids, max_iterations)
     if spec.mesh is None:
         return _decode(spec, *args)
     row, row2 = rules.logical_to_spec(("batch",)), rules.logical_to_spec(("batch", "time"))
     states = state_specs(spec)
-    in_specs = (target_param_specs(spec, tparams), rules.param_specs(dparams), states, row, row2,
+    in_specs = (target_param_specs(spec, tparams), rules.param_specs(pparams), states, row, row2,
                 jax.sharding.PartitionSpec())
     return jax.shard_map(functools.partial(_decode, spec.local()), mesh=spec.mesh,
                          in_specs=in_specs, out_specs=states, check_vma=False)(*args)
 
 
-def _decode(spec: EngineSpec, tparams, dparams, state: DecodeState, max_new, stop_ids,
+def _decode(spec: EngineSpec, tparams, pparams, state: DecodeState, max_new, stop_ids,
             max_iterations) -> DecodeState:
-    vparams = spec.family.loop_params(tparams)  # custom proposers (draft_fn) get them as given
+    vparams = spec.family.loop_params(tparams)  # proposers get the parameters as given
 
     def cond(carry):
         state, it = carry
@@ -509,7 +476,7 @@ def _decode(spec: EngineSpec, tparams, dparams, state: DecodeState, max_new, sto
 
     def body(carry):
         state, it = carry
-        return _iteration(spec, tparams, vparams, dparams, max_new, stop_ids, state), it + 1
+        return _iteration(spec, tparams, vparams, pparams, max_new, stop_ids, state), it + 1
 
     state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
     return state

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,7 @@ from dflash_jax.decoding.adaptive import ADAPTIVE
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.models.handles import Drafter, Target
 from dflash_jax.nn.attention import check_attention_impl
+from dflash_jax.proposers import DFlashProposer, Proposer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +48,8 @@ class GenerateOptions:
     num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
     sampled_draft: sample the draft from the drafter's distribution and use rejection
       sampling, instead of the greedy draft the paper uses (both are lossless).
-    draft_fn: advanced: a custom proposer replacing the DFlash draft (see
-      ``decoding.engine.dflash_draft`` for the signature).
+    proposer: advanced: a proposer (``dflash_jax.proposers.Proposer``) used instead of the
+      drafter's DFlash proposer; its block size is ``block_size`` (default: the drafter's).
     attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
       slowly, when not on a GPU) for attention through the KV caches.
     pad_to: (prompt width, cache length) to pad to at least, so that calls with different
@@ -65,7 +66,7 @@ class GenerateOptions:
     cost_table: Mapping[int, float] | None = None
     num_denoise_steps: int = 1
     sampled_draft: bool = False
-    draft_fn: Callable | None = None
+    proposer: Proposer | None = None
     attention_impl: str = "xla"
     pad_to: tuple[int, int] | None = None
 
@@ -295,7 +296,12 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None):
         raise ValueError("verify_lengths and cost_table belong to the adaptive block size: pass "
                          f"block_size={ADAPTIVE!r} with them (got block_size={block_size!r})")
-    if drafter is None:
+    if drafter is None and opt.proposer is not None:  # a custom proposer alone
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 2:
+            raise ValueError(f"a proposer without a drafter needs block_size, an integer >= 2 "
+                             f"(got {block_size!r})")
+        bs, dcfg, dparams = int(block_size), None, None
+    elif drafter is None:
         if block_size not in (None, 1):
             raise ValueError(f"block_size={block_size!r} needs a drafter (generate(..., drafter=...))")
         bs, dcfg, dparams = 1, None, None
@@ -331,20 +337,32 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
             raise ValueError(f"{B} prompts cannot be split over the mesh's data={data} shards: "
                              f"pass a multiple of {data} prompts (or build the mesh with "
                              f"data dividing {B})")
-    lengths, costs = (), ()
+    verify = engine.FixedVerify()
     if adaptive:
         lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
-        table = opt.cost_table if opt.cost_table is not None else adaptive_mod.cost_table(
-            target, drafter, lengths, B)
-        costs = adaptive_mod.check_cost_table(table, lengths)
+        if opt.cost_table is None:
+            raise ValueError(f"block_size={ADAPTIVE!r} needs a cost_table here ({{verify length: "
+                             "seconds per iteration}; dflash_jax.decoding.adaptive.cost_table "
+                             "measures and caches one; generate and generate_stream do that "
+                             "themselves)")
+        verify = engine.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, lengths))
     lens = [len(r) for r in rows]
     width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=opt.pad_to)
+    proposer = None
+    if bs > 1:
+        if opt.proposer is not None:
+            if not isinstance(opt.proposer, Proposer):
+                raise ValueError(f"proposer must be a dflash_jax.proposers.Proposer, got "
+                                 f"{type(opt.proposer).__name__}")
+            proposer = opt.proposer
+        else:
+            proposer = DFlashProposer(dcfg, int(num_denoise_steps),
+                                      bool(opt.sampled_draft) and not sampling.greedy)
     spec = engine.EngineSpec(
-        target=cfg, drafter=dcfg, block_size=bs, sampling=sampling,
-        sampled_draft=bool(opt.sampled_draft) and bs > 1 and not sampling.greedy,
-        num_denoise_steps=int(num_denoise_steps), out_len=round_up(max(budgets), 16),
-        draft_fn=opt.draft_fn, attention_impl=check_attention_impl(opt.attention_impl),
-        mesh=target.mesh, verify_lengths=lengths, verify_costs=costs)
+        target=cfg, proposer=proposer, block_size=bs, sampling=sampling,
+        acceptance=engine.REJECTION if proposer is not None and proposer.sampled else engine.MATCH,
+        verify=verify, out_len=round_up(max(budgets), 16),
+        attention_impl=check_attention_impl(opt.attention_impl), mesh=target.mesh)
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r
@@ -357,6 +375,18 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     jax.block_until_ready(state.out)
     return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
                           time.perf_counter() - t0)
+
+
+def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> GenerateOptions:
+    """``opt`` with the adaptive block size's cost table: the given one, else the one measured
+    (and cached) on this device for this pair and batch (``adaptive.cost_table``). Run before
+    the arguments are prepared, so that preparing never starts a benchmark; options that
+    cannot be measured are left for :func:`_prepare` to refuse."""
+    if opt.block_size != ADAPTIVE or opt.cost_table is not None or not isinstance(drafter, Drafter):
+        return opt
+    lengths = adaptive_mod.verify_lengths(drafter.config.block_size, opt.verify_lengths)
+    batch = len(_as_prompt_list(prompts, target.config.vocab_size))
+    return dataclasses.replace(opt, cost_table=adaptive_mod.cost_table(target, drafter, lengths, batch))
 
 
 def _on_mesh(mesh, *, seed: int, **rows: np.ndarray) -> dict:
@@ -397,10 +427,10 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
       drafter: a DFlash :class:`Drafter` for speculative decoding (None: autoregressive).
       **options: the fields of :class:`GenerateOptions`: ``temperature``, ``top_k``,
         ``top_p`` (0 = greedy), ``stop_token_ids``, ``seed``, ``block_size``,
-        ``num_denoise_steps``, ``sampled_draft``, ``draft_fn``, ``attention_impl``, ``pad_to``.
+        ``num_denoise_steps``, ``sampled_draft``, ``proposer``, ``attention_impl``, ``pad_to``.
     """
-    pre = _prepare(target, prompts, max_new_tokens, drafter,
-                   GenerateOptions.from_keywords("generate", options))
+    opt = _with_cost_table(target, prompts, drafter, GenerateOptions.from_keywords("generate", options))
+    pre = _prepare(target, prompts, max_new_tokens, drafter, opt)
     t1 = time.perf_counter()
     state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
                           np.int32(np.iinfo(np.int32).max), spec=pre.spec)
@@ -418,8 +448,9 @@ def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter
     run in slices)."""
     if iterations_per_chunk < 1:
         raise ValueError(f"iterations_per_chunk must be >= 1, got {iterations_per_chunk}")
-    pre = _prepare(target, prompts, max_new_tokens, drafter,
-                   GenerateOptions.from_keywords("generate_stream", options))
+    opt = _with_cost_table(target, prompts, drafter,
+                           GenerateOptions.from_keywords("generate_stream", options))
+    pre = _prepare(target, prompts, max_new_tokens, drafter, opt)
     state = pre.state
     out, n, done = _fetch((state.out, state.n, state.done), target.mesh)
     seen = np.zeros_like(n)

@@ -36,24 +36,25 @@ class SamplingParams:
 
 
 def process_logits(logits: jax.Array, params: SamplingParams,
-                   shards: vocab.Shards | None = None) -> jax.Array:
+                   ops: vocab.VocabOps = vocab.LOCAL) -> jax.Array:
     """Log-probabilities float32[..., V] after temperature, top-k and top-p (excluded = -inf).
 
-    For greedy params this returns the log-softmax of the raw logits. ``shards``: inside
-    ``shard_map`` with the vocabulary split (``parallel.vocab``): logits and result are the
-    shard's slice; top-k finds its threshold from every shard's k largest values, top-p gathers
-    the whole vocabulary (its threshold needs the sorted distribution).
+    For greedy params this returns the log-softmax of the raw logits. ``ops``: the vocabulary
+    reductions (``parallel.vocab.VocabOps``); with the vocabulary split inside ``shard_map``,
+    logits and result are the shard's slice, top-k finds its threshold from every shard's k
+    largest values, top-p gathers the whole vocabulary (its threshold needs the sorted
+    distribution).
     """
-    if shards is not None and shards.vocab_split:
+    if ops.vocab_split:
         x = logits.astype(jnp.float32)
         if not params.greedy:
             x = x / params.temperature
         if params.top_p is not None and params.top_p < 1.0:  # a sort of the whole vocabulary
-            x = vocab.local_vocab(_filter(vocab.gather_vocab(x, shards), params), shards)
-        elif params.top_k is not None and params.top_k < x.shape[-1] * shards.model:
-            kth = vocab.kth_largest(x, params.top_k, shards)[..., None]
+            x = ops.local(_filter(ops.gather(x), params))
+        elif params.top_k is not None and params.top_k < x.shape[-1] * ops.vocab_shards:
+            kth = ops.kth_largest(x, params.top_k)[..., None]
             x = jnp.where(x >= kth, x, -jnp.inf)
-        return vocab.log_softmax(x, shards)
+        return ops.log_softmax(x)
     x = logits.astype(jnp.float32)
     if not params.greedy:
         x = x / params.temperature
@@ -78,10 +79,9 @@ def _filter(x: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams,
-                  shards: vocab.Shards | None = None) -> jax.Array:
+                  ops: vocab.VocabOps = vocab.LOCAL) -> jax.Array:
     """int32[...] tokens from logits[..., V]: argmax when greedy, else a categorical sample
-    (``shards``: rows and vocabulary split, the same tokens as on one device;
-    ``parallel.vocab``)."""
+    (``ops`` of a split vocabulary: the same tokens as on one device; ``parallel.vocab``)."""
     if params.greedy:
-        return vocab.argmax(logits, shards)
-    return vocab.categorical(key, process_logits(logits, params, shards), shards)
+        return ops.argmax(logits)
+    return ops.categorical(key, process_logits(logits, params, ops))

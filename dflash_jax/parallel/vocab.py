@@ -154,3 +154,65 @@ def uniform(key, shape, shards: Shards | None) -> jax.Array:
     if shards is None:
         return jax.random.uniform(key, shape)
     return global_noise(key, lambda k, s: jax.random.uniform(k, s), shape, shards, vocab=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabOps:
+    """The reductions over the vocabulary axis that sampling filters and acceptance rules need,
+    injected into them: for one device (``shards`` None: the plain ``jnp`` reductions) or for a
+    vocabulary split over ``model`` inside ``shard_map`` (the functions above: scalars per row
+    cross devices, never the logits, except :meth:`gather` for top-p). The rules see only these
+    methods, never the mesh."""
+
+    shards: Shards | None = None
+
+    @property
+    def vocab_split(self) -> bool:
+        return self.shards is not None and self.shards.vocab_split
+
+    @property
+    def vocab_shards(self) -> int:
+        """Number of vocabulary slices (the full vocabulary is this times the local one)."""
+        return self.shards.model if self.vocab_split else 1
+
+    def argmax(self, x):
+        return argmax(x, self.shards)
+
+    def max(self, x):
+        """Maximum over the last axis [...]."""
+        m = jnp.max(x, axis=-1)
+        return jax.lax.pmax(m, self.shards.model_axis) if self.vocab_split else m
+
+    def sum(self, x, keepdims: bool = False):
+        """Sum over the last axis."""
+        s = jnp.sum(x, axis=-1, keepdims=keepdims)
+        return jax.lax.psum(s, self.shards.model_axis) if self.vocab_split else s
+
+    def logsumexp(self, x):
+        return logsumexp(x, self.shards)
+
+    def log_softmax(self, x):
+        return log_softmax(x, self.shards)
+
+    def take(self, x, ids):
+        return take(x, ids, self.shards)
+
+    def kth_largest(self, x, k: int):
+        return kth_largest(x, k, self.shards)
+
+    def gather(self, x):
+        """The whole vocabulary axis (top-p's sort needs it)."""
+        return gather_vocab(x, self.shards)
+
+    def local(self, x_full):
+        return local_vocab(x_full, self.shards)
+
+    def categorical(self, key, logp):
+        return categorical(key, logp, self.shards)
+
+    def uniform(self, key, shape):
+        return uniform(key, shape, self.shards)
+
+
+LOCAL = VocabOps()
+"""The single-device reductions."""

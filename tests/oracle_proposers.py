@@ -1,0 +1,130 @@
+"""Test-only proposers (``dflash_jax.proposers.Proposer``) whose proposals the tests control,
+to study the engine: a new proposer is one module, and these are the second and third.
+
+* :class:`OracleProposer` rolls the target itself forward from the committed state (a real
+  computation through the same decode state, any target family): its greedy continuation, so
+  whole blocks are accepted; ``corrupt`` replaces that fraction of tokens at random, which
+  produces every acceptance length in between; ``q_temperature`` samples the tokens from the
+  target's distribution at another temperature instead (a sampled proposal, q returned);
+  ``confidences`` claims, per iteration, one of those per-token probabilities (what the
+  adaptive verify length reads).
+* :class:`TableProposer` proposes from the target's exact next-token distribution after the
+  row's generated prefix (``exact_sampling.PrefixLogits``).
+* :class:`ReferenceProposer` proposes a known continuation, wrong at chosen draft positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.decoding.sampling import process_logits
+from dflash_jax.proposers import Proposal, Proposer
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleProposer(Proposer):
+    corrupt: float = 0.0
+    q_temperature: float | None = None
+    confidences: tuple[float, ...] | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.q_temperature is not None
+
+    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+        family = spec.family
+
+        def step(carry, key):
+            cache, tok = carry
+            k_tok, k_bad, k_flip = jax.random.split(key, 3)
+            logits, _, cache = family.forward(spec.target, tparams, tok[:, None],
+                                              cache.lengths[:, None], cache)
+            cache = cache.rollback(cache.lengths)  # keep the row (a recurrent state drops its snapshots)
+            logits = logits[:, 0]
+            if self.q_temperature is None:
+                q, tok = None, jnp.argmax(logits, -1).astype(jnp.int32)
+            else:
+                q = process_logits(logits * spec.sampling.temperature / self.q_temperature, spec.sampling)
+                tok = jax.random.categorical(k_tok, q).astype(jnp.int32)
+            if self.corrupt:
+                bad = jax.random.uniform(k_flip, tok.shape) < self.corrupt
+                tok = jnp.where(bad, jax.random.randint(k_bad, tok.shape, 0, spec.target.vocab_size), tok)
+            return (cache, tok), (tok, q)
+
+        _, (drafts, qs) = jax.lax.scan(step, (committed.target_state, committed.bonus),
+                                       jax.random.split(key, spec.block_size - 1))
+        drafts, q_logp = drafts.T, (None if qs is None else jnp.swapaxes(qs, 0, 1))
+        logp = None
+        if want_logp and self.confidences is not None:
+            levels = jnp.asarray(self.confidences)
+            level = levels[jax.random.randint(jax.random.fold_in(key, 1), (), 0, len(self.confidences))]
+            logp = jnp.full(drafts.shape, jnp.log(level))
+        elif want_logp and q_logp is not None:
+            logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0]
+        return Proposal(drafts, q_logp, logp), state
+
+
+ORACLE = OracleProposer()
+ORACLE_NOISY = OracleProposer(corrupt=0.25)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity: it holds a table
+class TableProposer(Proposer):
+    """The target's exact next-token logits after the row's generated prefix (looked up in
+    ``prefix_logits``; uniform past its depth), as an argmax (greedy proposal) or a sample at
+    ``q_temperature`` with the sampling filters (sampled, q returned): q close to p, so whole
+    blocks are accepted, but not equal to it."""
+
+    prefix_logits: object
+    q_temperature: float | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.q_temperature is not None
+
+    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+        V, depth = self.prefix_logits.vocab, self.prefix_logits.depth
+        table = jnp.asarray(np.concatenate(self.prefix_logits.levels), jnp.float32)  # [sum V^L, V]
+        offsets = jnp.asarray(np.cumsum([0] + [V ** L for L in range(depth)]), jnp.int32)
+        out, n = committed.generated, committed.num_generated  # the prefix is out[:, :n]
+        j = jnp.arange(out.shape[1])
+        power = jnp.where(j < n[:, None], V ** jnp.clip(n[:, None] - 1 - j, 0, depth), 0)
+        value = jnp.sum(jnp.maximum(out, 0) * power, axis=1)  # the prefix read in base V
+        drafts, qs = [], []
+        for i, k in enumerate(jax.random.split(key, spec.block_size - 1)):
+            length = n + i
+            inside = length < depth
+            logits = jnp.where(inside[:, None], table[offsets[jnp.minimum(length, depth - 1)] + value], 0.0)
+            if self.q_temperature is None:
+                tok = jnp.argmax(logits, -1).astype(jnp.int32)
+            else:
+                q = process_logits(logits * spec.sampling.temperature / self.q_temperature, spec.sampling)
+                qs.append(q)
+                tok = jax.random.categorical(k, q).astype(jnp.int32)
+            drafts.append(tok)
+            value = jnp.where(length + 1 < depth, value * V + tok, 0)
+        drafts = jnp.stack(drafts, 1)
+        q_logp = jnp.stack(qs, 1) if qs else None
+        logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0] if want_logp and qs else None
+        return Proposal(drafts, q_logp, logp), state
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity: it holds arrays
+class ReferenceProposer(Proposer):
+    """Proposes ``rows[b, start+1 : start+bs]`` (a known continuation: prompt + reference
+    output per row), wrong (token + 1) at draft index ``wrong_at(start)`` (bs - 1: nowhere)."""
+
+    rows: object  # int32[B, width]
+    wrong_at: object  # int32[B] start -> int32[B] draft index
+
+    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+        bs, rows = spec.block_size, jnp.asarray(self.rows)
+        start = committed.start
+        idx = start[:, None] + 1 + jnp.arange(bs - 1)
+        truth = jnp.take_along_axis(rows, jnp.minimum(idx, rows.shape[1] - 1), axis=1)
+        bad = jnp.arange(bs - 1)[None] == self.wrong_at(start)[:, None]
+        return Proposal(jnp.where(bad, (truth + 1) % spec.target.vocab_size, truth)), state
