@@ -24,7 +24,7 @@ from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter, 
                             load_drafter, load_embedded, load_target, save_drafter)
 from dflash_jax.checkpoints import CheckpointError  # noqa: E402
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig  # noqa: E402
-from dflash_jax.models.cache import KVCache  # noqa: E402
+from dflash_jax.nn.cache import KVCache  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -9,8 +9,8 @@ This module only gathers them; each lives beside what it belongs to:
     (tokens and acceptance statistics).
 """
 
-from dflash_jax.decoding.generation import (GenerateOptions, GenerateResult, StreamChunk, generate,
-                                            generate_stream)
+from dflash_jax.decoding.generation import GenerateResult, StreamChunk, generate, generate_stream
+from dflash_jax.decoding.prepare import GenerateOptions
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter, Target,
                                        load_drafter, load_embedded, load_target, save_drafter)
 

@@ -323,7 +323,7 @@ def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
 
 # ---------------------------------------------------------------------------- drafter API
 def drafter_tensor_specs(cfg) -> dict[str, TensorSpec]:
-    """Tensors of a released DFlash drafter (SPEC section 3): no embedding, no LM head; a
+    """Tensors of a released DFlash drafter (docs/method.md section 3): no embedding, no LM head; a
     drafter with conditioning "none" has no ``fc`` and ``hidden_norm`` either."""
     D = cfg.hidden_size
     specs = {}

@@ -1,7 +1,7 @@
 """Static model configurations, built from and written back to Hugging Face ``config.json``.
 
 Configs are frozen, hashable dataclasses so they can be passed to ``jax.jit`` as static
-arguments. Field names describe dimensions in the notation of SPEC.md section 1.
+arguments. Field names describe dimensions in the notation of docs/method.md section 1.
 
 Every ``config.json`` this module writes reads the same in transformers 4.x, transformers 5.x
 and the DFlash serving engines: RoPE is written both as the hub's top-level ``rope_theta`` +
@@ -185,7 +185,7 @@ _OFF = lambda v: not v                                   # absent, null, false o
 _ON = lambda v: v is None or v is True                   # absent, null or true
 _ONE = lambda v: v is None or (not isinstance(v, bool) and float(v) == 1.0)
 _DRAFTER_VARIANTS = (
-    ("", "attention_bias", _OFF, "the drafter has no attention biases (SPEC section 3)"),
+    ("", "attention_bias", _OFF, "the drafter has no attention biases (docs/method.md section 3)"),
     ("", "is_causal", _OFF, "the drafter's block attention is non-causal"),
     ("dflash_config", "causal", _OFF, "the drafter's block attention is non-causal"),
     ("dflash_config", "use_swa", _OFF, "sliding-window drafter attention is not implemented"),
@@ -205,8 +205,8 @@ _DRAFTER_VARIANTS = (
     ("", "has_lm_head", _OFF, "the drafter uses the target's LM head, never its own"),
     ("", "use_aux_hidden_state", _ON, "the drafter is conditioned on the target's taps"),
     ("dflash_config", "use_aux_hidden_state", _ON, "the drafter is conditioned on the target's taps"),
-    ("", "sample_from_anchor", _ON, "block row 0 is the anchor token (SPEC section 3)"),
-    ("dflash_config", "sample_from_anchor", _ON, "block row 0 is the anchor token (SPEC section 3)"),
+    ("", "sample_from_anchor", _ON, "block row 0 is the anchor token (docs/method.md section 3)"),
+    ("dflash_config", "sample_from_anchor", _ON, "block row 0 is the anchor token (docs/method.md section 3)"),
 )
 
 
@@ -422,7 +422,7 @@ def read_config_json(path: str | os.PathLike) -> dict:
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """SPEC section 2: n taps spread evenly from layer 1 to layer N-3 (``[N // 2]`` for n = 1).
+    """docs/method.md section 2: n taps spread evenly from layer 1 to layer N-3 (``[N // 2]`` for n = 1).
 
     For a 36-layer target and 5 drafter layers: (1, 9, 17, 25, 33).
     """
@@ -458,7 +458,7 @@ def conditioning_from_hf(d: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
-    """A DFlash drafter (SPEC section 3): ``num_layers`` = n Qwen3-style layers with the
+    """A DFlash drafter (docs/method.md section 3): ``num_layers`` = n Qwen3-style layers with the
     target's attention shapes, conditioned on ``len(target_layer_ids)`` = k target taps.
 
     ``block_size`` is the training block size (the default at inference);

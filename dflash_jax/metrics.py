@@ -1,4 +1,4 @@
-"""The paper's metrics (SPEC section 6), one implementation for ``bench``, the experiments
+"""The paper's metrics (docs/method.md section 6), one implementation for ``bench``, the experiments
 and the notebooks.
 
 A *response* is one generated answer (one prompt, or one turn of a multi-turn prompt) at
@@ -90,7 +90,7 @@ def _lengths(responses) -> list[np.ndarray]:
 
 
 def tau(responses) -> float:
-    """SPEC section 6: per response the mean acceptance length, then the mean over responses
+    """docs/method.md section 6: per response the mean acceptance length, then the mean over responses
     (a response without iterations, whose first token was its last, has no tau and is left
     out); nan when no response has one. ``responses``: Responses or acceptance-length lists."""
     per = [a.mean() for a in _lengths(responses) if a.size]
@@ -138,7 +138,7 @@ def _paired(ar, dflash) -> tuple[list, list]:
 
 
 def decode_speedup(ar: Sequence[Response], dflash: Sequence[Response]) -> float:
-    """SPEC section 6: mean over responses of AR decode time per output token / the same mean
+    """docs/method.md section 6: mean over responses of AR decode time per output token / the same mean
     for DFlash (prefill excluded). Responses whose loop made no token in either method are
     left out of both means."""
     ar, dflash = _paired(ar, dflash)

@@ -10,7 +10,7 @@ it (HTML), and plots of acceptance, of a training run and of an ablation beside 
 The plots return a ``matplotlib.figure.Figure`` made without pyplot (no global figure state, no
 backend switch): Jupyter displays a figure that is a cell's value; elsewhere ``fig.savefig``.
 Their size in pixels follows ``matplotlib.rcParams["figure.dpi"]``. The metrics are
-``dflash_jax.metrics``' (SPEC section 6).
+``dflash_jax.metrics``' (docs/method.md section 6).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ tau / 4.69x vs fixed 4.94 / 4.13x.
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:

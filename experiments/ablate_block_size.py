@@ -5,7 +5,7 @@ block sizes (a matrix), with the same depth, taps and training budget.
     python -m experiments.ablate_block_size --preset gpu --target Qwen3-8B-DIR
     experiments.ablate_block_size.run(preset="smoke") -> Table
 
-The paper (SPEC section 6) trains 8 and 16 and tests 8 and 16: a drafter trained at 16
+The paper (docs/method.md section 6) trains 8 and 16 and tests 8 and 16: a drafter trained at 16
 generalises to 8 better than one trained at 8 generalises to 16, and 16 -> 16 is best.
 The inference block size "adaptive" (not in the paper, which leaves it as future work) drafts
 the whole trained block and verifies 4, 8 or the whole block, chosen per iteration from the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def _order(size) -> tuple:

@@ -16,7 +16,7 @@ the conditioned ones.
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 ORDER = ("kv", "input", "none")
 

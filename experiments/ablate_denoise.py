@@ -13,7 +13,7 @@ shares the drafter (trained once, the depth ablation's 1-layer cell under the cp
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:

@@ -5,7 +5,7 @@ each measured against autoregressive decoding on the same prompts.
     python -m experiments.ablate_depth --preset gpu --target Qwen3-8B-DIR   # the paper's 3, 5, 8
     experiments.ablate_depth.run(preset="smoke") -> Table
 
-The paper's finding (SPEC section 6): a deeper drafter drafts better (tau rises with depth)
+The paper's finding (docs/method.md section 6): a deeper drafter drafts better (tau rises with depth)
 but costs more per draft, so the speedup peaks at a middle depth.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:

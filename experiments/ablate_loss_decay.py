@@ -7,13 +7,13 @@ the block size: 7 for 16) vs uniform weights, the same drafter, data, anchors an
 
 A trainer setting (``TrainConfig.uniform_weights``); only the weights differ between the two
 cells (tests/test_training.py checks it). The paper motivates the decay (a block is accepted
-up to its first wrong draft, so the early positions matter most); SPEC.md records no numbers
+up to its first wrong draft, so the early positions matter most); the paper reports no numbers
 for it, so the table has none beside ours.
 """
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:
@@ -30,7 +30,7 @@ def findings(table) -> list[str]:
     out = framework.compare(rows, name, "tau") + framework.compare(rows, name, "speedup")
     if len(rows) == 2:
         out.append(framework.paper_direction(by["decay"], by["uniform"], name,
-                                             "the decay is the recipe's choice; no numbers in SPEC"))
+                                             "the decay is the recipe's choice; no numbers in the paper"))
         pa, pb = (by[w]["datasets"] for w in ("decay", "uniform"))
         first = {w: by[w]["datasets"][next(iter(pa))]["position_acceptance"] for w in ("decay", "uniform")}
         out.append("per-position acceptance, first prompt set, positions 1 / 4 / last: "

@@ -5,7 +5,7 @@ depth, block size and training budget.
     python -m experiments.ablate_taps --preset gpu --target Qwen3-8B-DIR    # the paper's 3 vs 5
     experiments.ablate_taps.run(preset="smoke") -> Table
 
-Which layers: SPEC section 2's formula spread to k taps, ``ids[j] = round(1 + j (N - 4) / (k - 1))``
+Which layers: docs/method.md section 2's formula spread to k taps, ``ids[j] = round(1 + j (N - 4) / (k - 1))``
 (``[N // 2]`` for one tap), when the target is deep enough for k distinct ids (N - 3 >= k);
 on a shallower target (the embedded one has N = 4, where the formula's range 1..N-3 is the
 single layer 1) the k taps are spread the same way over layers 1..N-1: 1 tap [2] (the
@@ -16,11 +16,11 @@ every set.
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def spread_taps(num_target_layers: int, k: int) -> tuple[int, ...]:
-    """k target layer ids (module docstring): SPEC's formula, or spread over 1..N-1 when the
+    """k target layer ids (module docstring): the default formula (docs/method.md section 2), or spread over 1..N-1 when the
     target is too shallow for k distinct ids. A ValueError when it has fewer than k layers."""
     n = num_target_layers
     if k < 1 or (k > 1 and k > n - 1):

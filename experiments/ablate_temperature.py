@@ -13,7 +13,7 @@ distribution). The paper's Table 1 (Qwen3-8B): tau 6.49 / speedup 4.86x on avera
 
 from __future__ import annotations
 
-from experiments import framework, paper_numbers as paper
+from dflash_jax.experiments import framework, paper_numbers as paper
 
 
 def cells(settings, train, axes) -> list[dict]:

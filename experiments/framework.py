@@ -7,7 +7,7 @@ setting plus an evaluation setting.
 
 What a run does, every step resumable and keyed by a hash of the settings that decide it:
 
-1. training prompts (``prompt_source``) answered by the target itself (SPEC section 5):
+1. training prompts (``prompt_source``) answered by the target itself (docs/method.md section 5):
    ``WORK/data/<hash>/`` (``dflash_jax.training.data.regenerate``; shared by every cell and
    every experiment with the same data settings);
 2. per distinct training setting, a drafter trained with the project's trainer
@@ -102,7 +102,7 @@ class Settings:
         regen_batch_size: prompts per batch when regenerating
         layers: drafter layers (a grid may vary it)
         block_size: training block size (a grid may vary it)
-        taps: target layer ids the drafter reads (default: SPEC section 2's formula)
+        taps: target layer ids the drafter reads (default: docs/method.md section 2's formula)
         mask_token_id: the mask token (default: the tokenizer's)
         seed: the first training seed (weights, data order, anchors)
         seeds: seeds trained per cell (seed, seed+1, ...); the table reports their spread
@@ -726,7 +726,7 @@ def write_outputs(table: Table, out: str, identity: dict) -> None:
 
 
 def _paper_markdown(experiment: Experiment) -> str:
-    from experiments import paper_numbers as paper
+    from dflash_jax.experiments import paper_numbers as paper
 
     return paper.markdown(experiment.paper_rows, experiment.paper_keys)
 
@@ -749,7 +749,7 @@ def readme(table: Table, md: str) -> str:
              f"tokens, T = {s['temperature']}, batch 1, AR and DFlash interleaved per prompt",
              "", "## Results", "",
              "tau: per response the mean acceptance length, then the mean over responses; speedup: mean AR "
-             "time per output token / mean DFlash time per output token, decode phase only (SPEC section 6); "
+             "time per output token / mean DFlash time per output token, decode phase only (docs/method.md section 6); "
              "[95% CI]: percentile bootstrap over prompts, stratified by prompt set (and seed), seed 0.", "",
              md, "", "![plot](plot.png)", "", "## The paper, same ablation", "", _paper_markdown(e), "",
              "## What the data shows", ""]
@@ -766,7 +766,7 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
         raise ValueError(f"the {preset} preset needs --target: a Hugging Face target directory (e.g. Qwen3-8B)")
     if settings.prompt_source is None:
         raise ValueError(f"the {preset} preset needs --prompt-source FILE.jsonl: the training prompts (the paper's "
-                         "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, SPEC section 5; "
+                         "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, docs/method.md section 5; "
                          "train-data's formats), answered by the target")
     if not os.path.isdir(settings.target):
         raise FileNotFoundError(f"target directory {settings.target!r} does not exist")

@@ -11,7 +11,7 @@
     experiments.paper.run("table1", preset="smoke") -> dict
 
 Every measurement is the benchmark's protocol (``python -m dflash_jax bench``: AR and DFlash
-on the same prompts, batch 1, interleaved per prompt; SPEC section 6's metrics with 95 %
+on the same prompts, batch 1, interleaved per prompt; docs/method.md section 6's metrics with 95 %
 intervals) and is kept per (pair, prompt set, temperature, block size) under ``--work``
 (``WORK/paper/<hash>/record.json``), so an interrupted run resumes where it stopped and the
 items share measurements (``acceptance`` reads ``table1``'s T = 0 runs, ``block_size_curve``
@@ -42,8 +42,8 @@ from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
-from experiments import framework
-from experiments import paper_numbers as numbers
+from dflash_jax.experiments import framework
+from dflash_jax.experiments import paper_numbers as numbers
 
 ITEMS = ("table1", "acceptance", "block_size_curve", "training_curve")
 ABLATIONS = ("ablate_depth", "ablate_block_size", "ablate_taps", "ablate_conditioning", "ablate_anchors",
@@ -441,7 +441,7 @@ def training_curve(s: Session | None, opt: Options) -> dict:
     findings = [f"held-out tau {ev[0]:.2f} at the first measurement -> {ev[-1]:.2f} at the last; "
                 + ("still rising at the end (more steps would help)" if len(tail) >= 2 and tail[-1] > tail[-2]
                    else "flat or falling at the end"),
-                "the paper trains 6 epochs on 800K samples (SPEC section 5) and shows no curve; SPEC records no "
+                "the paper trains 6 epochs on 800K samples (docs/method.md section 5) and shows no curve and reports no "
                 "numbers to compare with"]
     return {"results": out, "findings": findings, "figure": fig}
 
@@ -555,7 +555,7 @@ def _done(out: str) -> list[str]:
 
 
 def _ablation(name: str):
-    return importlib.import_module(f"experiments.{name}")
+    return importlib.import_module(f"dflash_jax.experiments.{name}")
 
 
 TITLES = {"table1": "Table 1: speedup and tau per prompt set, T = 0 and T = 1",
@@ -602,7 +602,7 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
              f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
              f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "
              "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol). tau: per response the mean "
-             "acceptance length, then the mean over responses; speedup: decode-only (SPEC section 6); [95% CI]: "
+             "acceptance length, then the mean over responses; speedup: decode-only (docs/method.md section 6); [95% CI]: "
              "percentile bootstrap over prompts, seed 0.", "",
              "The paper's numbers are for Qwen3-8B on an H200 in bf16 with 2048 new tokens; ours for the pair "
              "above. Compare directions, not magnitudes.", ""]

@@ -1,9 +1,9 @@
-"""The DFlash paper's numbers (SPEC.md section 6), to print and plot beside ours.
+"""The DFlash paper's numbers (docs/method.md section 6), to print and plot beside ours.
 
 Every row: the paper's setting, and per prompt set ``{"speedup": x | None, "tau": t}`` at
 T = 0 unless the row says otherwise (``None``: the paper gives no number there). The paper's
 ablations train Qwen3-8B drafters on 100K samples and measure on an H200 in bf16 at batch 1
-with ``max_new_tokens`` 2048; its speedups are decode-only (SPEC section 6). The input-fusion
+with ``max_new_tokens`` 2048; its speedups are decode-only (docs/method.md section 6). The input-fusion
 comparison is on Qwen3-4B and reports tau only.
 """
 
@@ -55,7 +55,7 @@ ANCHORS = [
     _row({"anchors": "fixed"}, (4.13, 4.94), sets=("math500",)),
 ]
 
-# SPEC records no numbers for the loss decay (the paper motivates it: acceptance stops at the
+# the paper reports no numbers for the loss decay (the paper motivates it: acceptance stops at the
 # first wrong draft, so the early positions matter most) nor for denoising steps (future work)
 LOSS_DECAY: list[dict] = []
 DENOISE: list[dict] = []
@@ -79,7 +79,7 @@ TEMPERATURE = [
 def markdown(rows: list[dict], keys: list[str]) -> str:
     """The paper's rows as a markdown table (speedup / tau per set; - where it gives none)."""
     if not rows:
-        return "(SPEC.md records no numbers from the paper for this ablation)"
+        return "(docs/method.md records no numbers from the paper for this ablation)"
     sets = list(dict.fromkeys(s for r in rows for s in r["datasets"]))
     notes = any(r.get("note") for r in rows)
     head = ("| " + " | ".join(keys) + " | " + " | ".join(f"{s} speedup / tau" for s in sets) + " |"

@@ -9,7 +9,7 @@ One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
   ``s < kv_lens[b] + t + 1``.
 * ``causal=False`` (the DFlash drafter): query t sees the valid context slots
   ``s < kv_lens[b]`` and every row of the block's own ``k_blk, v_blk [B, T, Hkv, Dh]``
-  (non-causal; SPEC section 3), which are not in the cache.
+  (non-causal; docs/method.md section 3), which are not in the cache.
 
 Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:
 the T queries of the G = H / Hkv heads that share a KV head become ``T * G`` rows (padded to a
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.tuning import choose_launch
+from dflash_jax.kernels.tuning import choose_launch
 
 NEG = -1e30  # finite "minus infinity": masked scores never produce inf - inf
 # query rows (T x query heads per KV head) of one program: the drafter's 16-row block with 4 query

@@ -21,7 +21,7 @@ jaxlib compiles the kernel to PTX, then finds no ``jaxlib.gpu_triton.TritonKerne
 ``interpret=True`` runs the same kernel in Triton's interpreter on the host instead, through
 ``jax.pure_callback`` on torch CPU tensors: the tests use it, and so do the models on CPU.
 :func:`compile_for_gpu` compiles the kernel for sm_90a / sm_100a without a GPU (Triton's own
-compiler); ``python -m dflash_jax.bench.gpu_compile --impl triton`` reads registers, spills,
+compiler); ``python -m dflash_jax.tools.gpu_compile --impl triton`` reads registers, spills,
 shared memory and occupancy from the result, per launch the engine makes.
 
 Launch. Parameters left unset (``block_k``, ``num_splits``, ``num_warps``, ``num_stages``) come
@@ -56,9 +56,9 @@ except ModuleNotFoundError as e:  # an optional dependency: say which extra prov
         "Triton's interpreter on CPU; attention_impl='pallas' or 'xla' need neither",
         name=e.name) from e
 
-from kernels.block_attention import _check as check_arguments
-from kernels.block_attention import _gpu_sm_count, combine_splits, in_query_chunks
-from kernels.tuning import LaunchParams, choose_launch, next_pow2, split_layout
+from dflash_jax.kernels.block_attention import _check as check_arguments
+from dflash_jax.kernels.block_attention import _gpu_sm_count, combine_splits, in_query_chunks
+from dflash_jax.kernels.tuning import LaunchParams, choose_launch, next_pow2, split_layout
 
 NEG = tl.constexpr(-1e30)  # finite "minus infinity", as in the Pallas kernel
 

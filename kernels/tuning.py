@@ -17,7 +17,7 @@ to a grid with two programs per SM (two resident programs keep more loads in fli
 bandwidth-share model does not see), then to fewer splits.
 
 Tiles, warps, stages. :func:`tile_params` gives ``block_k``, ``num_warps`` and ``num_stages``
-per folded row count and dtype, from ``python -m dflash_jax.bench.gpu_compile --search``, which
+per folded row count and dtype, from ``python -m dflash_jax.tools.gpu_compile --search``, which
 compiles every candidate for sm_90a and sm_100a (Triton's compiler and its ptxas) and reports
 which have no register spills and fit the shared memory (``results/gpu_compile/``).
 ``block_k`` falls back to a smaller tile that divides S, so the kernel never pads (copies)

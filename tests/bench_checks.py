@@ -1,5 +1,5 @@
 """Checks of a ``bench`` report against its own saved per-response records, recomputed here
-with plain numpy (SPEC section 6), not with ``dflash_jax.metrics``."""
+with plain numpy (docs/method.md section 6), not with ``dflash_jax.metrics``."""
 
 import numpy as np
 import pytest

@@ -139,7 +139,7 @@ def paper_all(tmp_path_factory):
     ``root/paper`` and ``root/ablations/<name>`` hold the outputs, ``work`` the shared data,
     drafters, cells and measurements. Session scope: tests/test_experiments.py and
     tests/test_paper.py share it on one xdist worker (their xdist_group)."""
-    from experiments import paper
+    from dflash_jax.experiments import paper
 
     # pytest-xdist tears session fixtures down whenever a worker's queue runs dry and builds them
     # again for its next test (the last CI built this one twice, 410 + 497 s): the run is kept for

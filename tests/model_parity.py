@@ -4,7 +4,7 @@ tests/test_triton_kernel.py for Triton): the same context and block through eith
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 
 

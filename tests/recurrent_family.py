@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax import targets
-from dflash_jax.config import TargetConfig
-from dflash_jax.models.cache import KVCache, RecurrentState
+from dflash_jax.nn.cache import KVCache, RecurrentState
 from dflash_jax.nn import apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.targets.base import TargetFamily
 

@@ -1,4 +1,4 @@
-"""Adaptive block size (``block_size="adaptive"``, ``dflash_jax.decoding.adaptive``): greedy
+"""Adaptive block size (``block_size="adaptive"``, ``dflash_jax.decoding.adaptive``, ``costs``): greedy
 output equals autoregressive output whatever lengths are chosen, the chosen lengths are
 recorded per iteration, the choice follows its formula, sampling keeps the target's
 distribution, the measured cost table is cached per model and device and rebuilt when either
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding import adaptive, engine
+from dflash_jax.decoding import costs, engine
 
 import exact_sampling
 from oracle_proposers import ORACLE_NOISY, OracleProposer
@@ -168,18 +168,18 @@ def test_cost_table_is_measured_once_and_rebuilt_for_another_model_or_device(cac
     dj.generate(target, prompt, 12, drafter=drafter, block_size="adaptive")
     assert "measuring" in capsys.readouterr().err
     fresh = json.loads(path.read_text())
-    assert fresh["key"]["device"] == adaptive.device_signature() and 9.0 not in fresh["costs"].values()
+    assert fresh["key"]["device"] == costs.device_signature() and 9.0 not in fresh["costs"].values()
     # an unreadable file is measured again, not an error
     path.write_text("{not json")
     dj.generate(target, prompt, 12, drafter=drafter, block_size="adaptive")
     assert "measuring" in capsys.readouterr().err and json.loads(path.read_text())["costs"]
-    key = adaptive.cost_key(target, drafter, (4, 8, 16), 1)
-    assert adaptive.cost_key(target, drafter, (4, 8, 16), 2) != key  # batch size
+    key = costs.cost_key(target, drafter, (4, 8, 16), 1)
+    assert costs.cost_key(target, drafter, (4, 8, 16), 2) != key  # batch size
     cast = dj.Target(target.config, jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), target.params))
-    assert adaptive.cost_key(cast, drafter, (4, 8, 16), 1) != key  # dtype
+    assert costs.cost_key(cast, drafter, (4, 8, 16), 1) != key  # dtype
     from dflash_jax.decoding import engine
     monkeypatch.setattr(engine, "LOOP_VERSION", engine.LOOP_VERSION + 1)
-    assert adaptive.cost_key(target, drafter, (4, 8, 16), 1) != key  # a loop that costs otherwise
+    assert costs.cost_key(target, drafter, (4, 8, 16), 1) != key  # a loop that costs otherwise
 
 
 @pytest.mark.parametrize("options, message", [

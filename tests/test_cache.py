@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 
 
 def test_write_per_row_positions_and_crop():

@@ -116,7 +116,7 @@ def test_train_speed_runs(tmp_path):
 
 
 def test_kernel_speed_smoke(tmp_path):
-    from dflash_jax.bench import kernel_speed
+    from dflash_jax.tools import kernel_speed
 
     report = kernel_speed.main(["--seq", "128", "--batch", "1", "--block", "4", "--heads", "4",
                                 "--kv-heads", "2", "--head-dim", "32", "--dtype", "float32",
@@ -151,7 +151,7 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
     report = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference",
                            "--out", str(tmp_path / "off")])
     assert len(seen) == 2 * (1 + 2) + 2 * (1 + 4)  # AR + DFlash: warm-up and 2 gsm8k / 2x2 mt-bench turns
-    # SPEC section 6's metrics, recomputed with numpy from the saved per-response records
+    # docs/method.md section 6's metrics, recomputed with numpy from the saved per-response records
     check_report(json.loads((tmp_path / "off" / "bench.json").read_text()))
     texts = [tok.decode(ids) for ids in seen]
     assert all(t.endswith(QWEN3_NO_THINK) for t in texts), texts

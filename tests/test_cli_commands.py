@@ -161,7 +161,7 @@ def test_no_command_and_unknown_commands(capsys):
     assert e.value.code == 2 and err.startswith("error: unknown command 'trian'") and "train" in err
 
 
-@pytest.mark.parametrize("module, name", [("dflash_jax.bench.gpu_compile", "gpu-compile"),
+@pytest.mark.parametrize("module, name", [("dflash_jax.tools.gpu_compile", "gpu-compile"),
                                           ("dflash_jax.training.cli.train", "train"),
                                           ("dflash_jax.embedded.cli.pretrain", "pretrain")])
 def test_modules_run_alone_with_the_same_parser(module, name):

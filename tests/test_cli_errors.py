@@ -137,7 +137,7 @@ def test_top_level_help_and_version(capsys):
     assert e.value.code == 2 and "unknown command 'frobnicate'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["dflash_jax.bench.harness", "dflash_jax.bench.kernel_speed",
+@pytest.mark.parametrize("module", ["dflash_jax.bench.harness", "dflash_jax.tools.kernel_speed",
                                     "dflash_jax.bench.decode_speed"])
 def test_modules_run_with_dash_m_show_their_help(module):
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)

@@ -10,7 +10,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.config import DrafterConfig, default_target_layer_ids
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 
 TARGET = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=6,
@@ -32,7 +32,7 @@ def rope(x, pos, theta):
 
 
 def reference_block(cfg: DrafterConfig, p, ctx_taps, ctx_len, block_emb, start):
-    """One sequence, written from SPEC section 3: concatenate context and block rows, mask
+    """One sequence, written from docs/method.md section 3: concatenate context and block rows, mask
     invalid context, softmax, no cache. ctx_taps [C, k*D]; block_emb [T, D]."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
     L, H, Hkv, Dh = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -22,8 +22,8 @@ import dflash_jax as dj
 from dflash_jax.checkpoints import load_drafter_params
 from dflash_jax.config import DrafterConfig
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.generation import prepare_decode
-from dflash_jax.models.cache import KVCache
+from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel, init_drafter_params
 from dflash_jax.training.loss import target_features
 

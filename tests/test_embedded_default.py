@@ -78,7 +78,7 @@ def test_bench_on_two_prompts_per_set(tmp_path):
         assert r["turns"] == (4 if name == "mt-bench" else 2)
         assert r["same_output"] == r["turns"]
         assert len(r["histogram"]) == 16
-    # SPEC section 6's metrics, recomputed with numpy from the per-response records saved in
+    # docs/method.md section 6's metrics, recomputed with numpy from the per-response records saved in
     # bench.json (tau per response then over responses, decode-only speedup, ...)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["settings"]["block_size"] == 16 and saved["complete"]

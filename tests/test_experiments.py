@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
-from experiments import ablate_block_size, ablate_depth, framework
+from dflash_jax.experiments import ablate_block_size, ablate_depth, framework
 from processes import kill_after_lines
 
 pytestmark = pytest.mark.xdist_group("test_experiments")

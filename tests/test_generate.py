@@ -190,7 +190,7 @@ def test_result_fields(tiny_target):
 
 
 def test_pad_to_shares_shapes_without_changing_results(tiny_target):
-    from dflash_jax.decoding.generation import plan_lengths
+    from dflash_jax.decoding.prepare import plan_lengths
 
     a = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5)
     b = dj.generate(tiny_target, [[1, 2], [3, 4, 5]], 5, pad_to=(48, 192))

@@ -1,6 +1,6 @@
 """The block-attention kernel compiled for NVIDIA GPUs without one (Triton's compiler and the
 ptxas it ships, for sm_90a and sm_100a), the per-shape launch choice of kernels/tuning.py, and
-the whole engine lowered for CUDA on the CPU (``python -m dflash_jax.bench.gpu_compile``)."""
+the whole engine lowered for CUDA on the CPU (``python -m dflash_jax.tools.gpu_compile``)."""
 
 import json
 
@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dflash_jax.bench import gpu_compile as gc
+from dflash_jax.tools import gpu_compile as gc
 from dflash_jax.config import DrafterConfig, TargetConfig
-from kernels import tuning
-from kernels.block_attention import block_attention
+from dflash_jax.kernels import tuning
+from dflash_jax.kernels.block_attention import block_attention
 
 H100, B200 = gc.GPUS["h100"], gc.GPUS["b200"]
 QWEN = gc.model_shape("qwen3-8b")

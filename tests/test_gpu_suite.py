@@ -1,4 +1,4 @@
-"""`python -m dflash_jax.bench.gpu_suite --smoke` runs every stage of the GPU suite on tiny
+"""`python -m dflash_jax.tools.gpu_suite --smoke` runs every stage of the GPU suite on tiny
 shapes (CPU, CI) so that the one-command GPU run does not rot."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import jax
 import pytest
 
-from dflash_jax.bench import gpu_suite
+from dflash_jax.tools import gpu_suite
 
 
 def test_smoke_suite_runs_every_stage(tmp_path):

@@ -1,6 +1,6 @@
 """A drafter exported by this project, run by an independent PyTorch DFlash forward.
 
-The oracle is written here from SPEC.md section 3 with transformers' own Qwen3 building blocks
+The oracle is written here from docs/method.md section 3 with transformers' own Qwen3 building blocks
 (RMSNorm, rotary embedding, MLP) and reads only what a user of the reference or a serving
 engine would have: the exported ``config.json`` (through transformers' ``Qwen3Config``), the
 exported ``model.safetensors`` (by its released tensor names, strictly) and the target's
@@ -22,7 +22,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 import dflash_jax as dj
 from dflash_jax.proposers import Committed
-from dflash_jax.decoding.generation import prepare_decode
+from dflash_jax.decoding.prepare import prepare_decode
 from conftest import make_hf_model
 
 TOL = 1e-4
@@ -78,7 +78,7 @@ class RefLayer(torch.nn.Module):
 
 
 class RefDrafter(torch.nn.Module):
-    """SPEC section 3, with the released parameter names (so ``load_state_dict`` is strict)."""
+    """docs/method.md section 3, with the released parameter names (so ``load_state_dict`` is strict)."""
 
     def __init__(self, c: Qwen3Config, num_taps: int):
         super().__init__()

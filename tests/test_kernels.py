@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from kernels import block_attention, block_attention_reference
-from dflash_jax.models.cache import KVCache
+from dflash_jax.kernels import block_attention, block_attention_reference
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
 from model_parity import drafter_outputs
 
-# on a GPU the same tests run the compiled kernel (python -m dflash_jax.bench.gpu_suite runs them)
+# on a GPU the same tests run the compiled kernel (python -m dflash_jax.tools.gpu_suite runs them)
 INTERPRET = jax.default_backend() != "gpu"
 
 # Largest error of a batch row relative to that row's rms output, against the float32 reference
@@ -160,7 +160,7 @@ def test_long_blocks_run_as_query_chunks(causal):
     """More than MAX_ROWS query rows per KV head (a 40-token prefill with 4 query heads per KV
     head; a drafter block with 16): the kernel runs query chunks, which must see exactly what
     the whole block would (a chunk that forgot its offset t0 in the causal mask fails here)."""
-    from kernels.block_attention import MAX_ROWS
+    from dflash_jax.kernels.block_attention import MAX_ROWS
 
     T, G = (40, 4) if causal else (16, 8)
     assert T * G > MAX_ROWS

@@ -1,5 +1,7 @@
-"""Our top-level ``kernels`` package has the name of Hugging Face's ``kernels`` package (hub
-kernels), which transformers probes for: transformers 5.x with ``is_kernels_available()``
+"""Our ``kernels/`` folder has the name of Hugging Face's ``kernels`` package (hub kernels). It is
+installed as ``dflash_jax.kernels``, so an installed dflash-jax has no top-level ``kernels``; but
+a checkout on ``sys.path`` (running from a clone) still shows the folder, and transformers probes
+for that name: transformers 5.x with ``is_kernels_available()``
 (``importlib.util.find_spec("kernels")``, then the version of the distribution that ships it,
 importing the package when no distribution is known), 4.5x by ``from kernels import Device,
 LayerRepository, ...`` in ``transformers.integrations.hub_kernels`` (imported by the Qwen3 and
@@ -26,6 +28,8 @@ mode, repo = sys.argv[1], os.path.realpath(sys.argv[2])
 if mode == "without":  # neither the editable install's finder nor the checkout on the path
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in (getattr(f, "__module__", "") or "")]
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != repo]
+elif mode == "installed_only":  # the installed package, not the checkout's folders
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != repo]
 else:
     sys.path.insert(0, repo)
 if mode == "checkout":  # no distribution is known to ship `kernels` (a clone on sys.path)
@@ -38,6 +42,9 @@ from transformers.utils import import_utils
 
 facts = {"spec": os.path.dirname(spec.origin) if spec and spec.origin else None,
          "transformers": transformers.__version__}
+if mode == "installed_only":
+    import dflash_jax.kernels
+    facts["ours"] = os.path.dirname(dflash_jax.kernels.__file__)
 if hasattr(import_utils, "is_kernels_available"):
     facts["is_kernels_available"] = bool(import_utils.is_kernels_available())
 try:
@@ -100,3 +107,7 @@ def test_transformers_does_not_take_our_kernels_for_hugging_faces(tmp_path):
                      "probe_4_5x"):
             assert facts.get(flag, False) is False, (mode, flag)
         assert facts == {**without, "spec": facts["spec"]}, mode  # the same flags, logits and tokens
+    # installed, ours is dflash_jax.kernels and no top-level `kernels` exists at all
+    installed = _run("installed_only", tmp_path)
+    assert installed["ours"] == os.path.join(os.path.realpath(ROOT), "kernels")
+    assert installed == {**without, "ours": installed["ours"]}

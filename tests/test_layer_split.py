@@ -11,8 +11,8 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.generation import prepare_decode
-from dflash_jax.models.cache import KVCache
+from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import dense, target_forward
 from dflash_jax.targets.dense.model import split_layer_params
 

@@ -1,4 +1,4 @@
-"""dflash_jax.metrics (SPEC section 6) against hand-computed examples.
+"""dflash_jax.metrics (docs/method.md section 6) against hand-computed examples.
 
 Every expected number below is a literal worked out by hand in the comment beside it, not
 computed by the code under test. Pure numpy, no model."""

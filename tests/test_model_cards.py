@@ -64,7 +64,7 @@ def test_the_shipped_card_is_the_one_the_recipe_and_the_bench_report_give():
 
 
 def test_continued_stages_are_read_in_order_and_each_names_its_metrics(tmp_path):
-    from experiments.paper import CONTINUED_METRICS, continued_stages
+    from dflash_jax.experiments.paper import CONTINUED_METRICS, continued_stages
 
     assert continued_stages(str(tmp_path)) == []  # no recipe: no stages
     # an older recipe: the first stage names no file (the shipped default), a later one must

@@ -17,7 +17,9 @@ import tomllib
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("dflash_jax", "kernels", "experiments")
+# installed package -> its folder in the repository (pyproject.toml's package-dir)
+PACKAGES = {"dflash_jax": "dflash_jax", "dflash_jax.kernels": "kernels",
+            "dflash_jax.experiments": "experiments", "dflash_jax.tools": "tools"}
 # imports that are optional by design, and the extra that declares each
 # modules imported only by optional paths -> the extras that must provide them: the Triton
 # kernel and the GPU compile report (triton, jax-triton; torch for the Triton interpreter)
@@ -48,8 +50,8 @@ def _third_party_imports() -> dict[str, set[str]]:
     """top-level module name -> files importing it, for every import in our packages."""
     stdlib = set(sys.stdlib_module_names)
     found: dict[str, set[str]] = {}
-    for pkg in PACKAGES:
-        for dirpath, _, files in os.walk(os.path.join(ROOT, pkg)):
+    for pkg, folder in PACKAGES.items():
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
             for f in files:
                 if not f.endswith(".py"):
                     continue
@@ -63,7 +65,7 @@ def _third_party_imports() -> dict[str, set[str]]:
                         continue
                     for n in names:
                         top = n.split(".")[0]
-                        if top not in stdlib and top not in PACKAGES and top != "__future__":
+                        if top not in stdlib and top != "dflash_jax" and top != "__future__":
                             found.setdefault(top, set()).add(os.path.relpath(path, ROOT))
     return found
 
@@ -82,6 +84,23 @@ def test_every_module_imports():
         except Exception as e:  # noqa: BLE001 - report all of them
             failures[name] = f"{type(e).__name__}: {e}"
     assert not failures, failures
+
+
+def test_every_package_is_installed_under_the_project_name():
+    """pyproject.toml lists every package folder (with its package-dir mapping), and every
+    installed package sits under ``dflash_jax``: no top-level name that another distribution has
+    (Hugging Face's ``kernels``)."""
+    cfg = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    assert all(p == "dflash_jax" or p.startswith("dflash_jax.") for p in listed), listed
+    assert cfg["package-dir"] == {k: v for k, v in PACKAGES.items() if k != "dflash_jax"}
+    found = set()
+    for pkg, folder in PACKAGES.items():
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            if "__init__.py" in files:
+                rel = os.path.relpath(dirpath, os.path.join(ROOT, folder))
+                found.add(pkg if rel == "." else pkg + "." + rel.replace(os.sep, "."))
+    assert found == listed, {"not listed": sorted(found - listed), "no folder": sorted(listed - found)}
 
 
 def test_every_third_party_import_is_declared():

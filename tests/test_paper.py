@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
-from experiments import ablate_taps, framework, paper, paper_numbers
-from experiments.paper import CONTINUED_METRICS, continued_stages
+from dflash_jax.experiments import ablate_taps, framework, paper, paper_numbers
+from dflash_jax.experiments.paper import CONTINUED_METRICS, continued_stages
 
 pytestmark = pytest.mark.xdist_group("test_experiments")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,12 +162,12 @@ def test_each_ablation_trained_and_measured_what_it_says(paper_all):
 def _paper_rows(name):
     import importlib
 
-    return json.loads(json.dumps(importlib.import_module(f"experiments.{name}").EXPERIMENT.paper_rows))
+    return json.loads(json.dumps(importlib.import_module(f"dflash_jax.experiments.{name}").EXPERIMENT.paper_rows))
 
 
 def test_taps_follow_the_formula_and_fail_clearly():
     assert [ablate_taps.spread_taps(4, k) for k in (1, 2, 3)] == [(2,), (1, 3), (1, 2, 3)]
-    # deep enough for SPEC's formula: the released Qwen3-8B taps for 5, the formula's for 3
+    # deep enough for the default tap formula: the released Qwen3-8B taps for 5, the formula's for 3
     assert ablate_taps.spread_taps(36, 5) == (1, 9, 17, 25, 33) and ablate_taps.spread_taps(36, 3) == (1, 17, 33)
     assert ablate_taps.spread_taps(36, 1) == (18,)
     with pytest.raises(ValueError, match="4 taps need k >= 1 and a target of at least 5 layers"):
@@ -194,7 +194,7 @@ def test_the_papers_numbers_print_where_the_paper_has_them():
 def test_bad_ablation_settings_fail_before_any_work(tmp_path, module, overrides, message):
     import importlib
 
-    exp = importlib.import_module(f"experiments.{module}").EXPERIMENT
+    exp = importlib.import_module(f"dflash_jax.experiments.{module}").EXPERIMENT
     if message is None:
         framework.check_experiment(exp, "smoke", overrides)
         return

@@ -1,4 +1,4 @@
-"""The tensor-parallel communication model (``dflash_jax.bench.parallel_comm``): collective
+"""The tensor-parallel communication model (``dflash_jax.tools.parallel_comm``): collective
 counts and bytes against hand-computed values for a tiny config, no communication at TP 1,
 the comm share growing with TP, the memory per device, and the command's files."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dflash_jax.bench import parallel_comm as pc
-from dflash_jax.bench import roofline
+from dflash_jax.tools import parallel_comm as pc
+from dflash_jax.tools import roofline
 from dflash_jax.config import DrafterConfig, TargetConfig
 
 # D 8, 2 layers, 2 heads / 2 KV heads of 4, F 16, vocab 32; a 1-layer drafter (1 tap), block 4
@@ -121,7 +121,7 @@ def test_command_writes_its_files_into_out(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["comm.json", "comm.md"]
     saved = json.loads((out / "comm.json").read_text())
     assert saved["computed_on_paper"] is True
-    assert saved["command"].startswith("python -m dflash_jax.bench.parallel_comm --models")
+    assert saved["command"].startswith("python -m dflash_jax.tools.parallel_comm --models")
     assert len(saved["analysis"]["rows"]) == len(report["analysis"]["rows"]) == 2 * 2 * 2
     md = (out / "comm.md").read_text()
     assert "### Batch 4" in md and "Recommended model-axis size" in md and "Sensitivity" in md

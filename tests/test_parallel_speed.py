@@ -1,4 +1,4 @@
-"""The multi-device decode benchmark (``dflash_jax.bench.parallel_speed``): its ``--quick`` run
+"""The multi-device decode benchmark (``dflash_jax.tools.parallel_speed``): its ``--quick`` run
 gets 8 host devices by itself, measures every mesh, finds the one-device greedy tokens on each,
 and writes the json / md / png; and the small helpers it is built from."""
 
@@ -8,17 +8,17 @@ import sys
 
 import pytest
 
-from dflash_jax.bench import parallel_speed as ps
+from dflash_jax.tools import parallel_speed as ps
 from dflash_jax.config import DrafterConfig, TargetConfig
 from multidevice import ROOT, device_env
 
 
 def test_quick_run_measures_its_meshes_and_writes_its_files(tmp_path):
     """One device in the environment (device_env(1) sets the flag to 1): the command must set
-    8 itself before jax starts, as ``python -m dflash_jax.bench.parallel_speed`` does. Two of
+    8 itself before jax starts, as ``python -m dflash_jax.tools.parallel_speed`` does. Two of
     the meshes (compile time; tests/test_parallel.py checks the outputs on all four)."""
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "dflash_jax.bench.parallel_speed", "--quick",
+    proc = subprocess.run([sys.executable, "-m", "dflash_jax.tools.parallel_speed", "--quick",
                            "--meshes", "1x1", "2x4", "--out", str(out)], env=device_env(1),
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -28,7 +28,7 @@ def test_quick_run_measures_its_meshes_and_writes_its_files(tmp_path):
     assert report["env"]["num_devices"] == 8 and report["env"]["platform"] == "cpu"
     assert report["quick"] is True and report["cpu_sanity_check_only"] is True
     assert "not a prediction for GPUs" in report["caveat"]
-    assert report["command"] == (f"python -m dflash_jax.bench.parallel_speed --quick --meshes 1x1 2x4 "
+    assert report["command"] == (f"python -m dflash_jax.tools.parallel_speed --quick --meshes 1x1 2x4 "
                                  f"--out {out}")
     assert len(report["load_average_start"]) == 3 and report["env"]["cpu_model"]
     rows = report["results"]
@@ -57,7 +57,7 @@ def test_quick_run_measures_its_meshes_and_writes_its_files(tmp_path):
 def test_too_late_for_more_devices_is_detected():
     """jax already started with one CPU device: ensure_devices says so (run() then re-runs the
     command in a subprocess with the flag)."""
-    code = ("import jax; jax.devices(); from dflash_jax.bench import parallel_speed as ps; "
+    code = ("import jax; jax.devices(); from dflash_jax.tools import parallel_speed as ps; "
             "print('RESULT', ps.ensure_devices(8), jax.device_count())")
     proc = subprocess.run([sys.executable, "-c", code], env=device_env(1), cwd=ROOT,
                           capture_output=True, text=True, timeout=300)

@@ -6,7 +6,8 @@ import json
 import jax
 import pytest
 
-from dflash_jax.bench import decode_speed, roofline
+from dflash_jax.bench import decode_speed
+from dflash_jax.tools import roofline
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.targets import init_target_params

@@ -20,7 +20,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax import targets
-from dflash_jax.models.cache import RecurrentState
+from dflash_jax.nn.cache import RecurrentState
 
 import recurrent_family  # registers the test families
 from oracle_proposers import ReferenceProposer

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 import dflash_jax as dj
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
 
 TOL = 1e-4

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.training.blocks import (block_boundaries, build_blocks, default_gamma, epoch_anchors,

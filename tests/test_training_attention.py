@@ -214,7 +214,7 @@ def test_train_memory_formulas_at_the_paper_recipe(tmp_path):
     """The computed side of ``bench.train_memory`` (no compilation): at the paper's recipe the
     dense attention holds b * H/m * R * S score elements at (16 * layers + 10) bytes, 3.2 GB of
     float32 scores per layer and sequence, and chunking lowers every layout's peak."""
-    from dflash_jax.bench import train_memory as tm
+    from dflash_jax.tools import train_memory as tm
 
     target = tm.qwen3_8b()
     drafter = tm.paper_drafter(target)

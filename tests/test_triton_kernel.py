@@ -1,6 +1,6 @@
 """The Triton block-attention kernel (kernels/triton_block_attention.py): run in Triton's
 interpreter against the jnp reference over the shape grid of the Pallas tests, compiled for
-sm_90a / sm_100a without a GPU (through dflash_jax.bench.gpu_compile), and the models with attention_impl="triton" against XLA.
+sm_90a / sm_100a without a GPU (through dflash_jax.tools.gpu_compile), and the models with attention_impl="triton" against XLA.
 
 The interpreter runs in a helper process started with TRITON_INTERPRET=1 (Triton reads it as
 ``@triton.jit`` decorates, its own library functions included, i.e. at import), so this process
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.bench import gpu_compile as gc
-from dflash_jax.models.cache import KVCache
+from dflash_jax.tools import gpu_compile as gc
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
 from model_parity import drafter_outputs
-from kernels import block_attention_reference, tuning
-from kernels.triton_block_attention import block_attention_triton, plan_launch
+from dflash_jax.kernels import block_attention_reference, tuning
+from dflash_jax.kernels.triton_block_attention import block_attention_triton, plan_launch
 
 # max |out - ref| allowed, as a fraction of max |ref| (bf16: a few output roundings)
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}

@@ -184,7 +184,7 @@ def _row(label, tau, ci, speedup, per_set):
 
 
 def test_plot_against_paper_shows_our_rows_and_the_papers():
-    from experiments import paper_numbers as paper
+    from dflash_jax.experiments import paper_numbers as paper
 
     table = {"experiment": "ablate_block_size", "preset": "cpu", "environment": {"device": "cpu"},
              "rows": [_row({"train_block_size": 16, "eval_block_size": 8}, 2.0, [1.5, 2.5], 0.9, {"gsm8k": 2.2, "mbpp": 1.8}),

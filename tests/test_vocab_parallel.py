@@ -20,7 +20,7 @@ import numpy as np
 import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.generation import prepare_decode
+from dflash_jax.decoding.prepare import prepare_decode
 from multidevice import emit
 
 V = 512  # a vocabulary slice of 256 is wider than any other dimension of the program

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax import targets
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding.generation import generate
 from dflash_jax.models.handles import Target
 from dflash_jax.bench.env import add_preset_argument, copy_bandwidth, read_bandwidth
-from dflash_jax.bench.roofline import weight_and_kv_bytes
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
@@ -40,10 +40,21 @@ PRESETS = {
 }
 
 
+def weight_and_kv_bytes(target: TargetConfig, batch: int, kv_len: float, itemsize: int) -> dict:
+    """Bytes an AR decode step must read: ``{"weights", "kv"}`` (every weight once but the
+    untied embedding table, of which it gathers one row; the decode state of ``kv_len``
+    positions per row), by the target family's size model; what ``decode_speed`` divides by
+    the step time."""
+    family = targets.family_of(target)
+    table = 0 if target.tie_word_embeddings else target.vocab_size * target.hidden_size
+    return {"weights": int((family.num_params(target) - table) * itemsize),
+            "kv": int(batch * kv_len * family.state_bytes_per_token(target, itemsize))}
+
+
 def step_bytes(cfg: TargetConfig, params, batch: int, kv_len: float) -> dict:
     """Bytes a decode step must read: every weight once (the LM head in full; the input
-    embedding table is only gathered), plus K and V of ``kv_len`` positions per row in every
-    layer; counted by the roofline model (:mod:`dflash_jax.bench.roofline`) in the params' dtype."""
+    embedding table is only gathered), plus the decode state of ``kv_len`` positions per row,
+    in the params' dtype (:func:`weight_and_kv_bytes`)."""
     itemsize = jnp.dtype(params["embed_tokens"]["embedding"].dtype).itemsize
     return weight_and_kv_bytes(cfg, batch, kv_len, itemsize)
 

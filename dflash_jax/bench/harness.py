@@ -4,7 +4,7 @@
     python -m dflash_jax bench --target Qwen/Qwen3-8B-dir --drafter z-lab-dflash-dir \\
         --max-samples 80 --max-new-tokens 2048 --dtype bfloat16
 
-Per prompt set it prints SPEC section 6's metrics (``dflash_jax.metrics``): tau (per response
+Per prompt set it prints docs/method.md section 6's metrics (``dflash_jax.metrics``): tau (per response
 the mean acceptance length, then the mean over responses) and the decode-only speedup (mean
 AR time per output token / mean DFlash time per output token over the responses, prefill
 excluded; batch 1, compiles excluded by a warm-up), each with a 95 % bootstrap interval over
@@ -123,7 +123,7 @@ def chat(turns, answers):
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
-    from dflash_jax.decoding.generation import round_up
+    from dflash_jax.decoding.prepare import round_up
 
     a, tok = runner.args, runner.target.tokenizer
     from dflash_jax.decoding.adaptive import ADAPTIVE
@@ -193,7 +193,7 @@ def average(datasets: dict, method: str = "dflash") -> dict:
 
 
 def markdown(report: dict) -> str:
-    """The table: SPEC section 6's tau and decode-only speedup with 95 % bootstrap intervals
+    """The table: docs/method.md section 6's tau and decode-only speedup with 95 % bootstrap intervals
     over responses, then the pooled tau and the end-to-end (prefill included) speedup."""
     tables = [_table(report, "dflash")]
     if "average_adaptive" in report:
@@ -364,7 +364,7 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
                f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n\n"
                "tau: per response the mean acceptance length, then the mean over responses; speedup: "
                "mean AR time per output token / mean DFlash time per output token, decode phase only "
-               "(SPEC section 6); [95% CI]: percentile bootstrap over the responses (seed 0); tau pooled: "
+               "(docs/method.md section 6); [95% CI]: percentile bootstrap over the responses (seed 0); tau pooled: "
                "all iterations in one mean; end to end: the same speedup with the prefill included.\n")
     return table
 

@@ -64,7 +64,7 @@ def in_loop(fn, args, n: int, repeats: int, carried: int | None = None) -> float
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
     """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
     median of ``repeats`` runs after a compiling one."""
-    from dflash_jax.decoding.adaptive import iteration_seconds
+    from dflash_jax.decoding.costs import iteration_seconds
 
     budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
     times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
@@ -74,7 +74,7 @@ def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options)
 
 def measure(target, drafter, context: int, n: int, repeats: int, iterations: int) -> dict:
     from dflash_jax.decoding import engine
-    from dflash_jax.decoding.generation import prepare_decode
+    from dflash_jax.decoding.prepare import prepare_decode
     from dflash_jax.models.drafter import DrafterModel
     from dflash_jax.nn.head import embed, lm_head
 

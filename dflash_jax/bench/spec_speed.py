@@ -28,7 +28,8 @@ from dflash_jax.bench.env import add_preset_argument, time_fn
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.generation import generate, prepare_decode
+from dflash_jax.decoding.generation import generate
+from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
 from dflash_jax.proposers import Committed
 from dflash_jax.reporting import command_line, environment, new_figure, write_report

@@ -80,7 +80,7 @@ class AdaptiveVerify:
     """Verify only the first L block rows per iteration (``decoding.adaptive``): L one of
     ``lengths`` (static, ascending, each <= the block size), chosen by :func:`choose_verify_length`
     from the proposer's confidence and ``costs``, the seconds of an iteration at each length
-    (same order; measured by ``adaptive.cost_table`` or given); one compiled verify branch per
+    (same order; measured by ``costs.cost_table`` or given); one compiled verify branch per
     length (``lax.switch``)."""
 
     lengths: tuple[int, ...]
@@ -332,7 +332,7 @@ def rollback(state: DecodeState, accepted: jax.Array, tcache):
     to what each row keeps: ``start + accepted + 1`` positions (the anchor and the accepted
     drafts; the bonus, not yet seen by the target, is the next block's anchor), or ``start``
     for a row that was already done. A KV cache sets its length; a recurrent state restores
-    the state after the last kept row (``models.cache``)."""
+    the state after the last kept row (``nn.cache``)."""
     start = state.tcache.lengths
     return tcache.rollback(jnp.where(state.done, start, start + accepted + 1))
 

@@ -1,4 +1,4 @@
-"""The DFlash drafter (SPEC.md section 3), in Flax Linen, used functionally.
+"""The DFlash drafter (docs/method.md section 3), in Flax Linen, used functionally.
 
 One forward pass fills a block ``[anchor, MASK, ..., MASK]`` at positions ``start ..
 start+T-1``. The target's tapped features are projected once per context position
@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
 from dflash_jax.nn.attention import (BLOCK_ATTENTION, DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
                                      check_attention_impl, check_chunk, training_block_attention)
@@ -64,7 +64,7 @@ from dflash_jax.nn.layers import out_projection, random_init
 
 
 class DrafterAttention(nn.Module):
-    """One layer's attention (SPEC section 3): q/k/v/o projections with q_norm / k_norm per head.
+    """One layer's attention (docs/method.md section 3): q/k/v/o projections with q_norm / k_norm per head.
 
     Context rows and block rows go through the SAME k/v projections; the block's queries attend,
     non-causally, to the visible context rows and to every row of their own block.
@@ -344,7 +344,7 @@ class DrafterModel(nn.Module):
 
     def train_blocks(self, block_embeds: jax.Array, block_positions: jax.Array, taps: jax.Array,
                      anchors: jax.Array, valid: jax.Array) -> jax.Array:
-        """All training blocks of whole sequences in one pass, no cache (SPEC section 5).
+        """All training blocks of whole sequences in one pass, no cache (docs/method.md section 5).
 
         Args:
           block_embeds: [B, N*bs, D] target embeddings of the N blocks ``[x_a, MASK, ...]``.

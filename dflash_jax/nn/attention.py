@@ -75,7 +75,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_blk: jax.Array,
                            v_blk: jax.Array, anchors: jax.Array, valid: jax.Array,
                            scale: float | None = None) -> jax.Array:
-    """Training attention of many drafter blocks of one sequence (SPEC section 5).
+    """Training attention of many drafter blocks of one sequence (docs/method.md section 5).
 
     Block j (anchor ``a_j``) sees context rows at positions ``t < a_j`` (strictly) and every row
     of its own block, nothing of other blocks; a padding block (``valid`` False) sees nothing
@@ -281,7 +281,7 @@ def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=
     q [B, T, H, Dh]; k_cache, v_cache: the stacked cache [L, B, S, Hkv, Dh], read in place at
     ``layer``; kv_lens int32[B]; k_blk, v_blk [B, T, Hkv, Dh] (non-causal only). Returns
     [B, T, H, Dh]."""
-    from kernels.block_attention import block_attention
+    from dflash_jax.kernels.block_attention import block_attention
 
     def kernel(interpret: bool):
         return lambda q, k, v, lens, kb, vb, layer: block_attention(
@@ -296,7 +296,7 @@ def triton_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=
     """The Triton kernel of ``kernels.triton_block_attention`` through jax-triton on a GPU; off a
     GPU, the same kernel in Triton's interpreter (slow; needs torch). Same arguments and result
     as :func:`pallas_block_attention`."""
-    from kernels.triton_block_attention import block_attention_triton
+    from dflash_jax.kernels.triton_block_attention import block_attention_triton
 
     return block_attention_triton(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal,
                                   layer=layer, interpret=jax.default_backend() != "gpu")

@@ -40,7 +40,7 @@ def embed_rows(table: jax.Array, tokens: jax.Array, model_axis: str) -> jax.Arra
     return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), model_axis)
 
 
-def lm_head(cfg: TargetConfig, params, h: jax.Array) -> jax.Array:
+def lm_head(cfg, params, h: jax.Array) -> jax.Array:
     """The target's LM head on already-normed hidden states h [..., D] -> float32 logits [..., V]
     (the one implementation: ``TargetModel`` and the drafters call it). ``params`` needs only
     ``embed_tokens/embedding`` [V, D] (tied) or ``lm_head/kernel`` [D, V]."""

@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dflash_jax import targets
+from dflash_jax.nn import partitioning
 
 DATA, MODEL = "data", "model"
 
@@ -50,33 +51,10 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
 )
 """logical axis -> mesh axis (None = replicated). Change a mapping here, nowhere else."""
 
-PARAM_AXES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("embed_tokens", "embedding"): ("vocab", "embed"),
-    ("lm_head", "kernel"): ("embed", "vocab"),
-    ("q_proj", "kernel"): ("embed", "heads"),
-    ("k_proj", "kernel"): ("embed", "kv_heads"),
-    ("v_proj", "kernel"): ("embed", "kv_heads"),
-    ("o_proj", "kernel"): ("heads", "embed"),
-    ("q_proj", "bias"): ("heads",),
-    ("k_proj", "bias"): ("kv_heads",),
-    ("v_proj", "bias"): ("kv_heads",),
-    ("o_proj", "bias"): ("embed",),
-    ("q_norm", "weight"): ("head_dim",),
-    ("k_norm", "weight"): ("head_dim",),
-    ("gate_proj", "kernel"): ("embed", "mlp"),
-    ("up_proj", "kernel"): ("embed", "mlp"),
-    ("down_proj", "kernel"): ("mlp", "embed"),
-    ("input_layernorm", "weight"): ("embed",),
-    ("post_attention_layernorm", "weight"): ("embed",),
-    ("norm", "weight"): ("embed",),
-    ("hidden_norm", "weight"): ("embed",),
-    ("fc", "kernel"): ("taps", "embed"),
-}
-"""(module, parameter) -> logical axes of its dims; parameters under ``layers/`` carry the
-stacked ``layers`` axis first."""
-
-CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
-"""KVCache k / v; ``lengths`` is ("batch",)."""
+# the logical axes of the decoder layers' parameters and of the KV cache live with the building
+# blocks (``nn.partitioning``); the mapping of logical to mesh axes is here
+PARAM_AXES = partitioning.PARAM_AXES
+CACHE_AXES = partitioning.CACHE_AXES
 
 
 def logical_to_spec(axes, rules=LOGICAL_RULES) -> P:

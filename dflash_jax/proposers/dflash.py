@@ -24,8 +24,9 @@ import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.decoding.sampling import process_logits
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.nn.partitioning import CACHE_AXES
 from dflash_jax.parallel import rules
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
 
@@ -118,7 +119,7 @@ class DFlashProposer(Proposer):
         return state.replace(pending_taps=taps.astype(state.pending_taps.dtype), pending_pos=positions)
 
     def state_axes(self) -> Any:
-        return DFlashState(KVCache(k=rules.CACHE_AXES, v=rules.CACHE_AXES, lengths=("batch",)),
+        return DFlashState(KVCache(k=CACHE_AXES, v=CACHE_AXES, lengths=("batch",)),
                            ("batch", "time", "embed"), ("batch", "time"))
 
     def local(self, model: int) -> "DFlashProposer":

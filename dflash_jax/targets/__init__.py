@@ -14,8 +14,8 @@ The decode state a family's forward threads through (its "cache") is any pytree 
   * ``rollback(lengths) -> state``: the state as it was after the first ``lengths[b]``
     positions of row b, for lengths between the row's length before the last forward and
     after it (speculative decoding's rejection of the unaccepted block rows). An attention
-    layer's KV cache just sets the length (``models.cache.KVCache``); a recurrent layer
-    restores the state it had after the accepted row (``models.cache.RecurrentState``).
+    layer's KV cache just sets the length (``nn.cache.KVCache``); a recurrent layer
+    restores the state it had after the accepted row (``nn.cache.RecurrentState``).
 
 This package's ``__init__`` is the registry and imports nothing of the project (the config
 readers and the families import it); the interface is :class:`~dflash_jax.targets.base.TargetFamily`,

@@ -1,4 +1,4 @@
-"""Anchors, block inputs, labels and loss weights (SPEC.md section 5).
+"""Anchors, block inputs, labels and loss weights (docs/method.md section 5).
 
 For a sequence ``x`` with response mask ``m``: an anchor ``a`` is valid when ``m[a]`` and
 ``m[a+1]``. Block j is ``[x[a_j], MASK * (bs-1)]`` at positions ``a_j .. a_j+bs-1``; its row k

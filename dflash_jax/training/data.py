@@ -1,4 +1,4 @@
-"""Training data: prompts in, target-regenerated token shards out (SPEC.md section 5).
+"""Training data: prompts in, target-regenerated token shards out (docs/method.md section 5).
 
 A dataset directory holds ``shard-00000.npz`` ... with ``tokens`` int32[n, L] (prompt +
 response, right-padded with 0), ``loss_mask`` bool[n, L] (True on response tokens) and

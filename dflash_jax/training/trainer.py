@@ -7,7 +7,7 @@ resumed run ends bitwise equal to an uninterrupted one.
 
 An epoch is ``len(data) // batch_size`` steps: each epoch draws a new permutation of the
 sequences (the last ``len(data) % batch_size`` of it are left out that epoch) and resamples
-every sequence's anchors (SPEC section 5). The length of a run is ``steps``, or ``epochs``
+every sequence's anchors (docs/method.md section 5). The length of a run is ``steps``, or ``epochs``
 (the recipe's unit: ``ceil(epochs * steps_per_epoch)`` steps), not both.
 """
 
@@ -48,7 +48,7 @@ def steps_per_epoch(num_sequences: int, batch_size: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Paper defaults (SPEC section 5) where it gives them.
+    """Paper defaults (docs/method.md section 5) where it gives them.
 
     ``steps`` or ``epochs`` (not both) sets the length of the run; with neither it is
     :data:`DEFAULT_STEPS` steps (:meth:`total_steps`). The loss weighs block row k >= 1 by

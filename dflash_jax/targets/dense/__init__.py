@@ -18,8 +18,8 @@ import jax
 from dflash_jax.checkpoints import TensorSpec, layer_tensor_specs
 from dflash_jax.config import (TargetConfig, decoder_fields_from_hf, decoder_fields_to_hf,
                                qwen3_full_attention_to_hf, refuse, unsupported_decoder_features)
-from dflash_jax.models.cache import KVCache
-from dflash_jax.parallel import rules
+from dflash_jax.nn.cache import KVCache
+from dflash_jax.nn import partitioning
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.dense import model
 
@@ -111,12 +111,12 @@ class DenseFamily(TargetFamily):
 
     # ------------------------------------------------------------------ partitioning
     def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:
-        """The decoder table of ``parallel.rules`` (Megatron: heads, KV heads, MLP width and
-        vocabulary over ``model``)."""
-        return rules.PARAM_AXES
+        """The decoder table (``nn.partitioning``; ``parallel.rules`` puts heads, KV heads, MLP
+        width and vocabulary over ``model``, Megatron style)."""
+        return partitioning.PARAM_AXES
 
     def state_axes(self, cfg) -> KVCache:
-        return KVCache(k=rules.CACHE_AXES, v=rules.CACHE_AXES, lengths=("batch",))
+        return KVCache(k=partitioning.CACHE_AXES, v=partitioning.CACHE_AXES, lengths=("batch",))
 
     def split_dims(self, cfg) -> list[tuple[str, int, str]]:
         return [("num_key_value_heads", cfg.num_kv_heads, "KV heads (a GQA group is never split)"),

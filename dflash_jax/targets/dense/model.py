@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.config import TargetConfig
-from dflash_jax.models.cache import KVCache
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
 from dflash_jax.nn.head import LMHeadKernel, embed_rows, lm_head
@@ -104,7 +104,7 @@ class TargetModel(nn.Module):
     """Decoder-only LM returning logits, tapped hidden states and the updated cache.
 
     ``tap_layer_ids`` are 0-based decoder-layer indices; the tap of layer i is exactly
-    transformers' ``hidden_states[i + 1]`` (SPEC.md section 2): layer i's output, and for the
+    transformers' ``hidden_states[i + 1]`` (docs/method.md section 2): layer i's output, and for the
     last layer that output after the model's final norm (as transformers returns it).
     ``attention_impl``: "xla" (dense reference), "pallas" (``kernels.block_attention``) or
     "triton" (``kernels.triton_block_attention``) for attention through the cache; the
@@ -196,7 +196,7 @@ class TargetModel(nn.Module):
         last = cfg.num_layers - 1
         if last in self.tap_layer_ids:
             # transformers' hidden_states[-1] is the last layer's output after the final norm;
-            # the reference, vLLM and SGLang feed that to the drafter (SPEC.md section 2)
+            # the reference, vLLM and SGLang feed that to the drafter (docs/method.md section 2)
             is_last = (jnp.asarray(self.tap_layer_ids) == last)[:, None, None, None]
             taps = jnp.where(is_last, self.norm(h)[None].astype(taps.dtype), taps)
         if taps is not None:

@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
     p.add_argument("--features", help="offline features directory (default: online)")
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: SPEC formula)")
+    p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: the formula of docs/method.md section 2)")
     p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
     p.add_argument("--conditioning", choices=["kv", "input", "none"], default="kv",
                    help="how the target's features reach the drafter: kv (the paper's injection into every "

@@ -40,7 +40,7 @@ bandwidth B of one GPU, plus a fixed latency L per collective; p = 1: no collect
 
   comm        sum over the step's collectives (they are on the critical path: every layer
               waits for its psum; no overlap with compute is assumed)
-  compute     the roofline (:mod:`dflash_jax.bench.roofline`) of the sharded forward on one
+  compute     the roofline (:mod:`dflash_jax.tools.roofline`) of the sharded forward on one
               device: every sharded matrix, the KV heads, the LM head and the embedding / p,
               norms and fc in full; sum over components of max(bytes / HBM bandwidth,
               FLOPs / peak)
@@ -64,8 +64,8 @@ Device numbers: HBM bandwidth and dense bf16 FLOPs are the roofline's datasheet 
 (``roofline.DEVICES``, sources there); memory and NVLink are in :data:`NODES` below, with
 their sources.
 
-    python -m dflash_jax.bench.parallel_comm              # writes results/parallel/comm.{json,md}
-    python -m dflash_jax.bench.parallel_comm --latency-us 4 --out runs/parallel_comm
+    python -m dflash_jax.tools.parallel_comm              # writes results/parallel/comm.{json,md}
+    python -m dflash_jax.tools.parallel_comm --latency-us 4 --out runs/parallel_comm
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ import sys
 import time
 from typing import Sequence
 
-from dflash_jax.bench import roofline
+from dflash_jax.tools import roofline
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
@@ -487,7 +487,7 @@ def run(args) -> dict:
     report = {
         "benchmark": "parallel_comm",
         "computed_on_paper": True,
-        "command": command_line("dflash_jax.bench.parallel_comm", inv[1:] if inv else None).rstrip(),
+        "command": command_line("dflash_jax.tools.parallel_comm", inv[1:] if inv else None).rstrip(),
         "settings": {"models": args.models, "devices": args.devices, "tp": args.tp,
                      "batches": args.batch, "block_size": args.block_size,
                      "drafter_layers": args.drafter_layers, "context": args.context,

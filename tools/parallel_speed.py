@@ -31,8 +31,8 @@ On a CPU with fewer than 8 devices the command gets them itself: before jax has 
 CPU backend it sets the XLA flag for this process; when the backend is already running (a
 caller that used jax first) it re-runs itself in a subprocess with the flag.
 
-    python -m dflash_jax.bench.parallel_speed            # results/parallel/parallel_speed.{json,md,png}
-    python -m dflash_jax.bench.parallel_speed --quick --out runs/parallel_speed   # smoke size
+    python -m dflash_jax.tools.parallel_speed            # results/parallel/parallel_speed.{json,md,png}
+    python -m dflash_jax.tools.parallel_speed --quick --out runs/parallel_speed   # smoke size
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def rerun_in_subprocess(argv: list[str], out_dir: str) -> dict:
     print(f"jax started its CPU backend with fewer than {DEVICES} devices: running again with "
           f"XLA_FLAGS={env['XLA_FLAGS']}", file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, "-m", __name__ if __name__ != "__main__"
-                           else "dflash_jax.bench.parallel_speed", *argv], env=env)
+                           else "dflash_jax.tools.parallel_speed", *argv], env=env)
     if proc.returncode:
         raise SystemExit(proc.returncode)
     stem = STEM + ("_quick" if "--quick" in argv else "")
@@ -178,7 +178,7 @@ def time_loops(target, drafter, prompts, iterations: int, budget: int, pad_to, r
     import numpy as np
 
     from dflash_jax.decoding import engine
-    from dflash_jax.decoding.generation import prepare_decode
+    from dflash_jax.decoding.prepare import prepare_decode
 
     kinds = {"ar": {}, "dflash": {"drafter": drafter, "block_size": block_size}}
     times = {k: [] for k in kinds}
@@ -214,7 +214,7 @@ def time_loops(target, drafter, prompts, iterations: int, budget: int, pad_to, r
 def loop_shape(settings: dict) -> dict:
     """Token budget, prompt width and cache length of both loops: the same cache for AR and
     DFlash, and a budget no row can use up, so that every run is exactly ``iterations`` long."""
-    from dflash_jax.decoding.generation import round_up
+    from dflash_jax.decoding.prepare import round_up
 
     bs = settings["block_size"]
     budget = settings["iterations"] * bs + 1
@@ -467,7 +467,7 @@ def run(args) -> dict:
             raise RuntimeError(f"the re-run still has fewer than {DEVICES} devices")
         return rerun_in_subprocess(argv, args.out)
     report = measure(meshes, quick=args.quick, settings=overrides)
-    report["command"] = command_line("dflash_jax.bench.parallel_speed", argv).rstrip()
+    report["command"] = command_line("dflash_jax.tools.parallel_speed", argv).rstrip()
     write_outputs(report, args.out)
     if not report["all_equal"]:
         print("warning: greedy outputs differ between meshes (see the table)", file=sys.stderr)

@@ -15,12 +15,12 @@ parameters the kernel used before tuning (``block_k`` 64, ``num_splits`` = S / 5
 2 stages) and the ones ``kernels/tuning.py`` chooses per shape and device, and flags spills,
 limits exceeded, traps and grids that leave most SMs idle.
 
-    python -m dflash_jax.bench.gpu_compile --model qwen3-8b            # before/after tables
-    python -m dflash_jax.bench.gpu_compile --model llama-3.1-8b --seq 4096 --batch 1
-    python -m dflash_jax.bench.gpu_compile --model path/to/hf_model_dir --block-size 16
-    python -m dflash_jax.bench.gpu_compile --model qwen3-8b --search   # tile/warp/stage search
-    python -m dflash_jax.bench.gpu_compile --model qwen3-8b --engine   # the whole engine
-    python -m dflash_jax.bench.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
+    python -m dflash_jax.tools.gpu_compile --model qwen3-8b            # before/after tables
+    python -m dflash_jax.tools.gpu_compile --model llama-3.1-8b --seq 4096 --batch 1
+    python -m dflash_jax.tools.gpu_compile --model path/to/hf_model_dir --block-size 16
+    python -m dflash_jax.tools.gpu_compile --model qwen3-8b --search   # tile/warp/stage search
+    python -m dflash_jax.tools.gpu_compile --model qwen3-8b --engine   # the whole engine
+    python -m dflash_jax.tools.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
 
 ``--impl triton`` makes the before/after tables for ``kernels/triton_block_attention.py`` (the
 same kernel in the Triton language, called through jax-triton) instead: each configuration is
@@ -57,8 +57,8 @@ import jax.numpy as jnp
 from dflash_jax import files
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
-from kernels import tuning
-from kernels.block_attention import block_attention
+from dflash_jax.kernels import tuning
+from dflash_jax.kernels.block_attention import block_attention
 
 KIB = 1024
 
@@ -132,7 +132,7 @@ class ModelShape:
     drafter_layers: int = 5
 
 
-NAMED_SHAPES = {  # Hugging Face config.json values; block sizes of the released drafters (SPEC 1)
+NAMED_SHAPES = {  # Hugging Face config.json values; block sizes of the released drafters (docs/method.md section 1)
     "qwen3-8b": ModelShape("Qwen3-8B", 32, 8, 128, 36, 16),
     "llama-3.1-8b": ModelShape("Llama-3.1-8B", 32, 8, 128, 32, 10),
 }
@@ -562,7 +562,7 @@ def compile_config(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
 def triton_plan(cfg: KernelConfig, launch: tuning.LaunchParams | None, gpu: GpuSpec):
     """The Triton kernel's ``LaunchPlan`` for ``cfg`` with ``launch`` (None: ``plan_launch``'s
     own defaults for ``gpu``'s SM count): grid (B, Hkv, splits + 1 in drafter mode)."""
-    from kernels.triton_block_attention import plan_launch
+    from dflash_jax.kernels.triton_block_attention import plan_launch
 
     chosen = {} if launch is None else dataclasses.asdict(launch)
     return plan_launch((cfg.batch, cfg.num_queries, cfg.heads, cfg.head_dim),
@@ -575,7 +575,7 @@ def compile_triton_plan(plan, gpu: GpuSpec, dtype: str) -> CompiledKernel:
     """Compiles the Triton-language kernel with ``plan`` (a ``LaunchPlan``) for ``gpu``'s
     architecture (``kernels.triton_block_attention.compile_for_gpu``) and reads its resources
     (memoised by plan, dtype and architecture)."""
-    from kernels.triton_block_attention import compile_for_gpu
+    from dflash_jax.kernels.triton_block_attention import compile_for_gpu
 
     key = ("triton", tuple(sorted(plan.constexprs.items())), jnp.dtype(dtype).name, gpu.arch,
            plan.num_warps, plan.num_stages)
@@ -619,7 +619,7 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     decode loop), lowered for CUDA with abstract parameters: {"prefill": Lowered,
     "decode": Lowered}. ``drafter_cfg`` None is autoregressive decoding (block size 1)."""
     from dflash_jax.decoding import engine
-    from dflash_jax.decoding.generation import round_up
+    from dflash_jax.decoding.prepare import round_up
     from dflash_jax.decoding.sampling import SamplingParams
     from dflash_jax.models.drafter import init_drafter_params
     from dflash_jax.proposers import DFlashProposer

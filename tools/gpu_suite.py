@@ -1,7 +1,7 @@
 """Every GPU measurement of the project in one command, for the day a GPU is lent.
 
-    python -m dflash_jax.bench.gpu_suite --out DIR            # on a GPU machine (~10 min)
-    python -m dflash_jax.bench.gpu_suite --smoke --out DIR    # tiny shapes, any machine (CI)
+    python -m dflash_jax.tools.gpu_suite --out DIR            # on a GPU machine (~10 min)
+    python -m dflash_jax.tools.gpu_suite --smoke --out DIR    # tiny shapes, any machine (CI)
 
 It runs, in one process, writing each stage's JSON/PNG/markdown under ``DIR/<stage>/`` and a
 summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
@@ -13,7 +13,7 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    hardware, kernels included. (In bfloat16 the 16-row verify and the 1-row AR step round
    differently, so outputs may part after a near-tie; the later stages report how often.)
 2. ``kernel``: the block-attention kernels against the XLA path and cuDNN attention at
-   Qwen3-8B head shapes (``dflash_jax.bench.kernel_speed``).
+   Qwen3-8B head shapes (``dflash_jax.tools.kernel_speed``).
 3. ``decode``: AR decode speed of an 8B-shaped random bf16 target
    (``dflash_jax.bench.decode_speed``).
 4. ``spec``: one DFlash iteration against one AR step for the same target with a random
@@ -58,7 +58,8 @@ def available_impls() -> list[str]:
 
 def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
     """(name, thunk) per stage; each thunk returns a small dict of headline numbers."""
-    from dflash_jax.bench import decode_speed, kernel_speed, spec_speed
+    from dflash_jax.bench import decode_speed, spec_speed
+    from dflash_jax.tools import kernel_speed
     from dflash_jax.bench import harness
 
     impls = available_impls()

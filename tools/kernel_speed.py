@@ -4,8 +4,8 @@ only, where it applies), for a T-row block against caches of S positions with Qw
 shapes: microseconds and achieved GB/s (K/V bytes of the valid prefix + q + out) against the
 measured copy bandwidth.
 
-    python -m dflash_jax.bench.kernel_speed                          # on a GPU
-    python -m dflash_jax.bench.kernel_speed --seq 256 --batch 1 --interpret   # CPU smoke run
+    python -m dflash_jax.tools.kernel_speed                          # on a GPU
+    python -m dflash_jax.tools.kernel_speed --seq 256 --batch 1 --interpret   # CPU smoke run
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from dflash_jax.bench.env import copy_bandwidth, time_in_program
 from dflash_jax.cli import command_main, invocation, options, run_cli
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
-from kernels.block_attention import block_attention, block_attention_reference
+from dflash_jax.kernels.block_attention import block_attention, block_attention_reference
 
 
 def _cudnn(q, k, v, lens):
@@ -29,7 +29,7 @@ def _cudnn(q, k, v, lens):
 
 
 def _triton_kernel(causal: bool, interpret: bool):
-    from kernels.triton_block_attention import block_attention_triton  # needs triton
+    from dflash_jax.kernels.triton_block_attention import block_attention_triton  # needs triton
 
     return jax.jit(functools.partial(block_attention_triton, causal=causal, interpret=interpret))
 

@@ -70,8 +70,8 @@ The step's peak is the largest of its phases:
 Not modelled: XLA's workspace and fragmentation, collectives' buffers, the data loader; GPU
 buffer assignment fuses more than the CPU's, so the dense attention's constants are upper-ish.
 
-    python -m dflash_jax.bench.train_memory                        # writes results/parallel/
-    python -m dflash_jax.bench.train_memory --batch 8 32 --skip-measure
+    python -m dflash_jax.tools.train_memory                        # writes results/parallel/
+    python -m dflash_jax.tools.train_memory --batch 8 32 --skip-measure
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 """(data, model) meshes of 8 devices."""
 RECIPE = {"num_anchors": 512, "block_size": 16, "seq_len": 3072, "drafter_layers": 5, "taps": 5,
-          "target": "qwen3-8b", "source": "SPEC section 5 (paper section 4.2, appendix A.1)"}
+          "target": "qwen3-8b", "source": "docs/method.md section 5 (paper section 4.2, appendix A.1)"}
 DEVICE_MEMORY_GB = {"H100 80GB": 80.0, "H200 141GB": 141.0}
 """Nominal HBM of the devices the table is read against (GB = 1e9 bytes)."""
 COMPUTE_BYTES = 2  # bfloat16
@@ -111,7 +111,7 @@ def qwen3_8b() -> TargetConfig:
 
 
 def paper_drafter(target: TargetConfig) -> DrafterConfig:
-    from dflash_jax.bench.roofline import QWEN3_MASK_TOKEN_ID
+    from dflash_jax.tools.roofline import QWEN3_MASK_TOKEN_ID
 
     return DrafterConfig.for_target(target, RECIPE["drafter_layers"], RECIPE["block_size"],
                                     QWEN3_MASK_TOKEN_ID)
@@ -347,7 +347,7 @@ def markdown(report: dict) -> str:
              f"jaxlib {report['env']['jaxlib']}, flax {report['env']['flax']}, {report['time']}.", "",
              f"Chunks: {comp['anchor_chunk']} anchors x {comp['context_chunk']} context positions "
              "(`TrainConfig.anchor_chunk` / `context_chunk`). GB = 1e9 bytes. Formulas: the module "
-             "docstring of `dflash_jax/bench/train_memory.py`.", ""]
+             "docstring of `tools/train_memory.py`.", ""]
     if report.get("measured"):
         m = report["measured"]
         lines += ["## (a) Measured: XLA's compiled temporaries (CPU buffer assignment, compile only)", "",
@@ -456,7 +456,7 @@ def run(args) -> dict:
         measured = {"attention": measured_attention(args.anchor_chunk, args.context_chunk, status),
                     "drafter_loss": measured_drafter_loss(args.anchor_chunk, args.context_chunk, status)}
     report = {"benchmark": "train_memory",
-              "command": command_line("dflash_jax.bench.train_memory",
+              "command": command_line("dflash_jax.tools.train_memory",
                                       (invocation(args) or ["train-memory"])[1:]).strip(),
               "measured": measured,
               "computed": computed(args.batch, args.anchor_chunk, args.context_chunk, args.drafter_tp),

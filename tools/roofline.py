@@ -39,8 +39,8 @@ programs (the target forward, and the engine's draft step) for 1-layer versions 
 and the prediction is set against the paper's measurement (Qwen3-8B with a 5-layer drafter,
 block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.335).
 
-    python -m dflash_jax.bench.roofline                  # Qwen3-8B + 5-layer drafter, block 16
-    python -m dflash_jax.bench.roofline --target dflash_jax/assets/target \\
+    python -m dflash_jax.tools.roofline                  # Qwen3-8B + 5-layer drafter, block 16
+    python -m dflash_jax.tools.roofline --target dflash_jax/assets/target \\
         --drafter dflash_jax/assets/drafter --context 256 --bench-json results/bench/bench.json
 """
 
@@ -57,7 +57,6 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
@@ -236,7 +235,7 @@ def target_forward(target: TargetConfig, rows: int, context: int, *, taps: int =
 def drafter_forward(drafter: DrafterConfig, target: TargetConfig, block_size: int, context: int,
                     ctx_rows: int, *, batch: int = 1, weight_bytes: int = 2, kv_bytes: int = 2,
                     dense_cache: int | None = None) -> list[Cost]:
-    """One draft (SPEC section 3): ``ctx_rows`` new context rows through fc + hidden_norm and
+    """One draft (docs/method.md section 3): ``ctx_rows`` new context rows through fc + hidden_norm and
     every layer's k/v into the draft cache; the block of ``block_size`` rows through every
     layer, attending non-causally to ``context`` cached rows and to itself; the target's LM head
     on the ``block_size - 1`` draft rows. ``dense_cache=M``: this project's XLA path (all M
@@ -272,17 +271,6 @@ def dflash_iteration(target: TargetConfig, drafter: DrafterConfig, block_size: i
     ctx_rows = block_size if ctx_rows is None else ctx_rows
     return (drafter_forward(drafter, target, block_size, context, ctx_rows, **kw)
             + target_forward(target, block_size, context, taps=drafter.num_taps, **kw))
-
-
-def weight_and_kv_bytes(target: TargetConfig, batch: int, kv_len: float, itemsize: int) -> dict:
-    """Bytes an AR decode step must read: ``{"weights", "kv"}`` (every weight once but the
-    untied embedding table, of which it gathers one row; the decode state of ``kv_len``
-    positions per row), by the target family's size model; what ``decode_speed`` divides by
-    the step time."""
-    family = targets.family_of(target)
-    table = 0 if target.tie_word_embeddings else target.vocab_size * target.hidden_size
-    return {"weights": int((family.num_params(target) - table) * itemsize),
-            "kv": int(batch * kv_len * family.state_bytes_per_token(target, itemsize))}
 
 
 # ---------------------------------------------------------------------------- predictions
@@ -376,7 +364,7 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
 
     from dflash_jax.decoding import engine
     from dflash_jax.decoding.sampling import SamplingParams
-    from dflash_jax.models.cache import KVCache
+    from dflash_jax.nn.cache import KVCache
     from dflash_jax.models.drafter import init_drafter_params
     from dflash_jax.proposers import Committed, DFlashProposer
     from dflash_jax.targets import init_target_params, target_forward as forward
