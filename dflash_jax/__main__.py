@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from dflash_jax.cli import PROG, HelpFormatter, parse_command, plain_description, run_cli
+from dflash_jax import __version__
 
 # name -> (module, one line of help)
 COMMANDS = {
@@ -87,7 +88,6 @@ def main(argv=None):
         print(usage())
         return
     if args[0] == "--version":
-        from dflash_jax import __version__
 
         print(f"dflash-jax {__version__}")
         return

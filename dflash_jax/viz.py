@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dflash_jax import metrics
+from dflash_jax.bench.prompt_sets import DATASETS
 
 PREFILL_COLOR = "#d9d9d9"
 HUES = (0.58, 0.33)  # blue and green, alternating between consecutive iterations
@@ -218,7 +219,6 @@ METRIC_NAMES = {"tau": "tau", "speedup": "decode speedup (x)"}
 
 def _set_color(name: str) -> str:
     """One colour per prompt set, the same in every panel."""
-    from dflash_jax.bench.prompt_sets import DATASETS
 
     return f"C{DATASETS.index(name) + 1}" if name in DATASETS else "C9"
 

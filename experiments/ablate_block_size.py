@@ -19,6 +19,7 @@ import numpy as np
 
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.experiments import framework, paper_numbers as paper
+from dflash_jax.reporting import new_figure
 
 
 def _order(size) -> tuple:
@@ -41,7 +42,6 @@ def _matrix(table, key):
 
 
 def plot(table):
-    from dflash_jax.reporting import new_figure
 
     fig, axes = new_figure(1, 2, figsize=(11, 4))
     for ax, key, name in ((axes[0], "tau", "tau"), (axes[1], "speedup", "speedup, decode (x)")):

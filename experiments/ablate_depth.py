@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_jax.experiments import framework, paper_numbers as paper
+from dflash_jax.reporting import new_figure
 
 
 def cells(settings, train, axes) -> list[dict]:
@@ -21,7 +22,6 @@ def cells(settings, train, axes) -> list[dict]:
 
 
 def plot(table):
-    from dflash_jax.reporting import new_figure
 
     rows = table.rows
     x = [r["label"]["layers"] for r in rows]

@@ -17,6 +17,7 @@ every set.
 from __future__ import annotations
 
 from dflash_jax.experiments import framework, paper_numbers as paper
+from dflash_jax.config import TargetConfig
 
 
 def spread_taps(num_target_layers: int, k: int) -> tuple[int, ...]:
@@ -33,7 +34,6 @@ def spread_taps(num_target_layers: int, k: int) -> tuple[int, ...]:
 
 
 def cells(settings, train, axes) -> list[dict]:
-    from dflash_jax.config import TargetConfig
 
     n = TargetConfig.from_pretrained(settings.target).num_layers
     out = []

@@ -53,12 +53,24 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from dflash_jax import metrics
-from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
-from dflash_jax.cli import argument_kwargs, field_help, flag
+from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, shipped_data_dir
+from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
-from dflash_jax.training.trainer import TrainConfig
+from dflash_jax.training.trainer import TrainConfig, Trainer, batch_for_step, export_run
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.decoding.adaptive import ADAPTIVE
+from dflash_jax.datasets import default_data_dir
+from dflash_jax.embedded import corpus
+from dflash_jax.prompts import encode_prompt, humaneval_prompt
+from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
+from dflash_jax.bench import harness
+from dflash_jax.bench.spec_speed import step_times
+from dflash_jax.reporting import cpu_model, environment, new_figure
+from dflash_jax.bench.harness import responses
+from dflash_jax.viz import plot_against_paper
+from dflash_jax.experiments import paper_numbers as paper
 
 PRESETS = ("smoke", "cpu", "gpu")
 PROMPT_SOURCES = ("shipped", "embedded-recipe")
@@ -257,8 +269,6 @@ def resolve(experiment: Experiment, preset: str, overrides: dict) -> tuple[Setti
 def check_settings(experiment: Experiment, settings: Settings, train: dict, axes: dict, target_config) -> list[Cell]:
     """The grid's cells, every one checked as the trainer and the evaluation would check it,
     before anything runs. Raises ValueError naming the setting."""
-    from dflash_jax.config import DrafterConfig
-    from dflash_jax.decoding.adaptive import ADAPTIVE
 
     s = settings
     if s.prompt_source not in PROMPT_SOURCES and not s.prompt_source.endswith(".jsonl"):
@@ -368,11 +378,6 @@ def training_prompts(settings: Settings, tokenizer) -> list:
     """The first ``num_prompts`` prompts of ``prompt_source`` (see :class:`Settings`) whose
     response fits: rendered with the chat template, at most ``regen_max_len -
     regen_max_new_tokens`` tokens (longer ones are skipped, in order)."""
-    from dflash_jax.bench.prompt_sets import shipped_data_dir
-    from dflash_jax.datasets import default_data_dir
-    from dflash_jax.embedded import corpus
-    from dflash_jax.prompts import encode_prompt, humaneval_prompt
-    from dflash_jax.training.data import read_prompt_file
 
     s = settings
     if s.prompt_source == "embedded-recipe":
@@ -412,7 +417,6 @@ def prepare_data(work: Work, bar_write=print) -> str:
 
 
 def _regenerate(work: Work, out: str, bar_write) -> None:
-    from dflash_jax.training.data import regenerate
 
     s = work.settings
     bar_write(f"regenerating the training data: {s.num_prompts} prompts answered by the target -> {out}")
@@ -445,8 +449,6 @@ def blocks_seen(cell: Cell, data_dir: str, steps: int) -> int:
     """The training blocks the cell's drafter really saw: valid anchors summed over its steps
     (``blocks`` is the budget, steps x sequences x anchors; fixed anchors, or sequences with
     fewer valid anchors than ``num_anchors``, give fewer)."""
-    from dflash_jax.training.data import TokenDataset
-    from dflash_jax.training.trainer import batch_for_step
 
     data, cfg = TokenDataset(data_dir), TrainConfig(**cell.train)
     return int(sum(batch_for_step(s, data, cfg, cell.drafter["block_size"])[2].sum() for s in range(steps)))
@@ -455,9 +457,6 @@ def blocks_seen(cell: Cell, data_dir: str, steps: int) -> int:
 def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path: str) -> None:
     import jax.numpy as jnp
 
-    from dflash_jax.config import DrafterConfig
-    from dflash_jax.training.data import TokenDataset
-    from dflash_jax.training.trainer import Trainer, export_run
 
     if os.path.exists(record_path):  # finished while we waited
         return
@@ -497,11 +496,6 @@ def _count(params) -> int:
 
 def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar) -> dict:
     """The cell's evaluation (bench's protocol) and step times; writes and returns cell.json."""
-    from dflash_jax.bench import harness
-    from dflash_jax.bench.prompt_sets import load_prompt_set
-    from dflash_jax.bench.spec_speed import step_times
-    from dflash_jax.models.handles import load_drafter
-    from dflash_jax.reporting import environment
 
     out = os.path.join(work.cell_dir(cell), "cell.json")
     if os.path.exists(out):
@@ -515,12 +509,6 @@ def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar) -> 
 
 
 def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, out: str) -> dict:
-    from dflash_jax.bench import harness
-    from dflash_jax.bench.prompt_sets import load_prompt_set
-    from dflash_jax.bench.spec_speed import step_times
-    from dflash_jax.decoding.adaptive import ADAPTIVE
-    from dflash_jax.models.handles import load_drafter
-    from dflash_jax.reporting import environment
 
     ev = cell.evaluation
     drafter = load_drafter(os.path.join(work.drafter_dir(cell), "drafter"), work.target, dtype=work.target.dtype)
@@ -608,7 +596,6 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
         key = json.dumps({k: v for k, v in c.label.items() if k != "seed"}, sort_keys=True)
         groups.setdefault(key, []).append((c, r))
     rows = []
-    from dflash_jax.bench.harness import responses
 
     for key, members in groups.items():
         recs = [r for _, r in members]
@@ -674,7 +661,6 @@ def paper_direction(better: dict, worse: dict, name: Callable[[dict], str], pape
 def plot_beside_paper(table: "Table"):
     """Our rows (average with its interval, each prompt set a marker) beside the paper's rows
     (:func:`dflash_jax.viz.plot_against_paper`)."""
-    from dflash_jax.viz import plot_against_paper
 
     return plot_against_paper(table.to_json())
 
@@ -709,7 +695,6 @@ def check_out(out: str, experiment: Experiment, identity: dict, overwrite: bool)
 
 
 def write_outputs(table: Table, out: str, identity: dict) -> None:
-    from dflash_jax.reporting import new_figure  # noqa: F401  (Agg backend before pyplot)
     import matplotlib.pyplot as plt
 
     os.makedirs(out, exist_ok=True)
@@ -726,7 +711,6 @@ def write_outputs(table: Table, out: str, identity: dict) -> None:
 
 
 def _paper_markdown(experiment: Experiment) -> str:
-    from dflash_jax.experiments import paper_numbers as paper
 
     return paper.markdown(experiment.paper_rows, experiment.paper_keys)
 
@@ -770,7 +754,6 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
                          "train-data's formats), answered by the target")
     if not os.path.isdir(settings.target):
         raise FileNotFoundError(f"target directory {settings.target!r} does not exist")
-    from dflash_jax.config import TargetConfig
 
     tcfg = TargetConfig.from_pretrained(settings.target)
     if not any(os.path.exists(os.path.join(settings.target, n)) for n in ("tokenizer.json", "tokenizer.model")):
@@ -783,8 +766,6 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
         settings = dataclasses.replace(settings, mask_token_id=mask)
     cells = check_settings(experiment, settings, train, axes, tcfg)
     if settings.prompt_source == "embedded-recipe":
-        from dflash_jax.datasets import default_data_dir
-        from dflash_jax.embedded import corpus
 
         corpus.check_training_data(settings.data_dir or default_data_dir())
     return settings, train, axes, cells
@@ -800,8 +781,6 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     import jax.numpy as jnp
     from tqdm import tqdm
 
-    from dflash_jax.models.handles import load_target
-    from dflash_jax.reporting import cpu_model, environment
 
     t0 = time.perf_counter()
     settings, train, axes, cells = check_experiment(experiment, preset, overrides)
@@ -846,7 +825,6 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
 
 
 def _sets_for(cell: Cell):
-    from dflash_jax.bench.prompt_sets import load_prompt_set
 
     ev = cell.evaluation
     return [s for n in ev["datasets"] for s in load_prompt_set(n, None, ev["max_samples"], ev["seed"], subset=ev["subset"])]
@@ -926,7 +904,6 @@ def _show(v) -> str:
 
 def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
     """``python -m experiments.<name>``: parses the options and runs the experiment."""
-    from dflash_jax.cli import run_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}

@@ -39,11 +39,16 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax import metrics
-from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS
+from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
-from dflash_jax.experiments import framework
-from dflash_jax.experiments import paper_numbers as numbers
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter,
+                                       load_target)
+from dflash_jax.experiments import framework, paper_numbers as numbers
+from dflash_jax.bench.harness import average
+from dflash_jax.reporting import cpu_model, environment, load_average, new_figure
+from dflash_jax.cli import run_cli
+from dflash_jax.decoding import engine
+from dflash_jax.bench import harness
 
 ITEMS = ("table1", "acceptance", "block_size_curve", "training_curve")
 ABLATIONS = ("ablate_depth", "ablate_block_size", "ablate_taps", "ablate_conditioning", "ablate_anchors",
@@ -146,7 +151,6 @@ class Session:
         import jax
         import jax.numpy as jnp
 
-        from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, load_drafter, load_target
 
         self.opt, self.work = opt, os.path.abspath(work)
         dtype = jnp.dtype(opt.dtype) if opt.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu"
@@ -163,7 +167,6 @@ class Session:
 
     def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
         """One prompt set under the bench protocol (cached; see the module docstring)."""
-        from dflash_jax.decoding import engine
 
         o = self.opt
         drafter = self.drafters[drafter_dir]
@@ -183,9 +186,6 @@ class Session:
             return self._measure(drafter, dataset, temperature, bs, key, path, bar)
 
     def _measure(self, drafter, dataset, temperature, bs, key, path, bar) -> dict:
-        from dflash_jax.bench import harness
-        from dflash_jax.bench.prompt_sets import load_prompt_set
-        from dflash_jax.reporting import environment, load_average
 
         o = self.opt
         args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
@@ -202,7 +202,6 @@ class Session:
     def grid(self, jobs: list[tuple[str, str, float, int | None]], desc: str) -> list[dict]:
         from tqdm import tqdm
 
-        from dflash_jax.bench.prompt_sets import load_prompt_set
 
         n = sum(len(s.turns) for _, d, _, _ in jobs
                 for s in load_prompt_set(d, None, self.opt.max_samples, self.opt.seed, subset=self.opt.subset))
@@ -211,7 +210,6 @@ class Session:
 
 
 def _average(records: dict[str, dict]) -> dict:
-    from dflash_jax.bench.harness import average
 
     return average(records)
 
@@ -272,14 +270,12 @@ def _strip(r: dict) -> dict:
 
 
 def _name(d: str, s: Session) -> str:
-    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
 
     return "embedded drafter" if os.path.abspath(d) == os.path.abspath(EMBEDDED_DRAFTER_DIR) else os.path.basename(
         os.path.normpath(d))
 
 
 def _table1_figure(res: dict, s: Session):
-    from dflash_jax.reporting import new_figure
 
     o = s.opt
     fig, axes = new_figure(1, 2, figsize=(13, 4))
@@ -310,7 +306,6 @@ def _table1_figure(res: dict, s: Session):
 def acceptance(s: Session) -> dict:
     """The acceptance-length histogram per prompt set and the per-position acceptance rate
     (T = 0, the drafter's block size): a figure; the measurements are table1's."""
-    from dflash_jax.reporting import new_figure
 
     o = s.opt
     recs = dict(zip(o.datasets, s.grid([(s.main, n, 0.0, None) for n in o.datasets], "acceptance (T=0)")))
@@ -345,7 +340,6 @@ def acceptance(s: Session) -> dict:
 
 def block_size_curve(s: Session) -> dict:
     """tau and decode speedup against the inference block size for one drafter (T = 0)."""
-    from dflash_jax.reporting import new_figure
 
     o = s.opt
     jobs = [(s.main, n, 0.0, b) for b in o.block_sizes for n in o.datasets]
@@ -407,8 +401,6 @@ def continued_stages(drafter_dir: str) -> list[tuple[str, str]]:
 
 def training_curve(s: Session | None, opt: Options) -> dict:
     """Held-out tau (real generation) against training steps, and the loss, from run metrics."""
-    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
-    from dflash_jax.reporting import new_figure
 
     if opt.runs:
         runs = {os.path.basename(os.path.normpath(r)): _rows(os.path.join(r, "metrics.jsonl")) for r in opt.runs}
@@ -453,7 +445,6 @@ def _rows(path: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- outputs
 def _write(out: str, name: str, result: dict, opt: Options, preset: str, command: str) -> None:
-    from dflash_jax.reporting import environment, load_average, new_figure  # noqa: F401 (Agg backend)
     import matplotlib.pyplot as plt
 
     os.makedirs(out, exist_ok=True)
@@ -590,7 +581,6 @@ def saved(out: str, preset: str, ablations_out: str | None) -> tuple[dict, dict,
 
 def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float | None,
            ablations_out: str | None, missing: Sequence[str] = ()) -> str:
-    from dflash_jax.reporting import cpu_model, environment
 
     env = environment()
     lines = [f"# The paper's tables and figures ({preset} preset)", "",
@@ -665,7 +655,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    from dflash_jax.cli import run_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}

@@ -59,6 +59,13 @@ from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.kernels import tuning
 from dflash_jax.kernels.block_attention import block_attention
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.prepare import round_up
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.proposers import DFlashProposer
+from dflash_jax.targets import init_target_params
 
 KIB = 1024
 
@@ -145,7 +152,6 @@ def model_shape(model: str, block_size: int | None = None, drafter_layers: int =
     if key in NAMED_SHAPES:
         shape = NAMED_SHAPES[key]
     elif os.path.isdir(model):
-        from dflash_jax.config import TargetConfig
 
         cfg = TargetConfig.from_pretrained(model)
         shape = ModelShape(os.path.basename(os.path.abspath(model)), cfg.num_heads,
@@ -618,12 +624,6 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     """The two programs ``generate(..., attention_impl="pallas")`` runs (prefill, then the
     decode loop), lowered for CUDA with abstract parameters: {"prefill": Lowered,
     "decode": Lowered}. ``drafter_cfg`` None is autoregressive decoding (block size 1)."""
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.prepare import round_up
-    from dflash_jax.decoding.sampling import SamplingParams
-    from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.proposers import DFlashProposer
-    from dflash_jax.targets import init_target_params
 
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda: init_target_params(target_cfg, key, dtype))
@@ -818,7 +818,6 @@ def run_engine(shape: ModelShape, gpus: Sequence[GpuSpec], *, batch: int, prompt
 
 def engine_model_configs(shape: ModelShape):
     """A Qwen3 target with ``shape``'s attention (8B-sized MLP and vocabulary) and its drafter."""
-    from dflash_jax.config import DrafterConfig, TargetConfig
 
     target = TargetConfig(model_type="qwen3", vocab_size=151936, hidden_size=4096,
                           intermediate_size=12288, num_layers=shape.num_layers,

@@ -40,6 +40,9 @@ import jax
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment
+from dflash_jax.nn.attention import ATTENTION_IMPLS
+from dflash_jax.bench import decode_speed, harness, spec_speed
+from dflash_jax.tools import kernel_speed
 
 
 def available_impls() -> list[str]:
@@ -48,7 +51,6 @@ def available_impls() -> list[str]:
     if jax.default_backend() == "gpu":
         try:
             import jax_triton  # noqa: F401
-            from dflash_jax.nn.attention import ATTENTION_IMPLS
             if "triton" in ATTENTION_IMPLS:
                 impls.append("triton")
         except ImportError:
@@ -58,9 +60,6 @@ def available_impls() -> list[str]:
 
 def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
     """(name, thunk) per stage; each thunk returns a small dict of headline numbers."""
-    from dflash_jax.bench import decode_speed, spec_speed
-    from dflash_jax.tools import kernel_speed
-    from dflash_jax.bench import harness
 
     impls = available_impls()
     d = lambda name: os.path.join(out, name)

@@ -43,6 +43,14 @@ import statistics
 import subprocess
 import sys
 import time
+from dflash_jax import parallel
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.prepare import prepare_decode, round_up
+from dflash_jax.models.handles import Drafter, Target
+from dflash_jax.config import TargetConfig
+from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure
+from dflash_jax.files import atomic_path, write_json, write_text
+from dflash_jax.cli import command_main, invocation
 
 DEVICES = 8
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -152,7 +160,6 @@ def parse_meshes(values) -> list[tuple[int, int]]:
 
 def skip_reason(cfg, drafter_cfg, data: int, model: int, batch: int, devices: int) -> str | None:
     """Why the mesh (data, model) cannot run this benchmark, or None."""
-    from dflash_jax import parallel
 
     if data * model > devices:
         return f"needs {data * model} devices, {devices} available"
@@ -177,8 +184,6 @@ def time_loops(target, drafter, prompts, iterations: int, budget: int, pad_to, r
     import jax.numpy as jnp
     import numpy as np
 
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.prepare import prepare_decode
 
     kinds = {"ar": {}, "dflash": {"drafter": drafter, "block_size": block_size}}
     times = {k: [] for k in kinds}
@@ -214,7 +219,6 @@ def time_loops(target, drafter, prompts, iterations: int, budget: int, pad_to, r
 def loop_shape(settings: dict) -> dict:
     """Token budget, prompt width and cache length of both loops: the same cache for AR and
     DFlash, and a budget no row can use up, so that every run is exactly ``iterations`` long."""
-    from dflash_jax.decoding.prepare import round_up
 
     bs = settings["block_size"]
     budget = settings["iterations"] * bs + 1
@@ -227,8 +231,6 @@ def measure_mesh(target, drafter, data: int | None, model: int | None, settings:
     one-device ``target`` and ``drafter``'s weights placed on it (the same weights everywhere)."""
     import numpy as np
 
-    from dflash_jax import parallel
-    from dflash_jax.models.handles import Drafter, Target
 
     s, shape = settings, loop_shape(settings)
     if data is not None:
@@ -277,9 +279,6 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
     import jax.numpy as jnp
     from tqdm import tqdm
 
-    from dflash_jax.config import TargetConfig
-    from dflash_jax.models.handles import Drafter, Target
-    from dflash_jax.reporting import load_average
 
     s = dict(QUICK_SETTINGS if quick else SETTINGS, **(settings or {}))
     cfg = TargetConfig(**(QUICK_MODEL if quick else MODEL))
@@ -337,7 +336,6 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
 
 
 def environment_info() -> dict:
-    from dflash_jax.reporting import cpu_model, environment
 
     return {**environment(), "cpu_model": cpu_model(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -346,7 +344,6 @@ def environment_info() -> dict:
 def plot(report: dict):
     import numpy as np
 
-    from dflash_jax.reporting import new_figure
 
     rows = report["results"]
     fig, (a, b) = new_figure(1, 2, figsize=(10, 3.8))
@@ -417,7 +414,6 @@ def markdown(report: dict) -> str:
 def write_outputs(report: dict, out_dir: str) -> str:
     import matplotlib.pyplot as plt
 
-    from dflash_jax.files import atomic_path, write_json, write_text
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, STEM + ("_quick" if report["quick"] else ""))
@@ -449,8 +445,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.cli import invocation
-    from dflash_jax.reporting import command_line
 
     meshes = parse_meshes(args.meshes)
     overrides = {}
@@ -484,7 +478,6 @@ def _argv(args) -> list[str]:
 
 
 def main(argv=None) -> dict:
-    from dflash_jax.cli import command_main
 
     return command_main("parallel-speed", sys.modules[__name__], argv)
 

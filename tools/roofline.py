@@ -60,6 +60,13 @@ from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.nn.cache import KVCache
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.proposers import Committed, DFlashProposer
+from dflash_jax.targets import init_target_params, target_forward as forward
+from dflash_jax.bench.decode_speed import PRESETS
 
 PAPER = {"model": "Qwen3-8B", "drafter_layers": 5, "block_size": 16, "device": "h200",
          "tau": 6.49, "speedup": 4.86,
@@ -362,12 +369,6 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.sampling import SamplingParams
-    from dflash_jax.nn.cache import KVCache
-    from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.proposers import Committed, DFlashProposer
-    from dflash_jax.targets import init_target_params, target_forward as forward
 
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda k: init_target_params(target, k), key)
@@ -650,7 +651,6 @@ def _plot_ratio_vs_block_size(ax, report: dict) -> None:
 def load_pair(args) -> tuple[str, TargetConfig, DrafterConfig]:
     """(name, target, drafter) from --target/--drafter directories, or Qwen3-8B's shapes with
     a --drafter-layers drafter shaped like it (the released recipe)."""
-    from dflash_jax.bench.decode_speed import PRESETS
 
     if args.target:
         if not args.drafter:

@@ -82,11 +82,20 @@ import sys
 import time
 from typing import Sequence
 
-from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.cli import command_main, invocation, run_cli, status
 from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_json, write_text
-from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
+from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
+                                     block_sparse_attention, check_chunk,
+                                     chunked_block_sparse_attention)
+from dflash_jax.bench.decode_speed import PRESETS
+from dflash_jax.tools.roofline import QWEN3_MASK_TOKEN_ID
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.targets import init_target_params
+from dflash_jax.training.blocks import block_loss_weights
+from dflash_jax.training.loss import drafter_loss
+from dflash_jax.reporting import command_line, environment
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 """(data, model) meshes of 8 devices."""
@@ -105,13 +114,11 @@ GB = 1e9
 
 # ---------------------------------------------------------------------------- shapes
 def qwen3_8b() -> TargetConfig:
-    from dflash_jax.bench.decode_speed import PRESETS
 
     return TargetConfig(**PRESETS["qwen3-8b"])
 
 
 def paper_drafter(target: TargetConfig) -> DrafterConfig:
-    from dflash_jax.tools.roofline import QWEN3_MASK_TOKEN_ID
 
     return DrafterConfig.for_target(target, RECIPE["drafter_layers"], RECIPE["block_size"],
                                     QWEN3_MASK_TOKEN_ID)
@@ -246,7 +253,6 @@ def attention_grad_bytes(B: int, N: int, T: int, H: int, Hkv: int, Dh: int, S: i
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.nn.attention import block_sparse_attention, chunked_block_sparse_attention
 
     attn = block_sparse_attention if impl == "dense" else (
         lambda *a: chunked_block_sparse_attention(*a, anchor_chunk=anchor_chunk, context_chunk=context_chunk))
@@ -290,10 +296,6 @@ def measured_drafter_loss(anchor_chunk: int, context_chunk: int, status=print) -
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.models.drafter import init_drafter_params
-    from dflash_jax.targets import init_target_params
-    from dflash_jax.training.blocks import block_loss_weights
-    from dflash_jax.training.loss import drafter_loss
 
     target = TargetConfig(**SMALL_TARGET)
     s = SMALL_DRAFT
@@ -441,8 +443,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.cli import status
-    from dflash_jax.reporting import command_line, environment
 
     check_chunk("--anchor-chunk", args.anchor_chunk)
     check_chunk("--context-chunk", args.context_chunk)

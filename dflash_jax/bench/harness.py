@@ -36,10 +36,17 @@ from tqdm import tqdm
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
-from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR as EMBEDDED_TARGET
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
+                                       EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter,
+                                       load_target)
 from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment, load_average, new_figure, write_report
+from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.parallel import cli as parallel_cli, is_main_process
+from dflash_jax.decoding.prepare import round_up
+from dflash_jax.prompts import encode_prompt, has_thinking_switch
+import dflash_jax
+from dflash_jax.decoding.generation import generate
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +78,6 @@ def add_arguments(p) -> None:
                         "without the switch are unaffected)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
-    from dflash_jax.decoding.adaptive import block_size_arg
 
     p.add_argument("--block-size", type=block_size_arg, default=None,
                    help="default: the drafter's; 'adaptive': the verify length chosen per iteration")
@@ -84,7 +90,6 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
     p.add_argument("--out", default="runs/bench")
-    from dflash_jax.parallel import cli as parallel_cli
 
     parallel_cli.add_arguments(p)  # one prompt at a time: a mesh with data=1 (model=N: TP)
 
@@ -93,7 +98,6 @@ class Runner:
     """Runs one method (AR or DFlash) on chat turns with shapes fixed per prompt set."""
 
     def __init__(self, target, drafter, args):
-        from dflash_jax.prompts import encode_prompt
 
         self.target, self.drafter, self.args = target, drafter, args
         thinking = bool(getattr(args, "thinking", False))
@@ -101,8 +105,6 @@ class Runner:
         self.stops = target.stop_token_ids
 
     def run(self, ids, drafter, pad_to, adaptive: bool = False):
-        from dflash_jax.decoding.adaptive import ADAPTIVE
-        from dflash_jax.decoding.generation import generate
 
         a = self.args
         block_size = (ADAPTIVE if adaptive else a.block_size) if drafter else None
@@ -123,10 +125,8 @@ def chat(turns, answers):
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
-    from dflash_jax.decoding.prepare import round_up
 
     a, tok = runner.args, runner.target.tokenizer
-    from dflash_jax.decoding.adaptive import ADAPTIVE
 
     bs = runner.drafter.config.block_size if a.block_size in (None, ADAPTIVE) else a.block_size
     adaptive = bool(getattr(a, "adaptive", False))
@@ -264,8 +264,6 @@ def run(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.models.handles import load_drafter, load_target
-    from dflash_jax.prompts import has_thinking_switch
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
@@ -279,7 +277,6 @@ def run(args) -> dict:
     sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub, subset=args.subset)
             for n in args.datasets}
     dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
-    from dflash_jax.parallel import cli as parallel_cli
 
     mesh = parallel_cli.mesh_from_args(args)
     if mesh is not None and mesh.devices.shape[0] != 1:
@@ -334,7 +331,6 @@ def run(args) -> dict:
 
 def _portable(path: str) -> str:
     """A path for the report: relative to the package for shipped files, else as given."""
-    import dflash_jax
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(dflash_jax.__file__)))
     full = os.path.abspath(path)
@@ -344,7 +340,6 @@ def _portable(path: str) -> str:
 def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     """Writes bench.json / .md / .png for the sets finished so far (process 0 of a
     multi-process run only); returns the table."""
-    from dflash_jax.parallel import is_main_process
 
     results = report["datasets"]
     report["average"] = average(results)

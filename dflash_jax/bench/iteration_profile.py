@@ -31,6 +31,14 @@ import numpy as np
 from dflash_jax.bench.env import time_fn
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, write_report
+from dflash_jax.decoding.costs import iteration_seconds
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.nn.head import embed, lm_head
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter,
+                                       load_target)
+from dflash_jax.files import write_text
 
 LENGTHS = (1, 4, 8, 16)
 
@@ -64,7 +72,6 @@ def in_loop(fn, args, n: int, repeats: int, carried: int | None = None) -> float
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
     """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
     median of ``repeats`` runs after a compiling one."""
-    from dflash_jax.decoding.costs import iteration_seconds
 
     budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
     times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
@@ -73,10 +80,6 @@ def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options)
 
 
 def measure(target, drafter, context: int, n: int, repeats: int, iterations: int) -> dict:
-    from dflash_jax.decoding import engine
-    from dflash_jax.decoding.prepare import prepare_decode
-    from dflash_jax.models.drafter import DrafterModel
-    from dflash_jax.nn.head import embed, lm_head
 
     V, bs = target.config.vocab_size, drafter.config.block_size
     prompt = [(np.arange(context) * 7919 % V).tolist()]
@@ -166,7 +169,6 @@ def markdown(report: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR
 
     p.add_argument("--target", default=EMBEDDED_TARGET_DIR)
     p.add_argument("--drafter", default=EMBEDDED_DRAFTER_DIR)
@@ -179,8 +181,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.files import write_text
-    from dflash_jax.models.handles import load_drafter, load_target
 
     target = load_target(args.target, dtype=jnp.dtype(args.dtype))
     drafter = load_drafter(args.drafter, target, dtype=jnp.dtype(args.dtype))

@@ -6,7 +6,11 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli, status
-from dflash_jax.parallel import cli as parallel_cli
+from dflash_jax.parallel import cli as parallel_cli, is_main_process
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
+from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.decoding.generation import generate as run_generate
+from dflash_jax.prompts import encode_prompt
 
 
 def _parse_token_ids(text: str) -> list[int]:
@@ -20,7 +24,6 @@ def _parse_token_ids(text: str) -> list[int]:
 
 
 def add_arguments(p) -> None:
-    from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 
     p.add_argument("--target", default=EMBEDDED_TARGET_DIR, help="Hugging Face checkpoint directory")
     p.add_argument("--drafter", help="DFlash drafter directory (speculative decoding; default: none, "
@@ -37,7 +40,6 @@ def add_arguments(p) -> None:
     p.add_argument("--max-len", type=int, help="KV cache length (default: the model's max_position_embeddings)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow --max-len above the model's max_position_embeddings")
-    from dflash_jax.decoding.adaptive import block_size_arg
 
     p.add_argument("--block-size", type=block_size_arg,
                    help="speculative block size (default: the drafter's), or 'adaptive': verify "
@@ -58,9 +60,6 @@ def run(args):
         raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
     import jax.numpy as jnp
 
-    from dflash_jax.decoding.generation import generate as run_generate
-    from dflash_jax.models.handles import load_drafter, load_target
-    from dflash_jax.prompts import encode_prompt
 
     dtype = jnp.dtype(args.dtype) if args.dtype else None
     mesh = parallel_cli.mesh_from_args(args)
@@ -87,7 +86,6 @@ def run(args):
     r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  stop_token_ids=target.stop_token_ids, seed=args.seed)
-    from dflash_jax.parallel import is_main_process
 
     if not is_main_process():  # every process holds the whole result; one prints it
         return r
@@ -97,7 +95,6 @@ def run(args):
             f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps, both including compilation")
     if drafter is not None:
         line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
-        from dflash_jax.decoding.adaptive import ADAPTIVE
 
         if args.block_size == ADAPTIVE:
             chosen = [v for row in r.verify_lengths for v in row]

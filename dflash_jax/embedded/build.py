@@ -47,6 +47,14 @@ import sys
 from dflash_jax.cli import command_main, command_parser
 from dflash_jax.files import check_settings, write_json
 from dflash_jax.models.handles import ASSETS_DIR as PACKAGE_ASSETS
+from dflash_jax.config import DrafterConfig
+from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
+from dflash_jax.training.data import check_hold_out
+from dflash_jax.bench import harness
+from dflash_jax.embedded import corpus
+from dflash_jax.datasets import default_data_dir
+from dflash_jax.embedded.corpus import check_training_data
+from dflash_jax.embedded.cards import write_cards
 
 EVAL_PROMPTS = 16  # held-out sequences the drafter trainer evaluates tau on
 BLOCK_SIZE = 16
@@ -121,8 +129,6 @@ def _inside(path: str, root: str) -> bool:
 def check_model(a) -> None:
     """The drafter's shape against the preset's target: the trainer's own check
     (``DrafterConfig.check_target``) on the configs the stages will build."""
-    from dflash_jax.config import DrafterConfig
-    from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
 
     layers = MODEL_PRESETS[a.preset]["num_layers"]
     bad = [t for t in a.taps if not 0 <= t < layers]
@@ -135,7 +141,6 @@ def check_model(a) -> None:
 
 def check_numbers(a) -> None:
     """The stages' numeric settings, including the drafter trainer's held-out split."""
-    from dflash_jax.training.data import check_hold_out
 
     for name in ("target_steps", "drafter_steps", "drafter_batch", "drafter_layers", "num_anchors",
                  "max_new_tokens"):
@@ -161,7 +166,6 @@ def check_numbers(a) -> None:
 def bench_arguments(a) -> list[str]:
     """--bench-args split and parsed by bench's own parser (a mistake is found now, not after
     training); the options the build sets itself are refused."""
-    from dflash_jax.bench import harness
 
     try:
         extra = shlex.split(a.bench_args)
@@ -236,15 +240,12 @@ def available_prompts(data_dir: str, num: int) -> int:
     """How many of ``num`` training prompts ``embedded-prompts`` can draw from ``data_dir``
     (``corpus.training_prompts`` returns min(num, prompts available)); the standard library's
     functions are scanned only when the other styles fall short."""
-    from dflash_jax.embedded import corpus
 
     return corpus.available_training_prompts(data_dir, num)
 
 
 def check_data(a) -> str | None:
     """The training data directory, checked, when a stage still needs it (None otherwise)."""
-    from dflash_jax.datasets import default_data_dir
-    from dflash_jax.embedded.corpus import check_training_data
 
     work = a.work
     need_corpus = not os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
@@ -365,7 +366,6 @@ def run(a) -> None:
     with open(os.path.join(w, DRAFTER, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=2)
     _run(["bench", "--target", TARGET, "--drafter", DRAFTER, "--out", BENCH, *bench_extra], w)
-    from dflash_jax.embedded.cards import write_cards
 
     write_cards(os.path.join(w, EXPORT), recipe, os.path.join(w, BENCH, "bench.json"))
     install(os.path.join(w, EXPORT), assets)

@@ -30,6 +30,8 @@ from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.datasets import MBPP_TEST_IDS, read_records
 from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, HUMANEVAL_FORMAT, MASK, MATH_SUFFIX, SPECIAL_TOKENS,
                                 gsm8k_solution, humaneval_prompt, math_prompt, render_chat)
+from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, shipped_data_dir
+from dflash_jax.embedded import synthetic
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "turtledemo", "lib2to3", "idlelib", "ensurepip", "config-3.11-x86_64-linux-gnu"}
@@ -250,7 +252,6 @@ def check_styles(styles=None, weights: dict | None = None) -> dict[str, float]:
 def benchmark_test_prompts() -> set[str]:
     """Every user turn of the benchmark's test splits as the benchmark renders it (gsm8k,
     math500, mbpp, mt-bench shipped in ``dflash_jax/bench/data``; HumanEval from its package)."""
-    from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, shipped_data_dir
 
     return {t for name in DATASETS for smp in load_prompt_set(name, shipped_data_dir()) for t in smp.turns}
 
@@ -298,7 +299,6 @@ def _benchmark_questions() -> tuple[dict, list]:
 def _synthetic_pool(style: str, size: int) -> tuple[str, ...]:
     """The synthetic math500 / mt-bench prompts, rendered, without benchmark overlaps (cached:
     the same for every call)."""
-    from dflash_jax.embedded import synthetic
 
     texts = ([math_prompt(q) for q in synthetic.math_problems(size)] if style == "math500"
              else synthetic.chat_requests(size))
@@ -312,7 +312,6 @@ def training_prompt_pools(data_dir: str | None, styles=None, stdlib_root: str | 
     order that has it) and never when it holds a benchmark test-split question
     (:func:`benchmark_overlaps`; one MBPP non-test task, 569, repeats test task 104's text).
     ``data_dir`` is needed for gsm8k and mbpp only."""
-    from dflash_jax.embedded import synthetic
 
     chosen = check_styles(styles)
     if "gsm8k" in chosen or "mbpp" in chosen:

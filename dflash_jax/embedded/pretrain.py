@@ -27,6 +27,7 @@ from dflash_jax.targets import init_target_params, target_forward
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.run_dir import (METRICS_FILE, RUN_FILE, check_run_file, checkpoint_manager,
                                          restore_latest)
+from dflash_jax.models.handles import Target
 
 # Model shapes: "cpu" (16.8M parameters, 4 layers: ~1550 tokens/s on 2 CPU cores, so the
 # default 1200 steps of 16 x 256 tokens take about 55 minutes; 2600 steps fit in two hours);
@@ -167,7 +168,6 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
                   command: str = "") -> dict:
     """Writes the run's newest target as a Hugging Face directory (config, bf16 safetensors,
     tokenizer, README model card) and returns the card's facts."""
-    from dflash_jax.models.handles import Target
 
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dflash_jax.parallel.rules import DATA, MODEL
+from dflash_jax.xla_flags import cuda_plugin_installed
 
 ENV_COORDINATOR = ("DFLASH_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
 ENV_NUM_PROCESSES = ("DFLASH_NUM_PROCESSES", "JAX_NUM_PROCESSES")
@@ -109,7 +110,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
 
 def _has_accelerator_plugin() -> bool:
-    from dflash_jax.xla_flags import cuda_plugin_installed
 
     return cuda_plugin_installed()
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
+from dflash_jax.decoding.generation import generate
 
 
 def read_prompt_file(path: str) -> list[Any]:
@@ -95,7 +96,6 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
     a drafter trained on thinking-mode data and used without it, or the other way round,
     loses most of its acceptance). The setting is recorded in ``metadata.json``. A response
     ends at one of ``stop_token_ids`` (default: the target's, ``Target.stop_token_ids``)."""
-    from dflash_jax.decoding.generation import generate
 
     os.makedirs(out_dir, exist_ok=True)
     tok = target.tokenizer

@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.training.loss import target_features
+from dflash_jax.parallel.rules import DATA, mesh_axis_sizes
+from dflash_jax.training import sharding
 
 TAP_CONVENTION = "hf_hidden_states[i+1]"
 
@@ -72,8 +74,6 @@ def _sharded_features(target, taps):
     multiple of ``data``, the result whole on every process)."""
     import jax
 
-    from dflash_jax.parallel.rules import DATA, mesh_axis_sizes
-    from dflash_jax.training import sharding
 
     data = mesh_axis_sizes(target.mesh)[DATA]
     rows = sharding.batch_sharding(target.mesh)

@@ -36,6 +36,9 @@ from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, 
 from dflash_jax.training.loss import drafter_loss, target_features
 from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, RUN_FILE, check_run_file,
                                          checkpoint_manager, restore_latest)
+from dflash_jax.models.handles import Drafter, save_drafter
+from dflash_jax.checkpoints import check_drafter_conditioning, load_drafter_params
+from dflash_jax.decoding.generation import generate
 
 
 DEFAULT_STEPS = 1000  # the length of a run given neither steps nor epochs
@@ -205,7 +208,6 @@ class Trainer:
         drafter_config.check_target(target.config)
         self.init_from = None if init_from is None else os.path.abspath(init_from)
         if init_from is not None:
-            from dflash_jax.checkpoints import check_drafter_conditioning
 
             check_drafter_conditioning(init_from, drafter_config)
             loaded = DrafterConfig.from_pretrained(init_from)
@@ -258,7 +260,6 @@ class Trainer:
     def init_state(self, seed: int | None = None) -> dict:
         if self.init_from is None:
             return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
-        from dflash_jax.checkpoints import load_drafter_params
 
         params = load_drafter_params(self.init_from, self.dcfg, dtype=jnp.float32)
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
@@ -312,8 +313,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def evaluate_tau(self, params) -> float:
-        from dflash_jax.decoding.generation import generate
-        from dflash_jax.models.handles import Drafter
 
         # on a mesh the drafter is placed by the rules next to the target, as generate needs
         drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
@@ -362,7 +361,6 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in the released layout (loadable by ``load_drafter``)."""
-    from dflash_jax.models.handles import Drafter, save_drafter
 
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:

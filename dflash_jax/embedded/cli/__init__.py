@@ -10,11 +10,12 @@ and ``run(args)``, see ``dflash_jax/cli.py``):
 """
 
 from __future__ import annotations
+from dflash_jax.datasets import default_data_dir
+from dflash_jax.embedded.cli import embedded_prompts
 
 
 def add_data_dir_argument(p) -> None:
     """``--data-dir``: where the training data is read (build-corpus, embedded-prompts)."""
-    from dflash_jax.datasets import default_data_dir
 
     p.add_argument("--data-dir", default=default_data_dir(),
                    help="training data (DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json); default "
@@ -23,6 +24,5 @@ def add_data_dir_argument(p) -> None:
 
 def training_prompts(argv=None):
     """``embedded-prompts`` in-process on ``argv`` (no error handling)."""
-    from dflash_jax.embedded.cli import embedded_prompts
 
     return embedded_prompts.main(argv)

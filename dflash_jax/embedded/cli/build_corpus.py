@@ -7,6 +7,7 @@ import sys
 
 from dflash_jax.cli import command_main, run_cli
 from dflash_jax.embedded.cli import add_data_dir_argument
+from dflash_jax.embedded.corpus import build_corpus, check_training_data
 
 
 def add_arguments(p) -> None:
@@ -17,7 +18,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.embedded.corpus import build_corpus, check_training_data
 
     check_training_data(args.data_dir)
     if not 1024 <= args.vocab_size <= 65535:

@@ -8,6 +8,9 @@ import sys
 from dflash_jax.cli import command_main, run_cli
 from dflash_jax.embedded.cli import add_data_dir_argument
 from dflash_jax.files import write_text
+from dflash_jax.embedded.corpus import check_styles, check_training_data, training_prompts
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
+from dflash_jax.prompts import encode_prompt
 
 
 def add_arguments(p) -> None:
@@ -31,7 +34,6 @@ def add_arguments(p) -> None:
 
 def parse_styles(values) -> list[str] | None:
     """``--styles`` values (each may hold comma-separated names) as a list, checked."""
-    from dflash_jax.embedded.corpus import check_styles
 
     if values is None:
         return None
@@ -57,7 +59,6 @@ def parse_weights(values) -> dict[str, float] | None:
 
 
 def run(args) -> list[str]:
-    from dflash_jax.embedded.corpus import check_styles, check_training_data, training_prompts
 
     styles, weights = parse_styles(args.styles), parse_weights(args.weights)
     check_styles(styles, weights)
@@ -84,8 +85,6 @@ def drop_long(rows: list[str], max_tokens: int, tokenizer_dir: str | None) -> li
     """The prompts of ``rows`` whose chat-rendered token count is at most ``max_tokens``."""
     from transformers import AutoTokenizer
 
-    from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
-    from dflash_jax.prompts import encode_prompt
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or EMBEDDED_TARGET_DIR)
     kept = [r for r in rows if len(encode_prompt(r, tok)) <= max_tokens]

@@ -6,6 +6,8 @@ import json
 import sys
 
 from dflash_jax.cli import command_main, invocation, run_cli
+from dflash_jax.embedded.pretrain import export_target
+from dflash_jax.reporting import command_line
 
 
 def add_arguments(p) -> None:
@@ -15,8 +17,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.embedded.pretrain import export_target
-    from dflash_jax.reporting import command_line
 
     facts = export_target(args.run, args.corpus, args.out, command=command_line("dflash_jax", invocation(args)))
     print(json.dumps({k: facts[k] for k in ("parameters", "steps", "tokens_seen", "heldout_loss")}),

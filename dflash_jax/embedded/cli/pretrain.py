@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import add_dataclass_arguments, command_main, dataclass_from_args, run_cli
+from dflash_jax.embedded.pretrain import MODEL_PRESETS, PretrainConfig, Pretrainer
 
 
 def add_arguments(p) -> None:
-    from dflash_jax.embedded.pretrain import MODEL_PRESETS, PretrainConfig
 
     p.add_argument("--corpus", required=True, help="directory written by build-corpus")
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
@@ -20,7 +20,6 @@ def add_arguments(p) -> None:
 
 
 def run(args):
-    from dflash_jax.embedded.pretrain import PretrainConfig, Pretrainer
 
     pcfg = dataclass_from_args(PretrainConfig, args)
     return Pretrainer(args.corpus, args.run, args.preset, pcfg).run(args.stop_after, args.max_minutes)

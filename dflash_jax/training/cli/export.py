@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli
+from dflash_jax.training.trainer import export_run
 
 
 def add_arguments(p) -> None:
@@ -17,7 +18,6 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     import jax.numpy as jnp
 
-    from dflash_jax.training.trainer import export_run
 
     export_run(args.run, args.out, jnp.dtype(args.dtype) if args.dtype else None)
     print(f"wrote {args.out}")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli
+from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
+from dflash_jax.models.handles import load_target
+from dflash_jax.training.features import write_features
 
 
 def add_arguments(p) -> None:
@@ -14,19 +17,15 @@ def add_arguments(p) -> None:
     p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
-    from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments
 
     add_parallel_arguments(p)
 
 
 def run(args) -> None:
-    from dflash_jax.parallel.cli import mesh_from_args
 
     mesh = mesh_from_args(args)  # before any JAX computation (multi-host runtime)
     import jax.numpy as jnp
 
-    from dflash_jax.models.handles import load_target
-    from dflash_jax.training.features import write_features
 
     target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh)
     write_features(target, args.data, args.out, args.taps, args.batch_size)

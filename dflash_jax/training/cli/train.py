@@ -9,10 +9,16 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import add_dataclass_arguments, command_main, dataclass_from_args, run_cli
+from dflash_jax.training.trainer import TrainConfig, Trainer
+from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
+from dflash_jax.training import sharding
+from dflash_jax.models.handles import load_target
+from dflash_jax.config import DrafterConfig
+from dflash_jax.training.data import TokenDataset
+from dflash_jax.training.features import FeatureStore
 
 
 def add_arguments(p) -> None:
-    from dflash_jax.training.trainer import TrainConfig
 
     p.add_argument("--target", required=True, help="Hugging Face target directory")
     p.add_argument("--data", required=True, help="data directory written by train-data")
@@ -34,7 +40,6 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", help="dtype the target is loaded in (default: the checkpoint's)")
     add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
                             exclusive=[("steps", "epochs")])
-    from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments
 
     add_parallel_arguments(p)
     p.add_argument("--fsdp", action="store_true",
@@ -44,11 +49,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    from dflash_jax.training.trainer import TrainConfig
 
     cfg = dataclass_from_args(TrainConfig, args)  # the settings are checked before anything is loaded
-    from dflash_jax.parallel.cli import mesh_from_args
-    from dflash_jax.training import sharding
 
     mesh = mesh_from_args(args)  # before any JAX computation (multi-host runtime)
     if args.fsdp and mesh is None:
@@ -57,11 +59,6 @@ def run(args) -> None:
         sharding.check_batch(mesh, cfg.batch_size)  # the target's split: load_target checks it
     import jax.numpy as jnp
 
-    from dflash_jax.models.handles import load_target
-    from dflash_jax.config import DrafterConfig
-    from dflash_jax.training.data import TokenDataset
-    from dflash_jax.training.features import FeatureStore
-    from dflash_jax.training.trainer import Trainer
 
     target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh)
     mask = args.mask_token_id

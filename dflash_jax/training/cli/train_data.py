@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli
+from dflash_jax.models.handles import load_target
+from dflash_jax.training.data import read_prompt_file, regenerate
 
 
 def add_arguments(p) -> None:
@@ -30,8 +32,6 @@ def add_arguments(p) -> None:
 def run(args) -> dict:
     import jax.numpy as jnp
 
-    from dflash_jax.models.handles import load_target
-    from dflash_jax.training.data import read_prompt_file, regenerate
 
     target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, max_len=args.max_len)
     prompts = [q for f in args.prompts for q in read_prompt_file(f)][:args.max_prompts]
