@@ -219,7 +219,6 @@ METRIC_NAMES = {"tau": "tau", "speedup": "decode speedup (x)"}
 
 def _set_color(name: str) -> str:
     """One colour per prompt set, the same in every panel."""
-
     return f"C{DATASETS.index(name) + 1}" if name in DATASETS else "C9"
 
 

@@ -67,7 +67,7 @@ from dflash_jax.prompts import encode_prompt, humaneval_prompt
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
-from dflash_jax.reporting import cpu_model, environment, new_figure
+from dflash_jax.reporting import cpu_model, environment
 from dflash_jax.bench.harness import responses
 from dflash_jax.viz import plot_against_paper
 from dflash_jax.experiments import paper_numbers as paper
@@ -269,7 +269,6 @@ def resolve(experiment: Experiment, preset: str, overrides: dict) -> tuple[Setti
 def check_settings(experiment: Experiment, settings: Settings, train: dict, axes: dict, target_config) -> list[Cell]:
     """The grid's cells, every one checked as the trainer and the evaluation would check it,
     before anything runs. Raises ValueError naming the setting."""
-
     s = settings
     if s.prompt_source not in PROMPT_SOURCES and not s.prompt_source.endswith(".jsonl"):
         raise ValueError(f"prompt_source must be one of {', '.join(PROMPT_SOURCES)} or a .jsonl prompt "
@@ -378,7 +377,6 @@ def training_prompts(settings: Settings, tokenizer) -> list:
     """The first ``num_prompts`` prompts of ``prompt_source`` (see :class:`Settings`) whose
     response fits: rendered with the chat template, at most ``regen_max_len -
     regen_max_new_tokens`` tokens (longer ones are skipped, in order)."""
-
     s = settings
     if s.prompt_source == "embedded-recipe":
         data_dir = corpus.check_training_data(s.data_dir or default_data_dir())
@@ -449,7 +447,6 @@ def blocks_seen(cell: Cell, data_dir: str, steps: int) -> int:
     """The training blocks the cell's drafter really saw: valid anchors summed over its steps
     (``blocks`` is the budget, steps x sequences x anchors; fixed anchors, or sequences with
     fewer valid anchors than ``num_anchors``, give fewer)."""
-
     data, cfg = TokenDataset(data_dir), TrainConfig(**cell.train)
     return int(sum(batch_for_step(s, data, cfg, cell.drafter["block_size"])[2].sum() for s in range(steps)))
 
@@ -496,7 +493,6 @@ def _count(params) -> int:
 
 def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar) -> dict:
     """The cell's evaluation (bench's protocol) and step times; writes and returns cell.json."""
-
     out = os.path.join(work.cell_dir(cell), "cell.json")
     if os.path.exists(out):
         with open(out) as f:
@@ -661,7 +657,6 @@ def paper_direction(better: dict, worse: dict, name: Callable[[dict], str], pape
 def plot_beside_paper(table: "Table"):
     """Our rows (average with its interval, each prompt set a marker) beside the paper's rows
     (:func:`dflash_jax.viz.plot_against_paper`)."""
-
     return plot_against_paper(table.to_json())
 
 
@@ -904,7 +899,6 @@ def _show(v) -> str:
 
 def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
     """``python -m experiments.<name>``: parses the options and runs the experiment."""
-
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}
 

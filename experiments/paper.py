@@ -167,7 +167,6 @@ class Session:
 
     def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
         """One prompt set under the bench protocol (cached; see the module docstring)."""
-
         o = self.opt
         drafter = self.drafters[drafter_dir]
         bs = block_size or drafter.config.block_size
@@ -306,7 +305,6 @@ def _table1_figure(res: dict, s: Session):
 def acceptance(s: Session) -> dict:
     """The acceptance-length histogram per prompt set and the per-position acceptance rate
     (T = 0, the drafter's block size): a figure; the measurements are table1's."""
-
     o = s.opt
     recs = dict(zip(o.datasets, s.grid([(s.main, n, 0.0, None) for n in o.datasets], "acceptance (T=0)")))
     bs = s.drafters[s.main].config.block_size
@@ -340,7 +338,6 @@ def acceptance(s: Session) -> dict:
 
 def block_size_curve(s: Session) -> dict:
     """tau and decode speedup against the inference block size for one drafter (T = 0)."""
-
     o = s.opt
     jobs = [(s.main, n, 0.0, b) for b in o.block_sizes for n in o.datasets]
     recs = s.grid(jobs, "block_size_curve (T=0)")
@@ -401,7 +398,6 @@ def continued_stages(drafter_dir: str) -> list[tuple[str, str]]:
 
 def training_curve(s: Session | None, opt: Options) -> dict:
     """Held-out tau (real generation) against training steps, and the loss, from run metrics."""
-
     if opt.runs:
         runs = {os.path.basename(os.path.normpath(r)): _rows(os.path.join(r, "metrics.jsonl")) for r in opt.runs}
     else:  # the embedded drafter's shipped metrics: pretraining, the fine-tune, then each continued stage

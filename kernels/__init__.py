@@ -9,6 +9,6 @@ the Triton language and called through ``jax_triton.triton_call`` (imported from
 it needs ``triton``).
 """
 
-from dflash_jax.kernels.block_attention import block_attention, block_attention_reference
+from .block_attention import block_attention, block_attention_reference
 
 __all__ = ["block_attention", "block_attention_reference"]

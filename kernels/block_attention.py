@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from dflash_jax.kernels.tuning import choose_launch
+from .tuning import choose_launch
 
 NEG = -1e30  # finite "minus infinity": masked scores never produce inf - inf
 # query rows (T x query heads per KV head) of one program: the drafter's 16-row block with 4 query

@@ -56,9 +56,9 @@ except ModuleNotFoundError as e:  # an optional dependency: say which extra prov
         "Triton's interpreter on CPU; attention_impl='pallas' or 'xla' need neither",
         name=e.name) from e
 
-from dflash_jax.kernels.block_attention import _check as check_arguments
-from dflash_jax.kernels.block_attention import _gpu_sm_count, combine_splits, in_query_chunks
-from dflash_jax.kernels.tuning import LaunchParams, choose_launch, next_pow2, split_layout
+from .block_attention import _check as check_arguments
+from .block_attention import _gpu_sm_count, combine_splits, in_query_chunks
+from .tuning import LaunchParams, choose_launch, next_pow2, split_layout
 
 NEG = tl.constexpr(-1e30)  # finite "minus infinity", as in the Pallas kernel
 

@@ -624,7 +624,6 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     """The two programs ``generate(..., attention_impl="pallas")`` runs (prefill, then the
     decode loop), lowered for CUDA with abstract parameters: {"prefill": Lowered,
     "decode": Lowered}. ``drafter_cfg`` None is autoregressive decoding (block size 1)."""
-
     key = jax.random.key(0)
     tparams = jax.eval_shape(lambda: init_target_params(target_cfg, key, dtype))
     dparams = None if drafter_cfg is None else jax.eval_shape(
@@ -818,7 +817,6 @@ def run_engine(shape: ModelShape, gpus: Sequence[GpuSpec], *, batch: int, prompt
 
 def engine_model_configs(shape: ModelShape):
     """A Qwen3 target with ``shape``'s attention (8B-sized MLP and vocabulary) and its drafter."""
-
     target = TargetConfig(model_type="qwen3", vocab_size=151936, hidden_size=4096,
                           intermediate_size=12288, num_layers=shape.num_layers,
                           num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,

@@ -60,7 +60,6 @@ def available_impls() -> list[str]:
 
 def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
     """(name, thunk) per stage; each thunk returns a small dict of headline numbers."""
-
     impls = available_impls()
     d = lambda name: os.path.join(out, name)
 

@@ -160,7 +160,6 @@ def parse_meshes(values) -> list[tuple[int, int]]:
 
 def skip_reason(cfg, drafter_cfg, data: int, model: int, batch: int, devices: int) -> str | None:
     """Why the mesh (data, model) cannot run this benchmark, or None."""
-
     if data * model > devices:
         return f"needs {data * model} devices, {devices} available"
     if batch % data:
@@ -219,7 +218,6 @@ def time_loops(target, drafter, prompts, iterations: int, budget: int, pad_to, r
 def loop_shape(settings: dict) -> dict:
     """Token budget, prompt width and cache length of both loops: the same cache for AR and
     DFlash, and a budget no row can use up, so that every run is exactly ``iterations`` long."""
-
     bs = settings["block_size"]
     budget = settings["iterations"] * bs + 1
     return {"budget": budget, "width": round_up(settings["prompt_len"], 16),

@@ -651,7 +651,6 @@ def _plot_ratio_vs_block_size(ax, report: dict) -> None:
 def load_pair(args) -> tuple[str, TargetConfig, DrafterConfig]:
     """(name, target, drafter) from --target/--drafter directories, or Qwen3-8B's shapes with
     a --drafter-layers drafter shaped like it (the released recipe)."""
-
     if args.target:
         if not args.drafter:
             raise ValueError("--target needs --drafter (a DFlash drafter directory or config.json)")

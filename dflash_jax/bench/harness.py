@@ -125,7 +125,6 @@ def chat(turns, answers):
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
-
     a, tok = runner.args, runner.target.tokenizer
 
     bs = runner.drafter.config.block_size if a.block_size in (None, ADAPTIVE) else a.block_size
@@ -331,7 +330,6 @@ def run(args) -> dict:
 
 def _portable(path: str) -> str:
     """A path for the report: relative to the package for shipped files, else as given."""
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(dflash_jax.__file__)))
     full = os.path.abspath(path)
     return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
@@ -340,7 +338,6 @@ def _portable(path: str) -> str:
 def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
     """Writes bench.json / .md / .png for the sets finished so far (process 0 of a
     multi-process run only); returns the table."""
-
     results = report["datasets"]
     report["average"] = average(results)
     if results and all("adaptive" in r for r in results.values()):

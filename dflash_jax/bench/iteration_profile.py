@@ -72,7 +72,6 @@ def in_loop(fn, args, n: int, repeats: int, carried: int | None = None) -> float
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
     """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
     median of ``repeats`` runs after a compiling one."""
-
     budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
     times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
              for _ in range(repeats + 1)]

@@ -129,7 +129,6 @@ def _inside(path: str, root: str) -> bool:
 def check_model(a) -> None:
     """The drafter's shape against the preset's target: the trainer's own check
     (``DrafterConfig.check_target``) on the configs the stages will build."""
-
     layers = MODEL_PRESETS[a.preset]["num_layers"]
     bad = [t for t in a.taps if not 0 <= t < layers]
     if bad or len(set(a.taps)) != len(a.taps):
@@ -141,7 +140,6 @@ def check_model(a) -> None:
 
 def check_numbers(a) -> None:
     """The stages' numeric settings, including the drafter trainer's held-out split."""
-
     for name in ("target_steps", "drafter_steps", "drafter_batch", "drafter_layers", "num_anchors",
                  "max_new_tokens"):
         if getattr(a, name) < 1:
@@ -166,7 +164,6 @@ def check_numbers(a) -> None:
 def bench_arguments(a) -> list[str]:
     """--bench-args split and parsed by bench's own parser (a mistake is found now, not after
     training); the options the build sets itself are refused."""
-
     try:
         extra = shlex.split(a.bench_args)
     except ValueError as e:
@@ -240,13 +237,11 @@ def available_prompts(data_dir: str, num: int) -> int:
     """How many of ``num`` training prompts ``embedded-prompts`` can draw from ``data_dir``
     (``corpus.training_prompts`` returns min(num, prompts available)); the standard library's
     functions are scanned only when the other styles fall short."""
-
     return corpus.available_training_prompts(data_dir, num)
 
 
 def check_data(a) -> str | None:
     """The training data directory, checked, when a stage still needs it (None otherwise)."""
-
     work = a.work
     need_corpus = not os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
     need_prompts = not os.path.exists(os.path.join(work, PROMPTS))

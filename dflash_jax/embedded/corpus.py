@@ -252,7 +252,6 @@ def check_styles(styles=None, weights: dict | None = None) -> dict[str, float]:
 def benchmark_test_prompts() -> set[str]:
     """Every user turn of the benchmark's test splits as the benchmark renders it (gsm8k,
     math500, mbpp, mt-bench shipped in ``dflash_jax/bench/data``; HumanEval from its package)."""
-
     return {t for name in DATASETS for smp in load_prompt_set(name, shipped_data_dir()) for t in smp.turns}
 
 
@@ -299,7 +298,6 @@ def _benchmark_questions() -> tuple[dict, list]:
 def _synthetic_pool(style: str, size: int) -> tuple[str, ...]:
     """The synthetic math500 / mt-bench prompts, rendered, without benchmark overlaps (cached:
     the same for every call)."""
-
     texts = ([math_prompt(q) for q in synthetic.math_problems(size)] if style == "math500"
              else synthetic.chat_requests(size))
     leaks = {p for p, _ in benchmark_overlaps(texts)}
@@ -312,7 +310,6 @@ def training_prompt_pools(data_dir: str | None, styles=None, stdlib_root: str | 
     order that has it) and never when it holds a benchmark test-split question
     (:func:`benchmark_overlaps`; one MBPP non-test task, 569, repeats test task 104's text).
     ``data_dir`` is needed for gsm8k and mbpp only."""
-
     chosen = check_styles(styles)
     if "gsm8k" in chosen or "mbpp" in chosen:
         check_training_data(data_dir)

@@ -168,7 +168,6 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
                   command: str = "") -> dict:
     """Writes the run's newest target as a Hugging Face directory (config, bf16 safetensors,
     tokenizer, README model card) and returns the card's facts."""
-
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     pcfg = PretrainConfig(**record["train"])

@@ -96,7 +96,6 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
     a drafter trained on thinking-mode data and used without it, or the other way round,
     loses most of its acceptance). The setting is recorded in ``metadata.json``. A response
     ends at one of ``stop_token_ids`` (default: the target's, ``Target.stop_token_ids``)."""
-
     os.makedirs(out_dir, exist_ok=True)
     tok = target.tokenizer
     stops = target.stop_token_ids if stop_token_ids is None else list(stop_token_ids)

@@ -361,7 +361,6 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in the released layout (loadable by ``load_drafter``)."""
-
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)

@@ -10,19 +10,20 @@ and ``run(args)``, see ``dflash_jax/cli.py``):
 """
 
 from __future__ import annotations
+
 from dflash_jax.datasets import default_data_dir
-from dflash_jax.embedded.cli import embedded_prompts
 
 
 def add_data_dir_argument(p) -> None:
     """``--data-dir``: where the training data is read (build-corpus, embedded-prompts)."""
-
     p.add_argument("--data-dir", default=default_data_dir(),
                    help="training data (DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json); default "
                         "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout")
 
 
 def training_prompts(argv=None):
-    """``embedded-prompts`` in-process on ``argv`` (no error handling)."""
+    """``embedded-prompts`` in-process on ``argv`` (no error handling). Imported here: the
+    command's module imports this package for :func:`add_data_dir_argument`."""
+    from dflash_jax.embedded.cli import embedded_prompts
 
     return embedded_prompts.main(argv)

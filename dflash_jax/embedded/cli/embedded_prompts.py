@@ -34,7 +34,6 @@ def add_arguments(p) -> None:
 
 def parse_styles(values) -> list[str] | None:
     """``--styles`` values (each may hold comma-separated names) as a list, checked."""
-
     if values is None:
         return None
     styles = [x for v in values for x in v.split(",") if x]
