@@ -51,10 +51,9 @@ from dflash_jax.config import DrafterConfig
 from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
 from dflash_jax.training.data import check_hold_out
 from dflash_jax.bench import harness
-from dflash_jax.embedded import corpus
-from dflash_jax.datasets import default_data_dir
+from dflash_jax.embedded import cards, corpus
+from dflash_jax import datasets
 from dflash_jax.embedded.corpus import check_training_data
-from dflash_jax.embedded.cards import write_cards
 
 EVAL_PROMPTS = 16  # held-out sequences the drafter trainer evaluates tau on
 BLOCK_SIZE = 16
@@ -245,7 +244,7 @@ def check_data(a) -> str | None:
     work = a.work
     need_corpus = not os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
     need_prompts = not os.path.exists(os.path.join(work, PROMPTS))
-    data_dir = a.data_dir or default_data_dir()
+    data_dir = a.data_dir or datasets.default_data_dir()
     if not (need_corpus or need_prompts):
         return os.path.abspath(data_dir) if data_dir else None
     check_training_data(data_dir)
@@ -362,7 +361,7 @@ def run(a) -> None:
         json.dump(recipe, f, indent=2)
     _run(["bench", "--target", TARGET, "--drafter", DRAFTER, "--out", BENCH, *bench_extra], w)
 
-    write_cards(os.path.join(w, EXPORT), recipe, os.path.join(w, BENCH, "bench.json"))
+    cards.write_cards(os.path.join(w, EXPORT), recipe, os.path.join(w, BENCH, "bench.json"))
     install(os.path.join(w, EXPORT), assets)
     print(f"embedded default written to {assets}")
 

@@ -11,12 +11,12 @@ and ``run(args)``, see ``dflash_jax/cli.py``):
 
 from __future__ import annotations
 
-from dflash_jax.datasets import default_data_dir
+from dflash_jax import datasets
 
 
 def add_data_dir_argument(p) -> None:
     """``--data-dir``: where the training data is read (build-corpus, embedded-prompts)."""
-    p.add_argument("--data-dir", default=default_data_dir(),
+    p.add_argument("--data-dir", default=datasets.default_data_dir(),
                    help="training data (DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json); default "
                         "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout")
 
