@@ -21,7 +21,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 import dflash_jax as dj
-from dflash_jax.proposers import Committed
+from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from conftest import make_hf_model
 
@@ -131,9 +131,8 @@ def test_exported_drafter_matches_an_independent_pytorch_dflash_forward(tmp_path
     prepared = prepare_decode(target, [prompt], 8, drafter=dj.load_drafter(tmp_path / "drafter", target),
                                  temperature=1.0, sampled_draft=True, seed=0)
     st = prepared.state
-    committed = Committed(st.bonus, st.tcache.lengths, st.tcache, st.out, st.n)
     q_logp = prepared.spec.proposer.propose(prepared.spec, target.params, prepared.drafter_params,
-                                            st.proposer, committed, st.key)[0].q_logp
+                                            st.proposer, engine.committed(st), st.key)[0].q_logp
     anchor = int(st.bonus[0])
 
     with torch.no_grad():

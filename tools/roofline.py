@@ -64,7 +64,7 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.proposers import Committed, DFlashProposer
+from dflash_jax.proposers import DFlashProposer
 from dflash_jax.targets import init_target_params, target_forward as forward
 from dflash_jax.bench.decode_speed import PRESETS
 
@@ -386,8 +386,7 @@ def xla_programs(target: TargetConfig, drafter: DrafterConfig, block_size: int, 
         return forward(target, p, tokens, tokens, c, tap_layer_ids=taps)
 
     def draft(tp, dp, state, key):
-        committed = Committed(state.bonus, state.tcache.lengths, state.tcache, state.out, state.n)
-        return proposer.propose(spec, tp, dp, state.proposer, committed, key)
+        return proposer.propose(spec, tp, dp, state.proposer, engine.committed(state), key)
 
     return {
         "ar_step": (functools.partial(run_target, ()), (tparams, ints(1, 1), cache)),

@@ -31,7 +31,6 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
-from dflash_jax.proposers import Committed
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PAPER_TAU = 6.49
@@ -46,7 +45,7 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
     spec, dparams, state = pre.spec, pre.drafter_params, pre.state
     key = jax.random.key(0)
     draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose(
-        spec, tp, dp, st.proposer, Committed(st.bonus, st.tcache.lengths, st.tcache, st.out, st.n), k))
+        spec, tp, dp, st.proposer, engine.committed(st), k))
     tokens = draft(target.params, dparams, state, key)[0].tokens
     block = jnp.concatenate([state.bonus[:, None], tokens], axis=1)
     positions = state.tcache.lengths[:, None] + jnp.arange(block_size)

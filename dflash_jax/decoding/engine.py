@@ -178,6 +178,11 @@ def is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
     return hit.reshape(tokens.shape)
 
 
+def committed(state: DecodeState) -> Committed:
+    """What a proposer is told about the sequence in loop state ``state`` (``proposers.base``)."""
+    return Committed(state.bonus, state.tcache.lengths, state.tcache, state.out, state.n)
+
+
 def _axes_to_specs(axes):
     return jax.tree_util.tree_map(rules.logical_to_spec, axes, is_leaf=lambda x: isinstance(x, tuple))
 
@@ -391,8 +396,7 @@ def _iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids, s
     positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
     pstate = state.proposer
     if spec.proposer is not None:
-        committed = Committed(state.bonus, state.tcache.lengths, state.tcache, state.out, state.n)
-        proposal, pstate = spec.proposer.propose(spec, tparams, pparams, pstate, committed, k_draft,
+        proposal, pstate = spec.proposer.propose(spec, tparams, pparams, pstate, committed(state), k_draft,
                                                  want_logp=spec.adaptive)
     else:  # autoregressive: the block is the bonus alone
         proposal = Proposal(jnp.zeros((B, 0), jnp.int32))
