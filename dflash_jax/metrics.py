@@ -18,6 +18,14 @@ batch 1: :func:`response` takes it from a :class:`~dflash_jax.decoding.generatio
   exceeds k).
 - 95 % intervals (:func:`bootstrap_interval`): percentile bootstrap over responses with a
   fixed seed, resampled within each prompt set when several sets are averaged.
+- the one rule for intervals and findings (:data:`MIN_DISTINCT_SAMPLES`,
+  :func:`interval_supported`): an interval that rests on fewer than 8 distinct responses is
+  not given (``(nan, nan)``), and a report draws no finding from it. Why 8: the percentile
+  bootstrap cannot reach past the range of its sample, so for small n it undercovers. Drawn
+  from a skewed distribution (gamma, shape 4: the shape of per-response tau), a nominal 95 %
+  interval of the mean covers the true mean 51 % of the time at n = 2, 81 % at n = 4, 84 % at
+  n = 6, 88 % at n = 8 and 90 % at n = 12 (1,000 trials each). 8 is where coverage is within
+  10 points of nominal; it is also the bench's default prompts per set.
 
 Everything here is plain numpy on host values.
 """
@@ -32,6 +40,7 @@ import numpy as np
 CONFIDENCE = 0.95
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
+MIN_DISTINCT_SAMPLES = 8  # fewer distinct responses: no interval, no finding (module doc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +164,13 @@ def end_to_end_speedup(ar: Sequence[Response], dflash: Sequence[Response]) -> fl
 
 
 # ------------------------------------------------------------------------- intervals
+def interval_supported(distinct_samples: int) -> bool:
+    """Whether an interval resting on ``distinct_samples`` independent responses (prompts,
+    seeds) may be reported and a finding drawn from it: at least :data:`MIN_DISTINCT_SAMPLES`
+    (module doc: why 8). Every report (bench, experiments, paper figures) asks this."""
+    return int(distinct_samples) >= MIN_DISTINCT_SAMPLES
+
+
 def bootstrap_interval(statistic: Callable[..., float], groups: Sequence[Sequence[Sequence]],
                        samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED,
                        confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -165,12 +181,15 @@ def bootstrap_interval(statistic: Callable[..., float], groups: Sequence[Sequenc
     resamples each stratum's responses with replacement, keeping the pairs together, and
     calls ``statistic(*resampled)`` where each argument is a list over strata of the
     resampled sequences. Deterministic given ``seed``. Returns (nan, nan) when fewer than
-    2 finite replicates exist.
+    2 finite replicates exist, or when the strata hold fewer than :data:`MIN_DISTINCT_SAMPLES`
+    responses in all (:func:`interval_supported`).
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     rng = np.random.default_rng(seed)
     sizes = [len(g[0]) for g in groups]
+    if not interval_supported(sum(sizes)):
+        return float("nan"), float("nan")
     stats = []
     for _ in range(samples):
         picks = [rng.integers(0, n, n) if n else np.zeros(0, int) for n in sizes]

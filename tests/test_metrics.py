@@ -171,11 +171,11 @@ def test_bootstrap_percentiles():
     # 2.5 % and 97.5 % quantiles of 0..1999 with numpy's linear interpolation,
     # 0.025 * 1999 = 49.975 and 0.975 * 1999 = 1949.025
     calls = iter(range(10_000))
-    lo, hi = metrics.bootstrap_interval(lambda d: float(next(calls)), [([1, 2, 3],)], samples=2000)
+    lo, hi = metrics.bootstrap_interval(lambda d: float(next(calls)), [(list(range(8)),)], samples=2000)
     assert (lo, hi) == pytest.approx((49.975, 1949.025))
     # 80 %: 0.1 * 1999 = 199.9, 0.9 * 1999 = 1799.1
     calls = iter(range(10_000))
-    lo, hi = metrics.bootstrap_interval(lambda d: float(next(calls)), [([1, 2, 3],)], samples=2000,
+    lo, hi = metrics.bootstrap_interval(lambda d: float(next(calls)), [(list(range(8)),)], samples=2000,
                                         confidence=0.8)
     assert (lo, hi) == pytest.approx((199.9, 1799.1))
     with pytest.raises(ValueError, match="confidence"):
@@ -204,7 +204,7 @@ def test_bootstrap_is_stratified_by_prompt_set():
     # set X: three responses of tau 1; set Y: seven of tau 5. Resampled within each set, every
     # replicate keeps 3 responses of X and 7 of Y, so the mean of per-set taus is always
     # (1 + 5) / 2 = 3 and the pooled-over-sets tau always (3 * 1 + 7 * 5) / 10 = 3.8
-    x, y = [[1, 1]] * 3, [[5]] * 7
+    x, y = [[1, 1]] * 3, [[5]] * 7  # 10 responses in all: above MIN_DISTINCT_SAMPLES
     seen = []
 
     def stat(d):
@@ -218,20 +218,21 @@ def test_bootstrap_is_stratified_by_prompt_set():
 
 
 def test_bootstrap_needs_two_finite_replicates():
-    assert all(math.isnan(v) for v in metrics.bootstrap_interval(lambda d: float("nan"), [([1, 2],)],
+    assert all(math.isnan(v) for v in metrics.bootstrap_interval(lambda d: float("nan"), [(list(range(8)),)],
                                                                  samples=50))
     # exactly one finite replicate: still (nan, nan); two: an interval
     for finite, expect_nan in ((1, True), (2, False)):
         calls = iter(range(100))
         stat = lambda d: 1.0 if next(calls) < finite else float("inf")
-        lo, hi = metrics.bootstrap_interval(stat, [([1, 2],)], samples=50)
+        lo, hi = metrics.bootstrap_interval(stat, [(list(range(8)),)], samples=50)
         assert math.isnan(lo) == math.isnan(hi) == expect_nan
         if not expect_nan:
             assert (lo, hi) == (1.0, 1.0)
 
 
 # ------------------------------------------------------------------------- summaries
-def test_summarize_one_set():
+def test_summarize_one_set(monkeypatch):
+    monkeypatch.setattr(metrics, "MIN_DISTINCT_SAMPLES", 1)  # exact intervals of 2 responses
     s = metrics.summarize(AR[:2], DF[:2], 4, samples=200)
     assert s["responses"] == 2
     assert s["tau"] == pytest.approx((10 / 3 + 2) / 2)    # per response (4+4+2)/3, (3+1)/2 -> 2.6667
@@ -247,9 +248,13 @@ def test_summarize_one_set():
     # 0.05/0.0125 = 4 (second pair alone) .. 0.1/0.05 = 2 (first pair alone)
     assert s["tau_ci"] == pytest.approx((2.0, 10 / 3))
     assert s["speedup_ci"] == pytest.approx((2.0, 4.0))
+    monkeypatch.undo()  # under the rule, two responses give no interval
+    s = metrics.summarize(AR[:2], DF[:2], 4, samples=200)
+    assert np.isnan(s["tau_ci"]).all() and np.isnan(s["speedup_ci"]).all()
 
 
-def test_average_over_sets_is_the_mean_of_per_set_numbers():
+def test_average_over_sets_is_the_mean_of_per_set_numbers(monkeypatch):
+    monkeypatch.setattr(metrics, "MIN_DISTINCT_SAMPLES", 1)  # exact intervals of 3 responses
     # set A: the pairs above (tau 8/3, speedup 2.4); set B: one pair, tau 2, decode TPOTs
     # 0.4 / (5 - 1) = 0.1 (AR) and 0.1 / (5 - 1) = 0.025 (DFlash): speedup 4
     b = ([R(5, [1] * 4, 0.5, 0.4)], [R(5, [2, 2], 0.5, 0.1)])
@@ -269,3 +274,22 @@ def test_interval_text():
     assert metrics.interval_text(3.587, (3.41, 3.771)) == "3.59 [3.41, 3.77]"
     assert metrics.interval_text(3.587, (float("nan"), float("nan"))) == "3.59"
     assert metrics.interval_text(3.587, None, digits=1) == "3.6"
+
+
+def test_no_interval_below_the_minimum_number_of_distinct_samples():
+    # the one rule every report uses: fewer than MIN_DISTINCT_SAMPLES responses (summed over
+    # the strata) give no interval; the statistic is never even evaluated
+    n = metrics.MIN_DISTINCT_SAMPLES
+    assert n == 8 and not metrics.interval_supported(n - 1) and metrics.interval_supported(n)
+    calls = []
+    stat = lambda d: calls.append(1) or metrics.tau(d[0])
+    few = _taus(n - 1, 3)
+    assert all(math.isnan(v) for v in metrics.bootstrap_interval(stat, [(few,)], samples=100))
+    assert not calls
+    lo, hi = metrics.bootstrap_interval(stat, [(_taus(n, 3),)], samples=100)
+    assert lo < hi and len(calls) == 100
+    # stratified: 4 + 4 responses are enough, 4 + 3 are not
+    both = lambda d: float(np.mean([metrics.tau(s) for s in d]))
+    assert np.isfinite(metrics.bootstrap_interval(both, [(_taus(4, 1),), (_taus(4, 2),)], samples=50)).all()
+    assert np.isnan(metrics.bootstrap_interval(both, [(_taus(4, 1),), (_taus(3, 2),)], samples=50)).all()
+    assert metrics.interval_text(3.0, (float("nan"), float("nan"))) == "3.00"
