@@ -40,8 +40,10 @@ and the prediction is set against the paper's measurement (Qwen3-8B with a 5-lay
 block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.335).
 
     python -m dflash_jax.tools.roofline                  # Qwen3-8B + 5-layer drafter, block 16
-    python -m dflash_jax.tools.roofline --target dflash_jax/assets/target \\
-        --drafter dflash_jax/assets/drafter --context 256 --bench-json results/bench/bench.json
+    python -m dflash_jax.tools.roofline --target embedded --drafter embedded \\
+        --context 256 --bench-json results/bench/bench.json
+    python -m dflash_jax.tools.roofline --target Qwen/Qwen3-8B \\
+        --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import numpy as np
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_text
+from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
@@ -653,8 +656,9 @@ def load_pair(args) -> tuple[str, TargetConfig, DrafterConfig]:
     if args.target:
         if not args.drafter:
             raise ValueError("--target needs --drafter (a DFlash drafter directory or config.json)")
-        target = TargetConfig.from_pretrained(args.target)
-        drafter = DrafterConfig.from_pretrained(args.drafter)
+        # a repo id: only its config.json is fetched (the shapes are all this model needs)
+        target = TargetConfig.from_pretrained(resolve_checkpoint(args.target, kind="target", files="config"))
+        drafter = DrafterConfig.from_pretrained(resolve_checkpoint(args.drafter, kind="drafter", files="config"))
         drafter.check_target(target)
         return args.name or _directory_name(args.target), target, drafter
     if args.drafter:
@@ -690,8 +694,11 @@ def _drafter_params(drafter: DrafterConfig) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", help="a target directory or config.json (default: Qwen3-8B's shapes)")
-    p.add_argument("--drafter", help="a DFlash drafter directory or config.json (with --target)")
+    p.add_argument("--target", metavar="CHECKPOINT",
+                   help="a target directory or config.json, a Hugging Face repo id org/name[@revision] "
+                        "(only its config.json is downloaded) or 'embedded' (default: Qwen3-8B's shapes)")
+    p.add_argument("--drafter", metavar="CHECKPOINT",
+                   help="a DFlash drafter, named the same way (with --target)")
     p.add_argument("--name", help="the pair's name in the report and file names (default: the "
                    "target directory's name, or qwen3-8b)")
     p.add_argument("--drafter-layers", type=int, default=5,

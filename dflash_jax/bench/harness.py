@@ -1,7 +1,7 @@
 """The paper's benchmark protocol: autoregressive vs DFlash decoding on the same prompts.
 
     python -m dflash_jax bench                       # embedded default, all five prompt sets
-    python -m dflash_jax bench --target Qwen/Qwen3-8B-dir --drafter z-lab-dflash-dir \\
+    python -m dflash_jax bench --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 \\
         --max-samples 80 --max-new-tokens 2048 --dtype bfloat16
 
 Per prompt set it prints docs/method.md section 6's metrics (``dflash_jax.metrics``): tau (per response
@@ -36,6 +36,7 @@ from tqdm import tqdm
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
+from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, expand_embedded, resolve_checkpoint
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
                                        EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter,
                                        load_target)
@@ -57,9 +58,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", default=EMBEDDED_TARGET, help="Hugging Face target directory (default: the embedded one)")
-    p.add_argument("--drafter", default=None,
-                   help="DFlash drafter directory (default: the embedded drafter, with the embedded target)")
+    p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT",
+                   help=f"the target: {CHECKPOINT_HELP} (default: embedded)")
+    p.add_argument("--drafter", default=None, metavar="CHECKPOINT",
+                   help="the DFlash drafter, named the same way, e.g. z-lab/Qwen3-8B-DFlash-b16 with "
+                        "Qwen/Qwen3-8B (default: the embedded drafter, with the embedded target)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
     p.add_argument("--data-dir", default=None,
                    help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
@@ -266,12 +269,14 @@ def run(args) -> dict:
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
-    drafter_dir = args.drafter or (EMBEDDED_DRAFTER if os.path.abspath(args.target) == EMBEDDED_TARGET else None)
+    target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
+    drafter_dir = (expand_embedded(args.drafter, "drafter") if args.drafter else
+                   EMBEDDED_DRAFTER if os.path.abspath(target_name) == EMBEDDED_TARGET else None)
     if drafter_dir is None:
         raise ValueError("--drafter is required with a --target other than the embedded one")
-    for what, d in (("target", args.target), ("drafter", drafter_dir)):
-        if not os.path.isdir(d):
-            raise FileNotFoundError(f"{what} directory {d!r} does not exist")
+    # a repo id is fetched here (into the Hugging Face cache), before the prompt sets are read
+    target_path = resolve_checkpoint(target_name, kind="target")
+    drafter_path = resolve_checkpoint(drafter_dir, kind="drafter")
     sources = {n: locate_prompt_set(n, args.data_dir, args.hub) for n in args.datasets}
     sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub, subset=args.subset)
             for n in args.datasets}
@@ -282,15 +287,15 @@ def run(args) -> dict:
         raise ValueError(f"--mesh {args.mesh}: the benchmark decodes one prompt at a time, so "
                          "the data axis must be 1 (e.g. --mesh data=1,model=4)")
     status(f"loading {args.target} and {drafter_dir} ...")
-    target = load_target(args.target, dtype=dtype, mesh=mesh)
+    target = load_target(target_path, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
-    drafter = load_drafter(drafter_dir, target, dtype=dtype)
+    drafter = load_drafter(drafter_path, target, dtype=dtype)
     runner = Runner(target, drafter, args)
     report = {
         "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
         "load_average_before": load_average(),
-        "settings": options(args) | {"target": _portable(args.target), "drafter": _portable(drafter_dir),
+        "settings": options(args) | {"target": _portable(target_name), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
                                   "enable_thinking": args.thinking,

@@ -36,8 +36,8 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
-from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter,
-                                       load_target)
+from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
+from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.files import write_text
 
 LENGTHS = (1, 4, 8, 16)
@@ -169,8 +169,9 @@ def markdown(report: dict) -> str:
 
 def add_arguments(p) -> None:
 
-    p.add_argument("--target", default=EMBEDDED_TARGET_DIR)
-    p.add_argument("--drafter", default=EMBEDDED_DRAFTER_DIR)
+    p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
+    p.add_argument("--drafter", default=EMBEDDED, metavar="CHECKPOINT",
+                   help="its DFlash drafter, named the same way")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--context", type=int, default=192, help="prompt tokens before the timed step")
     p.add_argument("--calls", type=int, default=20, help="calls per compiled timing loop")

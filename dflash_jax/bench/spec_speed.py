@@ -30,6 +30,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
@@ -132,8 +133,10 @@ def plot(report: dict):
 
 def add_arguments(p) -> None:
     add_preset_argument(p, PRESETS)
-    p.add_argument("--target", help="a Hugging Face target directory (instead of a random preset)")
-    p.add_argument("--drafter", help="a DFlash drafter directory (default: random, shaped for the target)")
+    p.add_argument("--target", metavar="CHECKPOINT",
+                   help=f"the target, instead of a random preset: {CHECKPOINT_HELP}")
+    p.add_argument("--drafter", metavar="CHECKPOINT",
+                   help="the DFlash drafter, named the same way (default: random, shaped for the target)")
     p.add_argument("--drafter-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--batch", type=int, default=1)

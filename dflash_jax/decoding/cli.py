@@ -7,7 +7,8 @@ import sys
 
 from dflash_jax.cli import command_main, run_cli, status
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
+from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
+from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.decoding.generation import generate as run_generate
 from dflash_jax.prompts import encode_prompt
@@ -25,9 +26,11 @@ def _parse_token_ids(text: str) -> list[int]:
 
 def add_arguments(p) -> None:
 
-    p.add_argument("--target", default=EMBEDDED_TARGET_DIR, help="Hugging Face checkpoint directory")
-    p.add_argument("--drafter", help="DFlash drafter directory (speculative decoding; default: none, "
-                                     "autoregressive)")
+    p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT",
+                   help=f"the target: {CHECKPOINT_HELP}")
+    p.add_argument("--drafter", metavar="CHECKPOINT",
+                   help=f"the DFlash drafter (speculative decoding), named the same way, e.g. "
+                        f"z-lab/Qwen3-8B-DFlash-b16 with Qwen/Qwen3-8B (default: none, autoregressive)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeatable")
     p.add_argument("--token-ids", action="store_true",
                    help="read each --prompt as comma- or space-separated token ids instead of text")

@@ -7,7 +7,6 @@ The public names are re-exported by ``dflash_jax`` (``dj.load_target``, ...).
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import os
 from typing import Any
 
@@ -18,17 +17,13 @@ import numpy as np
 from dflash_jax.checkpoints import (load_drafter_params, load_target_params, save_drafter_params,
                                     save_target_params, save_tokenizer)
 from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.hub import (ASSETS_DIR, EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR,  # noqa: F401 (re-exported)
+                            resolve_checkpoint)
 from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.parallel import rules
 from dflash_jax.targets import family_of, init_target_params
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
-"""The package's shipped assets: the embedded pair (``target/``, ``drafter/``)."""
-EMBEDDED_TARGET_DIR = os.path.join(ASSETS_DIR, "target")
-"""The embedded default target shipped in the package (a Hugging Face Qwen3 directory)."""
-EMBEDDED_DRAFTER_DIR = os.path.join(ASSETS_DIR, "drafter")
-"""Its DFlash drafter (the released drafter layout)."""
 
 
 @dataclasses.dataclass
@@ -97,22 +92,24 @@ class Target:
 
 
 def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
-                allow_extrapolation: bool = False, mesh=None) -> Target:
-    """Loads a Hugging Face checkpoint directory of a registered target family (Qwen3,
-    Llama-3.x; ``dflash_jax.targets``).
+                allow_extrapolation: bool = False, mesh=None, revision: str | None = None) -> Target:
+    """Loads a Hugging Face checkpoint of a registered target family (Qwen3, Llama-3.x;
+    ``dflash_jax.targets``).
 
     Args:
-      path: directory with config.json and model.safetensors (or a sharded index).
+      path: a directory with config.json and model.safetensors (or a sharded index); a Hugging
+        Face repo id ``org/name[@revision]`` (``"Qwen/Qwen3-8B"``), fetched into the hub cache
+        (``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``: :func:`dflash_jax.hub.resolve_checkpoint`); or
+        ``"embedded"``, the target shipped in the package.
       dtype: cast the weights (e.g. ``jnp.bfloat16``); None keeps the stored dtype.
       max_len: KV cache capacity limit; default the config's max_position_embeddings.
       allow_extrapolation: allow ``max_len`` above max_position_embeddings.
       mesh: a ``(data, model)`` mesh (``dflash_jax.parallel.make_mesh``): the weights are placed
         sharded as they load (each process reads only its devices' slices of the safetensors
         files) and ``generate`` runs on the mesh. None: one device.
+      revision: with a repo id: its branch, tag or commit (or write ``org/name@revision``).
     """
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"target directory {path!r} does not exist")
+    path = os.fspath(resolve_checkpoint(path, revision, kind="target"))
     if mesh is not None:
         config = TargetConfig.from_pretrained(path)
         rules.check_model_split(config, rules.mesh_axis_sizes(mesh)[rules.MODEL])
@@ -173,12 +170,16 @@ class Drafter:
         return cls(cfg, params, mesh=target.mesh)
 
 
-def load_drafter(path: str | os.PathLike, target: Target, dtype=None) -> Drafter:
+def load_drafter(path: str | os.PathLike, target: Target, dtype=None, *,
+                 revision: str | None = None) -> Drafter:
     """Loads a drafter in the released DFlash layout and checks it fits ``target``.
 
-    ``dtype`` defaults to the target's dtype (drafter and target compute together). On a
-    target loaded with a mesh, the drafter is placed sharded on the same mesh as it loads."""
-    path = os.fspath(path)
+    ``path``: a directory, a Hugging Face repo id ``org/name[@revision]``
+    (``"z-lab/Qwen3-8B-DFlash-b16"``; ``revision=`` names the revision too) or ``"embedded"``,
+    as for :func:`load_target`. ``dtype`` defaults to the target's dtype (drafter and target
+    compute together). On a target loaded with a mesh, the drafter is placed sharded on the
+    same mesh as it loads."""
+    path = os.fspath(resolve_checkpoint(path, revision, kind="drafter"))
     cfg = DrafterConfig.from_pretrained(path)
     cfg.check_target(target.config)
     if target.mesh is not None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli
+from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
 from dflash_jax.models.handles import load_target
 from dflash_jax.training.features import write_features
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", required=True, help="Hugging Face target directory")
+    p.add_argument("--target", required=True, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--data", required=True, help="data directory written by train-data")
     p.add_argument("--out", required=True, help="features directory to write")
     p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")

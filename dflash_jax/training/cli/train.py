@@ -6,9 +6,11 @@ drafter and its optimizer state over data too); a run resumes on any mesh."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from dflash_jax.cli import add_dataclass_arguments, command_main, dataclass_from_args, run_cli
+from dflash_jax.hub import CHECKPOINT_HELP, resolve_checkpoint
 from dflash_jax.training.trainer import TrainConfig, Trainer
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
 from dflash_jax.training import sharding
@@ -20,7 +22,7 @@ from dflash_jax.training.features import FeatureStore
 
 def add_arguments(p) -> None:
 
-    p.add_argument("--target", required=True, help="Hugging Face target directory")
+    p.add_argument("--target", required=True, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--data", required=True, help="data directory written by train-data")
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
     p.add_argument("--features", help="offline features directory (default: online)")
@@ -35,7 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
     p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
-    p.add_argument("--init-from", help="start from this drafter directory (released layout; its config "
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from this drafter (a directory, a hub repo id such as "
+                   "z-lab/Qwen3-8B-DFlash-b16, or 'embedded'; released layout; its config "
                    "replaces --drafter-layers/--block-size/--taps) instead of random weights")
     p.add_argument("--dtype", help="dtype the target is loaded in (default: the checkpoint's)")
     add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
@@ -68,15 +72,16 @@ def run(args) -> None:
         if mask is None:
             raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
                              "of the target's embedding that is not pad or eos)")
-    if args.init_from:
-        dcfg = DrafterConfig.from_pretrained(args.init_from)
+    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
+    if init_from:
+        dcfg = DrafterConfig.from_pretrained(init_from)
     else:
         dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size, mask,
                                         tuple(args.taps) if args.taps else None, conditioning=args.conditioning)
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
-    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=args.init_from,
+    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=init_from,
             mesh=mesh, fsdp=args.fsdp).run(stop_after=args.stop_after)
 
 

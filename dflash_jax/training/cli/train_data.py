@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 
 from dflash_jax.cli import command_main, run_cli
+from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.models.handles import load_target
 from dflash_jax.training.data import read_prompt_file, regenerate
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", required=True, help="Hugging Face target directory")
+    p.add_argument("--target", required=True, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--prompts", required=True, nargs="+", help="jsonl prompt files")
     p.add_argument("--out", required=True, help="data directory to write (resumed when it exists)")
     p.add_argument("--max-prompts", type=int, help="use the first N prompts (default: all)")
