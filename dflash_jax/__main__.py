@@ -1,15 +1,20 @@
-"""Command line: ``python -m dflash_jax <command> [options]`` (``<command> --help`` for each).
+"""Command line: ``dflash-jax <command> [options]`` (the console script) or
+``python -m dflash_jax <command> [options]``; ``<command> --help`` describes each.
 
 Every command is a module with ``add_arguments(parser)`` and ``run(args)`` (see
 ``dflash_jax/cli.py``), registered here on one parser as a subcommand. A command's module is
-imported only when that command runs (or shows its help).
+imported only when that command runs (or shows its help). The top-level help lists the
+commands under the headings of :data:`GROUPS`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import pkgutil
 import sys
+import textwrap
 
 from dflash_jax.cli import PROG, HelpFormatter, parse_command, plain_description, run_cli
 from dflash_jax import __version__
@@ -48,18 +53,85 @@ COMMANDS = {
 }
 
 
+# The top-level help's headings, in this order; every command under exactly one of them
+# (tests/test_cli_options.py checks it). EXPERIMENTS lists no command: the experiments are
+# modules of their own (see experiment_entries).
+EXPERIMENTS = "experiments"
+GROUPS = {
+    "run and benchmark": ["generate", "bench", "spec-speed", "decode-speed", "iteration-profile",
+                          "train-speed"],
+    "train a drafter": ["train-data", "features", "train", "export"],
+    EXPERIMENTS: [],
+    "embedded-model recipe (how the shipped default pair was made)":
+        ["build-corpus", "pretrain", "export-target", "embedded-prompts", "build-embedded"],
+    "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "parallel-speed",
+                                     "parallel-comm", "train-memory"],
+}
+SCRIPT = "dflash-jax"  # the console script ([project.scripts] in pyproject.toml)
+
+
+def program_name() -> str:
+    """How this process was started: ``dflash-jax`` through the console script, else
+    ``python -m dflash_jax``."""
+    return SCRIPT if os.path.basename(sys.argv[0]) in (SCRIPT, SCRIPT + ".exe") else PROG
+
+
+def experiment_entries() -> list[tuple[str, str]]:
+    """(name, one line) of the experiments heading: the ablations (``experiments/ablate_*.py``,
+    found on disk) and the paper's figures."""
+    import dflash_jax.experiments as experiments  # a docstring only: imports nothing heavy
+
+    ablations = sorted(m.name.removeprefix("ablate_") for m in pkgutil.iter_modules(experiments.__path__)
+                       if m.name.startswith("ablate_"))
+    return [("ablate_<x>", "one of the paper's ablations, <x>: " + ", ".join(ablations)),
+            ("paper", "the paper's tables and figures ('paper all': every one, the ablations included)")]
+
+
+class CommandsFormatter(HelpFormatter):
+    """The top-level help: the commands under the headings of :data:`GROUPS` (argparse lists
+    subcommands in one flat list; parsing still goes through ``add_subparsers``)."""
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):  # the commands sit one heading deeper
+            longest = max(len(a.dest) for a in action._get_subactions())
+            self._action_max_length = max(self._action_max_length, self._current_indent + 4 + longest)
+
+    def _format_action(self, action):
+        if not isinstance(action, argparse._SubParsersAction):
+            return super()._format_action(action)
+        by_name = {a.dest: a for a in action._get_subactions()}
+        parts = []
+        for title, names in GROUPS.items():
+            if title == EXPERIMENTS:
+                title = ("experiments (python -m experiments.<name> [--help]; installed without a clone: "
+                         "python -m dflash_jax.experiments.<name>)")
+                names = [argparse.Action([], name, help=help_) for name, help_ in experiment_entries()]
+            else:
+                names = [by_name[name] for name in names]
+            parts += [line + "\n" for line in textwrap.wrap(
+                title + ":", self._width - self._current_indent, initial_indent=" " * self._current_indent,
+                subsequent_indent=" " * (self._current_indent + 4))]
+            self._indent()
+            for entry in names:  # (super() does not reach into a comprehension)
+                parts.append(super()._format_action(entry))
+            self._dedent()
+        return "".join(parts)
+
+
 def command_module(name: str):
     """The module of command ``name`` (imported now)."""
     return importlib.import_module(COMMANDS[name][0])
 
 
-def parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of ``python -m dflash_jax``: every command a subcommand. Only ``command``'s
-    options are added (its module imported); the others are listed with their help line."""
+def parser(command: str | None = None, prog: str = PROG) -> argparse.ArgumentParser:
+    """The parser of ``python -m dflash_jax`` (``prog``: the program name its help shows, e.g.
+    ``dflash-jax``): every command a subcommand. Only ``command``'s options are added (its module
+    imported); the others are listed with their help line."""
     p = argparse.ArgumentParser(
-        prog=PROG, description="DFlash block-diffusion speculative decoding in JAX.",
-        formatter_class=lambda prog: HelpFormatter(prog, max_help_position=28),
-        epilog=f"'{PROG} <command> --help' describes a command's options.")
+        prog=prog, description="DFlash block-diffusion speculative decoding in JAX.",
+        formatter_class=lambda prog: CommandsFormatter(prog, max_help_position=28),
+        epilog=f"'{prog} <command> --help' describes a command's options.")
     # main() reads these two itself (--debug anywhere on the line); here for the help, and
     # without defaults, so that a command's parsed options are the command's own
     p.add_argument("--version", action="store_true", default=argparse.SUPPRESS, help="print the version and exit")
@@ -67,7 +139,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="show the Python traceback of an error (also DFLASH_DEBUG=1; anywhere on the line)")
     sub = p.add_subparsers(title="commands", metavar="<command>")
     for name, (module_name, help_) in COMMANDS.items():
-        kwargs = {"help": help_, "prog": f"{PROG} {name}", "formatter_class": HelpFormatter}
+        kwargs = {"help": help_, "prog": f"{prog} {name}", "formatter_class": HelpFormatter}
         if name != command:
             sub.add_parser(name, **kwargs)
             continue
@@ -76,16 +148,19 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def usage() -> str:
-    """The top-level help: the commands with their help lines."""
-    return parser().format_help().rstrip("\n")
+def usage(prog: str = PROG) -> str:
+    """The top-level help: the commands with their help lines, under their headings."""
+    return parser(prog=prog).format_help().rstrip("\n")
 
 
 def main(argv=None):
+    """The command line (``dflash-jax`` and ``python -m dflash_jax``): ``argv`` (default: this
+    process's arguments) is a command and its options."""
+    prog = program_name() if argv is None else PROG
     argv = list(sys.argv[1:] if argv is None else argv)
     args = [a for a in argv if a != "--debug"]
     if not args or args[0] in ("-h", "--help"):
-        print(usage())
+        print(usage(prog))
         return
     if args[0] == "--version":
 
@@ -94,9 +169,9 @@ def main(argv=None):
     name = args[0]
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; the commands are {', '.join(COMMANDS)} "
-              f"({PROG} --help describes them)", file=sys.stderr)
+              f"({prog} --help describes them)", file=sys.stderr)
         sys.exit(2)
-    run_cli(lambda rest: command_module(name).run(parse_command(name, None, rest, parser(name))),
+    run_cli(lambda rest: command_module(name).run(parse_command(name, None, rest, parser(name, prog))),
             args[1:], debug="--debug" in argv)
 
 

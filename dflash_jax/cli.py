@@ -94,6 +94,32 @@ def options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if k != INVOCATION}
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option (see :func:`add_deprecated_alias`): sets the new option's
+    value and prints one line ``note: OLD is deprecated here; use NEW`` on stderr."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"note: {option_string} is deprecated here; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(parser, old: str, new: str) -> None:
+    """Keeps ``old`` working as a hidden alias of the option ``new`` already on ``parser`` (the
+    same value type and choices; a note on stderr when used). For an option renamed because its
+    name meant something else in another command (one meaning per option name)."""
+    matches = [a for a in parser._actions if new in a.option_strings]
+    if len(matches) != 1:
+        raise ValueError(f"no option {new} on the parser to keep {old} for")
+    (action,) = matches
+    parser.add_argument(old, dest=action.dest, action=DeprecatedAlias, new=new, nargs=action.nargs,
+                        type=action.type, choices=action.choices, metavar=action.metavar,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 # ------------------------------------------------------------------ options from a dataclass
 def field_help(cls) -> dict[str, str]:
     """Each field's help text: its ``metadata["help"]``, else its entry in the class

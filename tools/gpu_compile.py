@@ -831,20 +831,21 @@ def add_arguments(p) -> None:
                    help=f"a named shape ({', '.join(NAMED_SHAPES)}) or a Hugging Face model directory")
     p.add_argument("--block-size", type=int, default=None,
                    help="DFlash block size (default: the named shape's, 16 for a directory)")
-    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--drafter-layers", type=int, default=5, help="layers of the drafter")
     p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768],
                    help="cache lengths S")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--gpus", nargs="+", default=list(GPUS), choices=list(GPUS))
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes to compile for")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="compute dtype of the kernels (and of the models with --engine)")
+    p.add_argument("--gpus", nargs="+", default=list(GPUS), choices=list(GPUS), help="GPUs to compile for")
     p.add_argument("--search", action="store_true",
                    help="also compile every tile/warp/stage candidate (at the largest S and batch)")
     p.add_argument("--engine", action="store_true",
                    help="instead: lower AR and DFlash generate for CUDA and compile every kernel")
-    p.add_argument("--prompt-len", type=int, default=16, help="--engine: prompt width")
+    p.add_argument("--prompt-len", type=int, default=16, help="--engine: prompt tokens (the prefill's width)")
     p.add_argument("--impl", default="pallas", choices=["pallas", "triton"],
-                   help="the kernel of the before/after tables: the Pallas one, or the Triton-"
-                        "language one (kernels/triton_block_attention.py; not with --search, "
+                   help="block-attention kernel implementation of the before/after tables: the Pallas "
+                        "one, or the Triton-language one (kernels/triton_block_attention.py; not with --search, "
                         "--engine)")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
 

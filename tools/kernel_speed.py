@@ -55,19 +55,22 @@ def _group(rows):
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--block", type=int, default=16)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 16384, 32768],
+                   help="cache lengths S to time")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes to time")
+    p.add_argument("--block", type=int, default=16, help="query rows T per sequence (the block size)")
+    p.add_argument("--heads", type=int, default=32, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads (grouped-query attention)")
+    p.add_argument("--head-dim", type=int, default=128, help="dimension of a head")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="compute dtype of the kernels (q, k, v)")
     p.add_argument("--impl", nargs="+", default=["pallas", "xla", "cudnn"],
-                   choices=["pallas", "triton", "xla", "cudnn"], help="implementations to time")
+                   choices=["pallas", "triton", "xla", "cudnn"],
+                   help="block-attention kernel implementations to time")
     p.add_argument("--interpret", action="store_true",
                    help="Pallas / Triton interpreter (CPU smoke run)")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default="runs/kernel_speed")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs of each kernel, the median reported")
+    p.add_argument("--out", default="runs/kernel_speed", help="output directory")
 
 
 def run(args) -> dict:

@@ -432,20 +432,22 @@ def markdown(report: dict) -> str:
 
 # ---------------------------------------------------------------------------- command line
 def add_arguments(p) -> None:
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
+                   help="target shapes to model, each with a drafter shaped for it")
     p.add_argument("--devices", nargs="+", default=list(NODES), choices=list(NODES),
                    help="datasheet profiles (roofline.DEVICES for HBM and FLOPs, NODES for "
                    "memory and NVLink)")
     p.add_argument("--tp", type=int, nargs="+", default=list(TP_SIZES),
                    help="model-axis sizes (must divide num_key_value_heads)")
-    p.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--batch", type=int, nargs="+", default=list(BATCHES),
+                   help="batch sizes (sequences decoded together)")
+    p.add_argument("--block-size", type=int, default=16, help="DFlash block size")
+    p.add_argument("--drafter-layers", type=int, default=5, help="layers of the drafter")
     p.add_argument("--context", type=int, default=1024, help="cached positions S for the time")
     p.add_argument("--budget-context", type=int, default=8192,
                    help="positions per sequence whose K/V must fit in memory")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(roofline.DTYPE_BYTES),
-                   help="weights, KV cache and the all-reduced activations")
+                   help="compute dtype: bytes of the weights, the KV cache and the all-reduced activations")
     p.add_argument("--latency-us", type=float, default=LATENCY_US,
                    help="fixed latency of one collective on NVLink, microseconds")
     p.add_argument("--tau", type=float, default=roofline.PAPER["tau"],

@@ -705,9 +705,9 @@ def add_arguments(p) -> None:
                    help="layers of the drafter shaped like Qwen3-8B (without --target)")
     p.add_argument("--block-size", type=int, help="block size (default: the drafter's)")
     p.add_argument("--context", type=int, default=1024, help="cached positions S at the step")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1, help="batch size (sequences decoded together)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
-                   help="weight and KV cache dtype")
+                   help="compute dtype of the modelled pair: bytes per weight and KV cache element")
     p.add_argument("--tau", type=float, nargs="+", default=[PAPER["tau"]],
                    help="acceptance lengths to predict the speedup at (default: the paper's)")
     p.add_argument("--bench-json", help="a bench.json whose average tau is added as 'ours'")

@@ -429,7 +429,7 @@ def _findings(rows: list[dict]) -> list[str]:
 
 def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[8, 32],
-                   help="global batches (sequences per step) of the computed table")
+                   help="global batch sizes (training sequences per step) of the computed table")
     p.add_argument("--anchor-chunk", type=int, default=DEFAULT_ANCHOR_CHUNK,
                    help="blocks per anchor chunk of the chunked attention")
     p.add_argument("--context-chunk", type=int, default=DEFAULT_CONTEXT_CHUNK,

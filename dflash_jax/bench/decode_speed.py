@@ -127,11 +127,14 @@ def plot(report: dict):
 def add_arguments(p) -> None:
     add_preset_argument(p, PRESETS)
     p.add_argument("--config", help="a Hugging Face config.json (overrides --preset)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16],
+                   help="batch sizes (sequences decoded together) to time")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (random ids) per sequence")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence in a timed run")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="compute dtype of the random-weight target")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs after a compiling one, the fastest reported")
     p.add_argument("--out", default="runs/decode_speed", help="output directory")
 
 

@@ -65,4 +65,5 @@ def read_bandwidth(num_bytes: int | None = None, repeats: int = 10) -> float:
 
 def add_preset_argument(p: argparse.ArgumentParser, presets) -> None:
     """``--preset``: the model shape of a model benchmark (one of ``presets``)."""
-    p.add_argument("--preset", choices=sorted(presets), default="small")
+    p.add_argument("--preset", choices=sorted(presets), default="small",
+                   help="model shape of the random-weight target")

@@ -79,20 +79,24 @@ def add_arguments(p) -> None:
                    help="render prompts with the chat template's thinking switch on (Qwen3's "
                         "enable_thinking=True); default off, as the reference benchmark (templates "
                         "without the switch are unaffected)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens generated per prompt at most (fewer at a stop token)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
 
     p.add_argument("--block-size", type=block_size_arg, default=None,
-                   help="default: the drafter's; 'adaptive': the verify length chosen per iteration")
+                   help="speculative block size (default: the drafter's); 'adaptive': the verify length chosen "
+                        "per iteration")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
                    help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
                         "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "
                         "iteration from the drafter's confidence and this device's cached costs, "
                         "measured once, ~20 s); on by default, --no-adaptive: the fixed block only")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the prompt subset (--subset) and of sampling")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="compute dtype (default float32 on CPU, the checkpoint's elsewhere)")
-    p.add_argument("--out", default="runs/bench")
+                   help="compute dtype of the target and drafter (default float32 on CPU, the checkpoint's "
+                        "elsewhere)")
+    p.add_argument("--out", default="runs/bench", help="output directory (bench.json, bench.md, bench.png)")
 
     parallel_cli.add_arguments(p)  # one prompt at a time: a mesh with data=1 (model=N: TP)
 

@@ -172,12 +172,14 @@ def add_arguments(p) -> None:
     p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--drafter", default=EMBEDDED, metavar="CHECKPOINT",
                    help="its DFlash drafter, named the same way")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--context", type=int, default=192, help="prompt tokens before the timed step")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="compute dtype of the target and drafter")
+    p.add_argument("--context", type=int, default=192,
+                   help="cached positions S (prompt tokens) before the timed step")
     p.add_argument("--calls", type=int, default=20, help="calls per compiled timing loop")
     p.add_argument("--iterations", type=int, default=24, help="decode-loop iterations per timing")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default="runs/iteration_profile")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each part, the median reported")
+    p.add_argument("--out", default="runs/iteration_profile", help="output directory")
 
 
 def run(args) -> dict:

@@ -137,15 +137,20 @@ def add_arguments(p) -> None:
                    help=f"the target, instead of a random preset: {CHECKPOINT_HELP}")
     p.add_argument("--drafter", metavar="CHECKPOINT",
                    help="the DFlash drafter, named the same way (default: random, shaped for the target)")
-    p.add_argument("--drafter-layers", type=int, default=5)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"])
-    p.add_argument("--out", default="runs/spec_speed")
+    p.add_argument("--drafter-layers", type=int, default=5,
+                   help="layers of the random drafter (without --drafter)")
+    p.add_argument("--block-size", type=int, default=16, help="speculative block size")
+    p.add_argument("--batch", type=int, default=1, help="batch size (sequences decoded together)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (random ids) per sequence")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence in a timed run")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="compute dtype of the target and drafter (float32: DFlash must equal AR token for "
+                        "token)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs after a compiling one, the fastest reported")
+    p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"],
+                   help="attention of the decode loops: XLA, or the Pallas or Triton block-attention kernel")
+    p.add_argument("--out", default="runs/spec_speed", help="output directory")
 
 
 def run(args) -> dict:

@@ -37,14 +37,16 @@ def plot(report: dict):
 
 def add_arguments(p) -> None:
     add_preset_argument(p, PRESETS)
-    p.add_argument("--drafter-layers", type=int, default=5)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--drafter-layers", type=int, default=5, help="layers of the random drafter")
+    p.add_argument("--block-size", type=int, default=16, help="block size of the drafter")
+    p.add_argument("--seq-len", type=int, default=256,
+                   help="tokens per training sequence (a quarter of them prompt)")
+    p.add_argument("--batch", type=int, default=4, help="batch size: training sequences per step")
+    p.add_argument("--num-anchors", type=int, default=64, help="anchors (block starts) per training sequence")
     p.add_argument("--steps", type=int, default=12, help="timed steps (the first, compiling, is excluded)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--out", default="runs/train_speed")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="compute dtype of the random-weight target (and of the drafter's training)")
+    p.add_argument("--out", default="runs/train_speed", help="output directory")
 
 
 def run(args) -> dict:

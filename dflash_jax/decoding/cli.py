@@ -39,7 +39,8 @@ def add_arguments(p) -> None:
     p.add_argument("--thinking", action="store_true",
                    help="with --chat: render the chat template with its thinking switch on "
                         "(enable_thinking=True; templates without the switch are unaffected)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens generated per prompt at most (fewer at a stop token)")
     p.add_argument("--max-len", type=int, help="KV cache length (default: the model's max_position_embeddings)")
     p.add_argument("--allow-extrapolation", action="store_true",
                    help="allow --max-len above the model's max_position_embeddings")
@@ -48,11 +49,12 @@ def add_arguments(p) -> None:
                    help="speculative block size (default: the drafter's), or 'adaptive': verify "
                         "4, 8 or the whole block per iteration, by the drafter's confidence and "
                         "this device's measured (cached) iteration costs")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of sampling (with --temperature > 0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="compute dtype of the target and drafter (default: the checkpoint's)")
     parallel_cli.add_arguments(p)
 
 

@@ -102,18 +102,21 @@ def add_arguments(p) -> None:
     p.add_argument("--data-dir", default=None,
                    help="training data: DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json (default: "
                         "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout)")
-    p.add_argument("--preset", default="cpu", choices=["cpu", "gpu", "tiny"], help="target size")
+    p.add_argument("--preset", default="cpu", choices=["cpu", "gpu", "tiny"], help="model size of the target")
     p.add_argument("--target-steps", type=int, default=1200, help="pretraining steps")
     p.add_argument("--num-prompts", type=int, default=4000,
                    help=f"drafter training prompts ({EVAL_PROMPTS} of them held out to measure tau)")
-    p.add_argument("--max-new-tokens", type=int, default=192, help="response length when regenerating")
-    p.add_argument("--drafter-layers", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=192,
+                   help="tokens generated per prompt at most when regenerating (the responses)")
+    p.add_argument("--drafter-layers", type=int, default=1, help="layers of the drafter")
     p.add_argument("--taps", type=int, nargs="+", default=[1, 2, 3],
                    help="target layers the drafter reads (distinct, below the preset's layer count)")
-    p.add_argument("--drafter-steps", type=int, default=2200)
-    p.add_argument("--drafter-batch", type=int, default=8)
-    p.add_argument("--num-anchors", type=int, default=32, help="anchors per training sequence")
-    p.add_argument("--drafter-lr", type=float, default=1e-3)
+    p.add_argument("--drafter-steps", type=int, default=2200, help="training steps of the drafter")
+    p.add_argument("--drafter-batch", type=int, default=8, help="training sequences per step of the drafter")
+    p.add_argument("--num-anchors", type=int, default=32,
+                   help="anchors (block starts) per training sequence of the drafter")
+    p.add_argument("--drafter-lr", type=float, default=1e-3,
+                   help="peak learning rate of the drafter's training")
     p.add_argument("--bench-args", default="",
                    help="extra arguments for the final bench run, checked up front (not --target/--drafter/"
                         "--out), e.g. --bench-args='--datasets gsm8k --max-samples 4'")
@@ -350,12 +353,12 @@ def run(a) -> None:
     recipe = {"num_prompts": a.num_prompts, "max_new_tokens": a.max_new_tokens, "steps": a.drafter_steps,
               "batch_size": a.drafter_batch, "num_anchors": a.num_anchors, "learning_rate": a.drafter_lr,
               "gamma": 7.0, "commands": portable_command(a)}
-    _run(["train", "--target", TARGET, "--data", REGEN, "--run", DRAFTER_RUN, "--dtype", "float32",
+    _run(["train", "--target", TARGET, "--data", REGEN, "--run", DRAFTER_RUN, "--target-dtype", "float32",
           "--drafter-layers", str(a.drafter_layers), "--block-size", str(BLOCK_SIZE), "--taps", *map(str, a.taps),
           "--steps", str(a.drafter_steps), "--batch-size", str(a.drafter_batch), "--num-anchors",
           str(a.num_anchors), "--learning-rate", str(a.drafter_lr), "--checkpoint-every", "50",
           "--eval-prompts", str(EVAL_PROMPTS), "--eval-every", "200"], w)
-    _run(["export", "--run", DRAFTER_RUN, "--out", DRAFTER, "--dtype", "bfloat16"], w)
+    _run(["export", "--run", DRAFTER_RUN, "--out", DRAFTER, "--out-dtype", "bfloat16"], w)
     shutil.copy(os.path.join(w, DRAFTER_RUN, "metrics.jsonl"), os.path.join(w, DRAFTER, "training_metrics.jsonl"))
     with open(os.path.join(w, DRAFTER, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=2)

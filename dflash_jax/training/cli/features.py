@@ -16,8 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--data", required=True, help="data directory written by train-data")
     p.add_argument("--out", required=True, help="features directory to write")
     p.add_argument("--taps", type=int, nargs="+", required=True, help="target layer ids")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass of the target")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="compute dtype of the target (default: the checkpoint's)")
 
     add_parallel_arguments(p)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from dflash_jax.cli import add_dataclass_arguments, command_main, dataclass_from_args, run_cli
+from dflash_jax.cli import (add_dataclass_arguments, add_deprecated_alias, command_main, dataclass_from_args,
+                            run_cli)
 from dflash_jax.hub import CHECKPOINT_HELP, resolve_checkpoint
 from dflash_jax.training.trainer import TrainConfig, Trainer
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
@@ -26,8 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--data", required=True, help="data directory written by train-data")
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
     p.add_argument("--features", help="offline features directory (default: online)")
-    p.add_argument("--drafter-layers", type=int, default=5)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--drafter-layers", type=int, default=5, help="layers of the drafter to train")
+    p.add_argument("--block-size", type=int, default=16, help="block size of the drafter to train")
     p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: the formula of docs/method.md section 2)")
     p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
     p.add_argument("--conditioning", choices=["kv", "input", "none"], default="kv",
@@ -41,7 +42,10 @@ def add_arguments(p) -> None:
                    help="start from this drafter (a directory, a hub repo id such as "
                    "z-lab/Qwen3-8B-DFlash-b16, or 'embedded'; released layout; its config "
                    "replaces --drafter-layers/--block-size/--taps) instead of random weights")
-    p.add_argument("--dtype", help="dtype the target is loaded in (default: the checkpoint's)")
+    p.add_argument("--target-dtype", choices=["float32", "bfloat16"],
+                   help="dtype the target is loaded and computes in (default: the checkpoint's); the "
+                        "drafter's is --compute-dtype")
+    add_deprecated_alias(p, "--dtype", "--target-dtype")  # --dtype is the compute dtype elsewhere
     add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
                             exclusive=[("steps", "epochs")])
 
@@ -64,7 +68,8 @@ def run(args) -> None:
     import jax.numpy as jnp
 
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh)
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+                         mesh=mesh)
     mask = args.mask_token_id
     if mask is None:
         tok = target.tokenizer

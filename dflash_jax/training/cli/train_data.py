@@ -15,19 +15,23 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", required=True, nargs="+", help="jsonl prompt files")
     p.add_argument("--out", required=True, help="data directory to write (resumed when it exists)")
     p.add_argument("--max-prompts", type=int, help="use the first N prompts (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-len", type=int, default=1024, help="tokens per sequence, prompt included")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="tokens generated per prompt at most: the response (fewer at a stop token)")
+    p.add_argument("--max-len", type=int, default=1024,
+                   help="KV cache length: tokens per sequence, prompt included")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="prompts per generate call (regenerated together)")
     p.add_argument("--shard-size", type=int, default=256, help="sequences per shard file")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of sampling (with --temperature > 0)")
     p.add_argument("--thinking", action="store_true",
                    help="render text prompts with the chat template's thinking switch on (Qwen3's "
                         "enable_thinking=True); default off, as the DFlash reference (train and use a "
                         "drafter in the same mode); recorded in metadata.json")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the checkpoint's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="compute dtype of the target (default: the checkpoint's)")
 
 
 def run(args) -> dict:
