@@ -522,3 +522,82 @@ def test_a_step_pays_only_for_its_longest_row(pair, regenerated, tmp_path):
             losses.append(float(eval_loss(drafter.params, target.params, t, m, f, anchors, valid, w,
                                           dcfg=drafter.config, tcfg=CFG)[0]))
         assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def _tree_snapshot(root):
+    """{relative path: (bytes, mtime_ns)} of every file under ``root``."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(d, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, regenerated, tmp_path,
+                                                                   monkeypatch, capsys):
+    """`train` on a run that has done all its steps prints one line (step, checkpoint, how to
+    export, evaluate and train on) and leaves every file of the run as it was; asking that run
+    for more steps is refused with the export + --init-from commands, and those commands run;
+    a changed drafter shape, or a run without a checkpoint, is told to use a new directory."""
+    import re
+    import shlex
+
+    from dflash_jax.__main__ import main
+
+    monkeypatch.chdir(tmp_path)  # the run directory as a user types it: relative
+    target = dj.load_target(data_dir / "target")
+
+    def train(run, steps, *extra):
+        cmd = _train_cmd(data_dir, regenerated, run, steps)[3:]  # after "python -m dflash_jax"
+        main(cmd + ["--checkpoint-every", "2", *extra])
+
+    train("run", 3)
+    capsys.readouterr()
+    before = _tree_snapshot(tmp_path / "run")
+    assert {"run.json", "metrics.jsonl"} <= set(before) and any(k.startswith("checkpoints/3/") for k in before)
+
+    train("run", 3)  # the same command again: complete, nothing trained or written
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("run run is complete at step 3 of 3 (checkpoint run/checkpoints/3)"), lines[0]
+    assert os.path.isdir(tmp_path / "run" / "checkpoints" / "3")
+    assert f"bench --target {data_dir / 'target'} --drafter run-step3" in lines[0]
+    assert _tree_snapshot(tmp_path / "run") == before  # same files, same bytes, same mtimes
+
+    # more steps on the finished run: refused, with the commands that train on from its weights
+    with pytest.raises(SystemExit) as e:
+        train("run", 5)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "other settings: differs in train.steps 3 (now 5)" in err, err
+    commands = re.findall(r"`python -m dflash_jax ([^`]*)`", err)
+    assert commands == ["export --run run --out run-step3", "train --init-from run-step3 --run NEW_RUN_DIR ..."], err
+    assert _tree_snapshot(tmp_path / "run") == before
+    # ... and they work: the export, then a new run from it (--init-from's config replaces the shape options)
+    main(shlex.split(commands[0]))
+    cont = shlex.split(commands[1].replace("NEW_RUN_DIR ...", "cont"))
+    main(cont + ["--target", str(data_dir / "target"), "--data", regenerated, "--mask-token-id", "31",
+                 "--steps", "5", "--batch-size", "4", "--num-anchors", "8", "--stop-after", "0"])
+    capsys.readouterr()
+    record = json.loads((tmp_path / "cont" / "run.json").read_text())
+    assert record["init_from"] == str(tmp_path / "run-step3") and record["train"]["steps"] == 5
+    _, params, _ = latest_params("run")
+    start = Trainer(target, dj.DrafterConfig.from_pretrained("run-step3"), TokenDataset(regenerated), "cont",
+                    TrainConfig(steps=5, batch_size=4, num_anchors=8), init_from="run-step3").init_state()
+    for x, y in zip(jax.tree.leaves(start["params"]), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # it starts from the run's weights
+
+    # negative controls: another drafter shape cannot start from these weights; a run with no
+    # checkpoint yet has nothing to start from: both are told to use a new run directory
+    with pytest.raises(SystemExit):
+        train("run", 3, "--drafter-layers", "2")
+    err = capsys.readouterr().err
+    assert "other settings: differs in drafter.num_hidden_layers 1 (now 2)" in err and "another shape" in err, err
+    assert "--init-from" not in err and "use a new run directory" in err
+    dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
+    Trainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=3, batch_size=4))
+    with pytest.raises(ValueError, match="other settings: differs in train.steps 3 \\(now 4\\); resume with the same "
+                                         "settings or use a new run directory$"):
+        Trainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=4, batch_size=4))

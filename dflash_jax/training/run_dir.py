@@ -24,18 +24,35 @@ CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 
 
-def check_run_file(run_dir: str, record: dict, added: dict | None = None) -> None:
+NEW_RUN_REMEDY = "resume with the same settings or use a new run directory"
+
+
+def check_run_file(run_dir: str, record: dict, added: dict | None = None,
+                   remedy: str = NEW_RUN_REMEDY) -> None:
     """Writes ``run_dir/run.json`` on a first start; on a resume, refuses other settings.
 
     Across hosts every process checks and only process 0 writes.
     ``added``: ``{section: {key: value}}``, settings added to ``record[section]`` after some
     runs were started, with the value those runs had implicitly; an old ``run.json`` without
-    them resumes when the new record has that value (:func:`dflash_jax.files.check_settings`)."""
+    them resumes when the new record has that value (:func:`dflash_jax.files.check_settings`).
+    ``remedy``: what the refusal tells the user to do instead."""
     path = os.path.join(run_dir, RUN_FILE)
     if check_settings(path, record, holder=f"{run_dir} belongs to a run", added=added,
-                      remedy="resume with the same settings or use a new run directory") is None \
+                      remedy=remedy) is None \
             and jax.process_index() == 0:  # across hosts, only process 0 writes it
         write_json(path, record)
+
+
+def saved_steps(run_dir: str) -> list[int]:
+    """The steps of the checkpoints in ``run_dir/checkpoints``, oldest first, read from the
+    directory names without opening them (Orbax names a finished checkpoint by its step and
+    renames it into place only when it is complete)."""
+    path = os.path.join(run_dir, CHECKPOINTS)
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n)))
+
+
 
 
 def checkpoint_manager(run_dir: str, keep: int) -> ocp.CheckpointManager:

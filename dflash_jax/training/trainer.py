@@ -34,9 +34,9 @@ from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.loss import drafter_loss, target_features
-from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, RUN_FILE, check_run_file,
-                                         checkpoint_manager, restore_latest)
-from dflash_jax.models.handles import Drafter, save_drafter
+from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
+                                         checkpoint_manager, restore_latest, saved_steps)
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, Drafter, save_drafter
 from dflash_jax.checkpoints import check_drafter_conditioning, load_drafter_params
 from dflash_jax.decoding.generation import generate
 
@@ -229,10 +229,12 @@ class Trainer:
         self.target, self.dcfg, self.data, self.cfg = target, drafter_config, data, cfg
         self.features, self.eval_prompts = features, eval_prompts
         self.run_dir = os.path.abspath(run_dir)
+        self.shown_run_dir = os.fspath(run_dir)  # as the user gave it, for messages
         os.makedirs(self.run_dir, exist_ok=True)
         self.steps_per_epoch = steps_per_epoch(len(data), cfg.batch_size)
         self.num_steps = cfg.total_steps(len(data))
-        check_run_file(self.run_dir, self._run_record(), added=RECORD_ADDED)
+        record = self._run_record()
+        check_run_file(self.run_dir, record, added=RECORD_ADDED, remedy=self._refusal_remedy(record))
         self.tx = make_optimizer(cfg, self.num_steps)
         self.schedule = make_schedule(cfg, self.num_steps)
         self.weights = jnp.asarray(block_loss_weights(drafter_config.block_size, cfg.gamma, cfg.uniform_weights))
@@ -256,6 +258,47 @@ class Trainer:
                 "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
                 "features": None if self.features is None else "offline"} | (
             {"init_from": self.init_from} if self.init_from else {})
+
+    def _refusal_remedy(self, record: dict) -> str:
+        """What the refusal of other settings on this run directory suggests: a run's settings
+        (its length too: the learning rate decays to 0 at its last step) cannot change, so
+        training on from a run's weights is a new run started ``--init-from`` its export (when
+        it has a checkpoint and the drafter keeps its shape)."""
+        steps = saved_steps(self.run_dir)
+        if not steps:
+            return NEW_RUN_REMEDY
+        try:
+            with open(os.path.join(self.run_dir, RUN_FILE)) as f:
+                same_drafter = json.load(f).get("drafter") == json.loads(json.dumps(record["drafter"]))
+        except (OSError, ValueError, AttributeError):
+            same_drafter = False
+        if not same_drafter:
+            return (f"{NEW_RUN_REMEDY} (a drafter of another shape cannot start from this run's "
+                    "weights)")
+        run, export = self._shown_paths(steps[-1])
+        return (f"a run's settings cannot change, its length neither (the learning rate decays to 0 at "
+                f"its last step): resume with the same settings, or train on from this run's weights "
+                f"(step {steps[-1]}) in a new run directory: `python -m dflash_jax export --run {run} --out "
+                f"{export}`, then `python -m dflash_jax train --init-from {export} --run NEW_RUN_DIR "
+                f"...` with the new settings")
+
+    def _shown_paths(self, step: int) -> tuple[str, str]:
+        """(the run directory as the user gave it, the export directory the messages suggest)."""
+        run = self.shown_run_dir.rstrip("/\\") or self.shown_run_dir
+        return run, f"{run}-step{step}"
+
+    def complete_message(self, step: int) -> str:
+        """The line a run that has done all its steps prints when it is run again."""
+        run, export = self._shown_paths(step)
+        target = self.target.path or "TARGET_DIR"
+        if os.path.abspath(target) == os.path.abspath(EMBEDDED_TARGET_DIR):
+            target = "embedded"  # what --target takes for the shipped model
+        return (f"run {run} is complete at step {step} of {self.num_steps} (checkpoint "
+                f"{os.path.join(run, CHECKPOINTS, str(step))}); nothing to train. Export it with "
+                f"`python -m dflash_jax export --run {run} --out {export}` and evaluate it with "
+                f"`python -m dflash_jax bench --target {target} --drafter {export}`; to train "
+                f"on, start a new run from the export: `python -m dflash_jax train --init-from {export} "
+                f"--run NEW_RUN_DIR ...`")
 
     def init_state(self, seed: int | None = None) -> dict:
         if self.init_from is None:
@@ -322,7 +365,16 @@ class Trainer:
 
     def run(self, stop_after: int | None = None) -> dict:
         """Trains until the run's length (``num_steps``; or ``stop_after`` more steps); returns
-        the final state (:func:`~dflash_jax.training.loop.run_loop`)."""
+        the final state (:func:`~dflash_jax.training.loop.run_loop`).
+
+        A run that has done all its steps trains nothing and writes nothing: it prints one
+        line (:meth:`complete_message`: the step, its checkpoint, how to export, evaluate and
+        train on) and returns its last checkpoint's state."""
+        done = self.manager.latest_step()
+        if done is not None and done >= self.num_steps:
+            if jax.process_index() == 0:
+                print(self.complete_message(done), flush=True)
+            return self.restore_or_init()
 
         def row_metrics(done, m):
             return {"epoch": round(done / self.steps_per_epoch, 4),
