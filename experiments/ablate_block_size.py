@@ -74,8 +74,7 @@ def findings(table) -> list[str]:
         if (t, ADAPTIVE) in by and (t, t) in by:
             a, f = by[(t, ADAPTIVE)], by[(t, t)]
             verify = np.mean([d["mean_verify_length"] for d in a["datasets"].values()])
-            verdict = "the intervals do not overlap" if framework.separated(a, f, "speedup") else \
-                "within the 95 % intervals (not a finding)"
+            verdict = framework.verdict(a, f, "speedup")
             out.append(f"adaptive verify length (trained at {t}, mean verify length {verify:.1f}): decode speedup "
                        f"{a['average']['speedup']:.2f}x against {f['average']['speedup']:.2f}x verifying the whole "
                        f"block, tau {a['average']['tau']:.2f} against {f['average']['tau']:.2f} ({verdict}); "
@@ -85,13 +84,13 @@ def findings(table) -> list[str]:
         small, large = trains[0], trains[-1]
         if (large, small) in by and (small, large) in by:
             a, b = by[(large, small)], by[(small, large)]
-            verdict = "the intervals do not overlap" if framework.separated(a, b) else "within the 95 % intervals"
+            verdict = framework.verdict(a, b)
             out.append(f"cross-generalisation: trained {large} -> tested {small}: tau {a['average']['tau']:.2f}; "
                        f"trained {small} -> tested {large}: tau {b['average']['tau']:.2f} ({verdict}); the paper "
                        f"has the first above the second: "
                        + ("the same direction here" if a["average"]["tau"] > b["average"]["tau"] else
                           "the opposite direction here")
-                       + ("" if framework.separated(a, b) else ", but within the intervals (not a finding)"))
+                       + ("" if framework.separated(a, b) else ", but not a finding"))
     out.append("the paper (Qwen3-8B, 8 layers, H200), tau on MATH-500: 16->16 6.33, 16->8 5.09, 8->16 5.02, "
                "8->8 5.21: training at 16 generalises to 8 better than training at 8 generalises to 16")
     return out

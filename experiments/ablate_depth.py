@@ -60,10 +60,12 @@ def findings(table) -> list[str]:
         lo, hi = rows[0], rows[-1]
         rises = hi["average"]["tau"] > lo["average"]["tau"]
         sure = framework.separated(lo, hi)
+        why = framework.no_interval([lo, hi])
         out.append(f"against the paper's direction: tau {'rises' if rises else 'does not rise'} from {name(lo)} to "
                    f"{name(hi)} here ({lo['average']['tau']:.2f} -> {hi['average']['tau']:.2f}), "
                    + ("agreeing with the paper" if rises and sure else
                       "disagreeing with the paper" if sure else
+                      f"{why}: this run neither confirms nor contradicts the paper" if why else
                       "a difference within the 95 % intervals: this budget neither confirms nor contradicts the paper"))
     return out
 

@@ -35,7 +35,7 @@ def spread_taps(num_target_layers: int, k: int) -> tuple[int, ...]:
 
 def cells(settings, train, axes) -> list[dict]:
 
-    n = TargetConfig.from_pretrained(settings.target).num_layers
+    n = TargetConfig.from_pretrained(framework.checkpoint_dir(settings.target)).num_layers
     out = []
     for k in axes["num_taps"]:
         taps = spread_taps(n, k)

@@ -5,6 +5,13 @@ setting plus an evaluation setting.
     python -m experiments.ablate_block_size --preset smoke --out /tmp/bs
     experiments.ablate_depth.run(preset="smoke", steps=8) -> Table      # the same, from Python
 
+Where things go (every experiment and ``experiments.paper`` alike): under the run home,
+``$DFLASH_JAX_HOME`` (default ``~/.cache/dflash-jax``; :func:`home`), never into the checkout
+unless asked: ``HOME/work`` is the run directory (``--work``: data, drafters, cells and
+measurements, shared by every experiment) and ``HOME/results/ablations/<experiment>[-<preset>]``
+the outputs (``--out``). The committed results under the repository's ``results/`` are written
+only by an explicit ``--out results/ablations/<experiment>``.
+
 What a run does, every step resumable and keyed by a hash of the settings that decide it:
 
 1. training prompts (``prompt_source``) answered by the target itself (docs/method.md section 5):
@@ -30,10 +37,17 @@ decode-only speedup per prompt set and on average with intervals, draft ms per i
 drafter parameters; the paper's numbers for the same ablation beside them), ``plot.png`` and
 ``README.md`` (what was run, the budget, what the data shows).
 
-Presets: ``smoke`` (seconds of training, one prompt set, two prompts: the CI test), ``cpu``
-(the embedded target, minutes per cell: the committed results) and ``gpu`` (a real target
-given by ``--target``, the paper's settings). Every preset value is an option; ``--help``
-lists them with each preset's default.
+Presets: ``smoke`` (seconds of training, one prompt set, two prompts: the CI test; its outputs
+say that they are a smoke run and draw no finding), ``cpu`` (the embedded target, minutes per
+cell: the committed results; its training prompts are the embedded drafter's mix, which needs
+GSM8K train, the one file not shipped: the command says where to put it) and ``gpu`` (a real
+target given by ``--target``, the paper's settings). Every preset value is an option;
+``--help`` lists them with each preset's default.
+
+Findings: a README's "What the data shows" compares rows only through their 95 % intervals,
+and an interval exists only when it rests on at least ``metrics.MIN_DISTINCT_SAMPLES``
+responses (:func:`dflash_jax.metrics.interval_supported`); below that a comparison says it is
+not a finding.
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 import types
 import typing
@@ -56,26 +71,32 @@ from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, shipped_data_dir
 from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
+from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.trainer import TrainConfig, Trainer, batch_for_step, export_run
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding.adaptive import ADAPTIVE
-from dflash_jax.datasets import default_data_dir
+from dflash_jax.datasets import DATA_DIR_ENV, default_data_dir
 from dflash_jax.embedded import corpus
 from dflash_jax.prompts import encode_prompt, humaneval_prompt
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
-from dflash_jax.reporting import cpu_model, environment
+from dflash_jax.progress import progress
+from dflash_jax.reporting import command_line, cpu_model, environment, portable_path
 from dflash_jax.bench.harness import responses
 from dflash_jax.viz import plot_against_paper
 from dflash_jax.experiments import paper_numbers as paper
 
 PRESETS = ("smoke", "cpu", "gpu")
 PROMPT_SOURCES = ("shipped", "embedded-recipe")
-DEFAULT_WORK = os.path.join("runs", "experiments")
+HOME_ENV = "DFLASH_JAX_HOME"
+EMBEDDED = "embedded"  # --target embedded: the target shipped in the package
 TABLE = "table.json"
+GSM8K_TRAIN = os.path.join("gsm8k", "train.jsonl")
+GSM8K_TRAIN_URL = ("https://raw.githubusercontent.com/openai/grade-school-math/master/"
+                   "grade_school_math/data/train.jsonl")
+MBPP_FILE = os.path.join("mbpp", "sanitized-mbpp.json")
 # TrainConfig fields that do not change the trained drafter (resume is exact), or that the
 # framework sets itself: not in the hash, not options
 TRAIN_NOT_HASHED = ("checkpoint_every", "keep_checkpoints")
@@ -93,21 +114,86 @@ def _hashed(part: str, values: dict) -> dict:
     return {k: v for k, v in values.items() if not (k in added and v == added[k])}
 
 
+# ---------------------------------------------------------------------------- where things go
+def home() -> str:
+    """The run home: ``$DFLASH_JAX_HOME``, else ``$XDG_CACHE_HOME/dflash-jax``, else
+    ``~/.cache/dflash-jax``. Every experiment's and the paper's default run directory and
+    outputs lie under it (outside the checkout); read at each call."""
+    if os.environ.get(HOME_ENV):
+        return os.path.expanduser(os.environ[HOME_ENV])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(cache), "dflash-jax")
+
+
+def default_work() -> str:
+    """The default run directory (``--work``): ``HOME/work`` (:func:`home`), shared by every
+    experiment and the paper's items (a drafter or measurement one needs is another's too)."""
+    return os.path.join(home(), "work")
+
+
+def checkpoint_dir(name: str | None, kind: str = "target") -> str | None:
+    """The directory a ``--target`` / ``--drafter`` value names: ``embedded`` is the model of
+    that ``kind`` shipped in the package; anything else is a directory as given."""
+    if name == EMBEDDED:
+        return EMBEDDED_TARGET_DIR if kind == "target" else EMBEDDED_DRAFTER_DIR
+    return name
+
+
+def recorded_path(path: str | None, kind: str | None = None) -> str | None:
+    """How a result file records a path setting: the shipped model of ``kind`` (``"target"``
+    or ``"drafter"``) as ``embedded``, in this checkout or any other one (recognised by its
+    place in the package, ``dflash_jax/assets/<kind>``); any other path as
+    :func:`dflash_jax.reporting.portable_path` writes it (relative to the checkout, ``~/...``)."""
+    if path is None or path == EMBEDDED:
+        return path
+    if kind is not None:
+        norm = os.path.normpath(os.fspath(path))
+        shipped = os.path.normpath(checkpoint_dir(EMBEDDED, kind))
+        tail = os.path.join("dflash_jax", "assets", kind)
+        if norm in (shipped, tail) or norm.endswith(os.sep + tail):
+            return EMBEDDED
+    return portable_path(path)
+
+
+def comparable_identity(identity: dict | None) -> dict | None:
+    """An output directory's identity as it is compared with another: by what decides the
+    results, not by where the checkout or the data are. The target is written as
+    :func:`recorded_path` writes it (so the committed tables of one checkout match a run in
+    any other), a prompt file too, and ``data_dir`` (where GSM8K lies) is left out; training
+    settings added since a table was written count at their old value as absent (``HASH_ADDED``)."""
+    if not isinstance(identity, dict):
+        return identity
+    out = json.loads(json.dumps(identity))
+    if isinstance(out.get("train"), dict):
+        out["train"] = _hashed("train", out["train"])
+    settings = out.get("settings")
+    if isinstance(settings, dict):
+        settings["target"] = recorded_path(settings.get("target"), "target")
+        source = settings.get("prompt_source")
+        if isinstance(source, str) and source.endswith(".jsonl"):
+            settings["prompt_source"] = recorded_path(source)
+        settings.pop("data_dir", None)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything a run of an experiment depends on. Each field is an option of every
     experiment (``--field-name``); a preset gives every default.
 
     Attributes:
-        target: Hugging Face target directory (with its tokenizer)
+        target: Hugging Face target directory (with its tokenizer); 'embedded': the target
+            shipped in the package
         dtype: dtype the target computes in (float32 on CPU, bfloat16 on a GPU)
         prompt_source: training prompts: 'shipped' (MBPP tasks outside its test split, shipped
             with the package, and documented standard-library functions as HumanEval-style
             prompts: needs nothing outside the repository), 'embedded-recipe' (the embedded
-            drafter's mix: GSM8K train, MBPP non-test, stdlib functions; needs --data-dir or
-            $DFLASH_DATA_DIR with gsm8k/train.jsonl), or a .jsonl prompt file (train-data's
+            drafter's mix: GSM8K train, MBPP non-test, stdlib functions; MBPP and the standard
+            library ship, GSM8K train does not: DIR/gsm8k/train.jsonl in --data-dir,
+            $DFLASH_DATA_DIR or $DFLASH_JAX_HOME/data), or a .jsonl prompt file (train-data's
             formats)
-        data_dir: directory of the training datasets for 'embedded-recipe'
+        data_dir: directory of the training datasets for 'embedded-recipe' (DIR/gsm8k/train.jsonl;
+            DIR/mbpp/sanitized-mbpp.json when present, else the package's copy)
         num_prompts: training prompts (their responses are regenerated by the target)
         regen_max_new_tokens: response tokens per training prompt
         regen_max_len: training sequence length (prompt + response)
@@ -130,7 +216,7 @@ class Settings:
         timing_repeats: repeats of the draft / verify step timing (0: not timed)
     """
 
-    target: str = EMBEDDED_TARGET_DIR
+    target: str = EMBEDDED
     dtype: Literal["float32", "bfloat16"] | None = None
     prompt_source: str = "shipped"
     data_dir: str | None = None
@@ -342,7 +428,7 @@ class Work:
     def __init__(self, root: str, settings: Settings, target):
         self.root = os.path.abspath(root)
         self.settings, self.target = settings, target
-        self.target_id = target_identity(settings.target)
+        self.target_id = target_identity(checkpoint_dir(settings.target))
 
     def data_key(self) -> dict:
         s = self.settings
@@ -379,11 +465,17 @@ def training_prompts(settings: Settings, tokenizer) -> list:
     regen_max_new_tokens`` tokens (longer ones are skipped, in order)."""
     s = settings
     if s.prompt_source == "embedded-recipe":
-        data_dir = corpus.check_training_data(s.data_dir or default_data_dir())
         # the three styles the committed cells were trained on (the five-style mix of issue 18
         # is the embedded drafter's; since then the humaneval pool also holds class methods
-        # and MBPP task 569, a copy of test task 104, is left out)
-        pool = corpus.training_prompts(data_dir, 2 * s.num_prompts, seed=0, styles=("gsm8k", "mbpp", "humaneval"))
+        # and MBPP task 569, a copy of test task 104, is left out); the corpus reads both files
+        # from one directory: links to where each one is
+        files = recipe_files(s)
+        with tempfile.TemporaryDirectory(prefix="dflash-recipe-") as data_dir:
+            for rel, path in files.items():
+                os.makedirs(os.path.dirname(os.path.join(data_dir, rel)), exist_ok=True)
+                _link(os.path.abspath(path), os.path.join(data_dir, rel))
+            pool = corpus.training_prompts(data_dir, 2 * s.num_prompts, seed=0,
+                                           styles=("gsm8k", "mbpp", "humaneval"))
     elif s.prompt_source == "shipped":
         pools = [[u for u, _ in corpus.mbpp_train(shipped_data_dir())],
                  [humaneval_prompt(h) for h, _ in corpus.function_examples(corpus.stdlib_files())]]
@@ -398,6 +490,14 @@ def training_prompts(settings: Settings, tokenizer) -> list:
                          f"(regen_max_len - regen_max_new_tokens), fewer than num_prompts {s.num_prompts}: lower "
                          "--num-prompts, raise --regen-max-len or use another --prompt-source")
     return fits
+
+
+def _link(src: str, dst: str) -> None:
+    """``dst`` names the file ``src``: a symbolic link, or a copy where links are not allowed."""
+    try:
+        os.symlink(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def prepare_data(work: Work, bar_write=print) -> str:
@@ -524,7 +624,7 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
                             num_denoise_steps=ev["num_denoise_steps"])
     record = {"label": cell.label, "key": work.cell_key(cell), "drafter_hash": stable_hash(work.drafter_key(cell)),
               "settings": {"drafter": cell.drafter, "train": cell.train, "evaluation": ev,
-                           "target": work.settings.target, "dtype": work.settings.dtype},
+                           "target": recorded_path(work.settings.target, "target"), "dtype": work.settings.dtype},
               "training": training, "datasets": datasets, "average": harness.average(datasets),
               "draft_ms": timing.get("draft_ms"), "verify_ms": timing.get("verify_ms"),
               "command": command, "environment": environment(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -549,7 +649,8 @@ class Table:
     minutes: float
 
     def to_json(self) -> dict:
-        return {"experiment": self.experiment.name, "preset": self.preset, "settings": self.settings,
+        return {"experiment": self.experiment.name, "preset": self.preset, "smoke": self.preset == "smoke",
+                "settings": self.settings,
                 "budget": self.budget, "rows": self.rows, "paper": self.experiment.paper_rows,
                 "command": self.command, "environment": self.environment, "minutes": self.minutes}
 
@@ -611,6 +712,7 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
                                                                   for r in recs]))
         average = metrics.average({f"{s}/seed{i}": responses(r["datasets"][s]) for s in sets
                                    for i, r in enumerate(recs)})
+        average["responses"] = sum(per_set[s]["responses"] for s in sets)  # what its intervals rest on
         mean = lambda xs: None if any(x is None for x in xs) else float(np.mean(xs))
         rows.append({"label": {k: v for k, v in members[0][0].label.items() if k != "seed"},
                      "datasets": per_set, "average": average,
@@ -624,21 +726,65 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
     return rows
 
 
+def responses_of(row: dict) -> int | None:
+    """How many responses a row's average rests on (prompts x turns, every seed): the
+    average's ``responses``, else the sum over its prompt sets; None where not recorded."""
+    av = row.get("average", {})
+    if av.get("responses") is not None:
+        return int(av["responses"])
+    sets = row.get("datasets") or {}
+    if sets and all(isinstance(r, dict) and r.get("responses") is not None for r in sets.values()):
+        return int(sum(r["responses"] for r in sets.values()))
+    return None
+
+
+def has_interval(row: dict, key: str = "tau") -> bool:
+    """Whether a row's average has a 95 % interval of ``key`` that a finding may rest on: at
+    least :data:`dflash_jax.metrics.MIN_DISTINCT_SAMPLES` responses
+    (:func:`dflash_jax.metrics.interval_supported`) and finite bounds."""
+    n = responses_of(row)
+    ci = row["average"].get(key + "_ci")
+    return ((n is None or metrics.interval_supported(n)) and ci is not None
+            and bool(np.isfinite(np.asarray(ci, float)).all()))
+
+
+def no_interval(rows: Sequence[dict], key: str = "tau") -> str | None:
+    """Why rows give no finding on ``key`` (None when every one has its interval):
+    ``"no 95 % interval (2 responses; an interval needs at least 8)"``."""
+    missing = [r for r in rows if not has_interval(r, key)]
+    if not missing:
+        return None
+    counts = [n for n in map(responses_of, missing) if n is not None]
+    return ("no 95 % interval" + (f" ({min(counts)} responses; an interval needs at least "
+                                  f"{metrics.MIN_DISTINCT_SAMPLES})" if counts else ""))
+
+
 def separated(a: dict, b: dict, key: str = "tau") -> bool:
-    """Whether two rows' 95 % intervals of ``key`` (average) do not overlap."""
+    """Whether two rows' 95 % intervals of ``key`` (average) exist (:func:`has_interval`) and
+    do not overlap: the condition of a finding."""
+    if not (has_interval(a, key) and has_interval(b, key)):
+        return False
     (lo1, hi1), (lo2, hi2) = a["average"][key + "_ci"], b["average"][key + "_ci"]
-    return bool(np.isfinite([lo1, hi1, lo2, hi2]).all() and (hi1 < lo2 or hi2 < lo1))
+    return bool(hi1 < lo2 or hi2 < lo1)
+
+
+def verdict(a: dict, b: dict, key: str = "tau") -> str:
+    """Whether the difference of two rows on ``key`` is a finding, in words: the intervals do
+    not overlap; or within them; or no interval at all (too few responses)."""
+    why = no_interval([a, b], key)
+    if why:
+        return f"{why}: not a finding"
+    return ("the intervals do not overlap" if separated(a, b, key)
+            else "within the 95 % intervals: not a finding at this budget")
 
 
 def compare(rows: list[dict], name: Callable[[dict], str], key: str = "tau") -> list[str]:
     """Sentences comparing consecutive rows on ``key``, saying when the difference is within
-    the 95 % intervals (then it is not a finding)."""
+    the 95 % intervals or has none (then it is not a finding; :func:`verdict`)."""
     out = []
     for a, b in zip(rows, rows[1:]):
         va, vb = a["average"][key], b["average"][key]
-        verdict = ("the intervals do not overlap" if separated(a, b, key)
-                   else "within the 95 % intervals: not a finding at this budget")
-        out.append(f"{key} {name(a)} -> {name(b)}: {va:.2f} -> {vb:.2f} ({vb - va:+.2f}; {verdict})")
+        out.append(f"{key} {name(a)} -> {name(b)}: {va:.2f} -> {vb:.2f} ({vb - va:+.2f}; {verdict(a, b, key)})")
     return out
 
 
@@ -646,11 +792,13 @@ def paper_direction(better: dict, worse: dict, name: Callable[[dict], str], pape
     """A sentence on whether ``better`` beats ``worse`` on ``key`` here as the paper says it
     does (``paper``: what the paper reports), and whether the 95 % intervals make it a finding."""
     vb, vw = better["average"][key], worse["average"][key]
+    why = no_interval([better, worse], key)
     sure = separated(better, worse, key)
     same = vb > vw
     return (f"against the paper ({paper}): {key} {name(better)} {vb:.2f} vs {name(worse)} {vw:.2f} here: "
             + ("the paper's direction" if same else "the opposite direction")
-            + (", the 95 % intervals do not overlap" if sure else
+            + (f", {why}: this run neither confirms nor contradicts the paper" if why else
+               ", the 95 % intervals do not overlap" if sure else
                ", within the 95 % intervals: this budget neither confirms nor contradicts the paper"))
 
 
@@ -683,7 +831,7 @@ def check_out(out: str, experiment: Experiment, identity: dict, overwrite: bool)
     if old.get("experiment") != experiment.name:
         raise ValueError(f"--out {out!r} holds the results of experiment {old.get('experiment')!r}, not "
                          f"{experiment.name!r}; give another --out")
-    if old.get("identity") != identity and not overwrite:
+    if comparable_identity(old.get("identity")) != comparable_identity(identity) and not overwrite:
         raise ValueError(f"--out {out!r} holds {experiment.name} results of other settings (preset "
                          f"{old.get('preset')!r}, `{old.get('command')}`); give another --out, or --overwrite "
                          "to replace them")
@@ -697,7 +845,8 @@ def write_outputs(table: Table, out: str, identity: dict) -> None:
     write_text(os.path.join(out, "table.md"), md + "\n\nThe paper, same ablation:\n\n"
                + _paper_markdown(table.experiment) + "\n")
     fig = table.plot()
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out as it is drawn (constrained) keeps its layout
+        fig.tight_layout()
     with atomic_path(os.path.join(out, "plot.png"), keep_extension=True) as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
@@ -713,7 +862,10 @@ def _paper_markdown(experiment: Experiment) -> str:
 def readme(table: Table, md: str) -> str:
     e, b, env = table.experiment, table.budget, table.environment
     s = table.settings
-    lines = [f"# {e.name} ({table.preset} preset)", "", e.description, "",
+    lines = [f"# {e.name} ({table.preset} preset)", ""]
+    if table.preset == "smoke":
+        lines += [f"**This is a smoke run**: {SMOKE_NOTE.split(': ', 1)[1]}.", ""]
+    lines += [e.description, "",
              f"Command: `{table.command}`", "",
              f"Machine: {env['device']} ({env['platform']}, {env.get('cpu_model') or ''} {env['cpu_count']} cores), "
              f"jax {env['jax']}; {table.minutes:.1f} minutes for this invocation (cells reused from an earlier "
@@ -729,9 +881,15 @@ def readme(table: Table, md: str) -> str:
              "", "## Results", "",
              "tau: per response the mean acceptance length, then the mean over responses; speedup: mean AR "
              "time per output token / mean DFlash time per output token, decode phase only (docs/method.md section 6); "
-             "[95% CI]: percentile bootstrap over prompts, stratified by prompt set (and seed), seed 0.", "",
+             "[95% CI]: percentile bootstrap over prompts, stratified by prompt set (and seed), seed 0; none "
+             f"where it would rest on fewer than {metrics.MIN_DISTINCT_SAMPLES} responses.", "",
              md, "", "![plot](plot.png)", "", "## The paper, same ablation", "", _paper_markdown(e), "",
              "## What the data shows", ""]
+    why = no_interval(table.rows)
+    if why:
+        missing = sum(not has_interval(r) for r in table.rows)
+        rows = "any row" if missing == len(table.rows) else f"{missing} of the {len(table.rows)} rows"
+        lines.append(f"- no finding from {rows}: {why}; the comparisons below say where")
     lines += [f"- {x}" for x in e.findings(table)]
     return "\n".join(lines) + "\n"
 
@@ -747,23 +905,47 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
         raise ValueError(f"the {preset} preset needs --prompt-source FILE.jsonl: the training prompts (the paper's "
                          "ablations: 100K prompts of Nemotron post-training v2 + CodeAlpaca, docs/method.md section 5; "
                          "train-data's formats), answered by the target")
-    if not os.path.isdir(settings.target):
+    target_dir = checkpoint_dir(settings.target)
+    if not os.path.isdir(target_dir):
         raise FileNotFoundError(f"target directory {settings.target!r} does not exist")
 
-    tcfg = TargetConfig.from_pretrained(settings.target)
-    if not any(os.path.exists(os.path.join(settings.target, n)) for n in ("tokenizer.json", "tokenizer.model")):
+    tcfg = TargetConfig.from_pretrained(target_dir)
+    if not any(os.path.exists(os.path.join(target_dir, n)) for n in ("tokenizer.json", "tokenizer.model")):
         raise ValueError(f"{settings.target} has no tokenizer (tokenizer.json or tokenizer.model): the "
                          "experiments render text prompts with the target's tokenizer and chat template")
     if settings.mask_token_id is None:
         from transformers import AutoTokenizer
 
-        mask = getattr(AutoTokenizer.from_pretrained(settings.target), "mask_token_id", None)
+        mask = getattr(AutoTokenizer.from_pretrained(target_dir), "mask_token_id", None)
         settings = dataclasses.replace(settings, mask_token_id=mask)
     cells = check_settings(experiment, settings, train, axes, tcfg)
     if settings.prompt_source == "embedded-recipe":
-
-        corpus.check_training_data(settings.data_dir or default_data_dir())
+        recipe_files(settings, preset)
     return settings, train, axes, cells
+
+
+def recipe_files(settings: Settings, preset: str | None = None) -> dict[str, str]:
+    """The two data files of the 'embedded-recipe' prompts: ``{"gsm8k/train.jsonl": path,
+    "mbpp/sanitized-mbpp.json": path}``. GSM8K train is looked for in ``data_dir``, else
+    ``$DFLASH_DATA_DIR`` (or the developer's data directory, :func:`dflash_jax.datasets.default_data_dir`),
+    else ``HOME/data`` (:func:`home`); MBPP sanitized in the same directory when it holds it,
+    else the package's copy (the same file: ``dflash_jax/bench/data/README.md``). Raises
+    FileNotFoundError in one line saying what to download and where to put it."""
+    dirs = [settings.data_dir] if settings.data_dir else [d for d in (default_data_dir(), os.path.join(home(), "data"))
+                                                          if d]
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, GSM8K_TRAIN)):
+            mbpp = os.path.join(d, MBPP_FILE)
+            return {GSM8K_TRAIN: os.path.join(d, GSM8K_TRAIN),
+                    MBPP_FILE: mbpp if os.path.isfile(mbpp) else os.path.join(shipped_data_dir(), MBPP_FILE)}
+    where = os.path.join(settings.data_dir or os.environ.get(DATA_DIR_ENV) or os.path.join(home(), "data"), GSM8K_TRAIN)
+    who = f"the {preset} preset" if preset else "--prompt-source embedded-recipe"
+    raise FileNotFoundError(
+        f"{who} trains on the embedded drafter's prompt mix, and its GSM8K train split is the one file "
+        f"that does not ship (MBPP and the standard library do): download {GSM8K_TRAIN_URL} to {where} "
+        + ("" if settings.data_dir else f"(or set --data-dir DIR with DIR/{GSM8K_TRAIN}) ")
+        + "and run again; or use --prompt-source shipped, which needs no download (other drafters than the "
+        "committed tables')")
 
 
 def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | None = None,
@@ -774,34 +956,34 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     :func:`default_out`). Returns the :class:`Table`."""
     import jax
     import jax.numpy as jnp
-    from tqdm import tqdm
-
 
     t0 = time.perf_counter()
     settings, train, axes, cells = check_experiment(experiment, preset, overrides)
     out = out or default_out(experiment, preset)
-    work = work or DEFAULT_WORK
+    work = work or default_work()
     command = command or _api_command(experiment, preset, out, work, overrides)
     # settings added since a table was written, at their old value, leave its identity unchanged
-    identity = {"preset": preset, "settings": _jsonable(settings), "train": _hashed("train", train),
+    identity = {"preset": preset, "settings": recorded_settings(settings), "train": _hashed("train", train),
                 "axes": _jsonable(axes)}
     check_out(out, experiment, identity, overwrite)
 
     # dtype None: the platform's (float32 on CPU, bfloat16 on GPUs); hashed as given
     dtype = jnp.dtype(settings.dtype) if settings.dtype else (
         jnp.float32 if jax.devices()[0].platform == "cpu" else jnp.bfloat16)
-    target = load_target(settings.target, dtype=dtype)
+    target = load_target(checkpoint_dir(settings.target), dtype=dtype)
     wk = Work(work, settings, target)
     print(f"{experiment.name}: {len(cells)} cells ({len({stable_hash(wk.drafter_key(c)) for c in cells})} drafters "
           f"to train or reuse) under {wk.root}; results -> {out}", file=sys.stderr, flush=True)
+    if preset == "smoke":
+        print(SMOKE_NOTE, file=sys.stderr, flush=True)
     records = []
-    with tqdm(total=len(cells), desc=f"{experiment.name} cells", unit="cell", position=0) as cbar:
+    with progress(total=len(cells), desc=f"{experiment.name} cells", unit="cell", position=0) as cbar:
         data_dir = prepare_data(wk, cbar.write)
         for cell in cells:
             cbar.set_postfix_str(_label(cell.label, list(cell.label)))
             training = train_drafter(wk, cell, data_dir)
             n = sum(len(s.turns) for s in _sets_for(cell))
-            with tqdm(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
+            with progress(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
                 # the training record as train_drafter gives it now (a cell measured earlier keeps
                 # the one of its time, which may lack fields counted since, e.g. blocks_seen)
                 records.append(evaluate_cell(wk, cell, training, command, ebar) | {"training": training})
@@ -811,12 +993,29 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
               "anchors_per_sequence": first["anchors_per_sequence"], "blocks": first["blocks"],
               "learning_rate": train["learning_rate"], "seeds": list(range(settings.seed, settings.seed + settings.seeds))}
     env = environment() | {"cpu_model": cpu_model()}
-    table = Table(experiment, preset, _jsonable(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
+    table = Table(experiment, preset, recorded_settings(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
     write_outputs(table, out, identity)
     print(table.to_markdown())
+    if preset == "smoke":
+        print(SMOKE_NOTE, file=sys.stderr)
     print(f"wrote {out}/table.md, table.json, plot.png, README.md", file=sys.stderr)
     return table
+
+
+SMOKE_NOTE = ("smoke run (--preset smoke): a few prompts and training steps, to show that every stage runs; "
+              "its numbers are not results, and no finding is drawn from them")
+
+
+def recorded_settings(settings: Settings) -> dict:
+    """The settings as the outputs record them: paths by :func:`recorded_path` (the shipped
+    target as ``embedded``, others relative to the checkout or ``~``), the same in every checkout."""
+    out = _jsonable(settings)
+    out["target"] = recorded_path(settings.target, "target")
+    out["data_dir"] = recorded_path(settings.data_dir)
+    if settings.prompt_source.endswith(".jsonl"):
+        out["prompt_source"] = recorded_path(settings.prompt_source)
+    return out
 
 
 def _sets_for(cell: Cell):
@@ -832,14 +1031,14 @@ def _jsonable(obj):
 
 
 def default_out(experiment: Experiment, preset: str) -> str:
-    """``results/ablations/<experiment>`` for the cpu preset (the committed results),
-    ``results/ablations/<experiment>-<preset>`` for the others."""
+    """``HOME/results/ablations/<experiment>`` for the cpu preset, ``...-<preset>`` for the
+    others (:func:`home`: outside the checkout; its ``results/`` only by an explicit ``--out``)."""
     name = experiment.name if preset == "cpu" else f"{experiment.name}-{preset}"
-    return os.path.join("results", "ablations", name)
+    return os.path.join(home(), "results", "ablations", name)
 
 
 def _api_command(experiment, preset, out, work, overrides) -> str:
-    argv = ["--preset", preset, "--out", out, "--work", work]
+    argv = ["--preset", preset, "--out", portable_path(out), "--work", portable_path(work)]
     for k, v in overrides.items():
         if isinstance(v, bool):
             argv += [flag(k)] if v else []
@@ -858,10 +1057,13 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=PRESETS, default="cpu",
                    help="smoke: seconds, for tests; cpu: the embedded target, minutes per cell (default); "
                         "gpu: the paper's settings on --target")
-    p.add_argument("--out", help="output directory (default: results/ablations/<experiment> for the cpu preset, "
-                                 "results/ablations/<experiment>-<preset> otherwise)")
-    p.add_argument("--work", default=DEFAULT_WORK, help="run directory: data, drafters and cells keyed by the "
-                                                        "hash of their settings (finished ones are reused)")
+    p.add_argument("--out", help="output directory (default: $DFLASH_JAX_HOME/results/ablations/<experiment> "
+                                 "for the cpu preset, .../<experiment>-<preset> otherwise; DFLASH_JAX_HOME "
+                                 "defaults to ~/.cache/dflash-jax). The committed results are rewritten only "
+                                 "by an explicit --out results/ablations/<experiment>")
+    p.add_argument("--work", help="run directory: data, drafters and cells keyed by the hash of their settings "
+                                  "(finished ones are reused; default $DFLASH_JAX_HOME/work, shared by every "
+                                  "experiment and experiments.paper)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an --out table of this experiment made with other settings")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -908,7 +1110,7 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
         overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
         result["table"] = run_experiment(experiment, args.preset, out=args.out, work=args.work,
                                          overwrite=args.overwrite,
-                                         command=f"python -m experiments.{experiment.name} " + " ".join(a),
+                                         command=command_line(f"experiments.{experiment.name}", a),
                                          **overrides)
 
     run_cli(go, argv)

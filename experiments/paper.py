@@ -16,12 +16,15 @@ intervals) and is kept per (pair, prompt set, temperature, block size) under ``-
 (``WORK/paper/<hash>/record.json``), so an interrupted run resumes where it stopped and the
 items share measurements (``acceptance`` reads ``table1``'s T = 0 runs, ``block_size_curve``
 reuses the drafter's own block size). The outputs, under ``--out`` (default
-``results/paper`` for the cpu preset, ``results/paper-<preset>`` otherwise): ``<item>.json``,
-``<item>.md`` where there is a table, ``<item>.png``, and for ``all`` ``README.md``, one page
-with each table and figure, the command, the budget, and a sentence per item on agreement
-with the paper's direction. The ablations of ``all`` write to their own directories
-(``results/ablations/<name>`` for the cpu preset; ``--ablations-out DIR`` puts them under
-DIR).
+``$DFLASH_JAX_HOME/results/paper`` for the cpu preset, ``.../paper-<preset>`` otherwise;
+``DFLASH_JAX_HOME`` defaults to ``~/.cache/dflash-jax``, outside the checkout):
+``<item>.json``, ``<item>.md`` where there is a table, ``<item>.png``, and for ``all``
+``README.md``, one page with each table and figure, the command, the budget, and a sentence per
+item on agreement with the paper's direction (a finding only where the 95 % intervals allow
+it: ``dflash_jax.metrics.interval_supported``). The ablations of ``all`` write to their own
+directories (``$DFLASH_JAX_HOME/results/ablations/<name>`` for the cpu preset;
+``--ablations-out DIR`` puts them under DIR). The committed results are rewritten only on
+request: ``python -m experiments.paper all --out results/paper --ablations-out results/ablations``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
-from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter,
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, load_drafter,
                                        load_target)
 from dflash_jax.experiments import framework, paper_numbers as numbers
 from dflash_jax.bench.harness import average
-from dflash_jax.reporting import cpu_model, environment, load_average, new_figure
+from dflash_jax.progress import progress
+from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, portable_path
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding import engine
 from dflash_jax.bench import harness
@@ -62,8 +66,10 @@ class Options:
     each preset gives every default.
 
     Attributes:
-        target: Hugging Face target directory (with its tokenizer); default the embedded one
-        drafter: DFlash drafter directory (default: the embedded drafter, for the embedded target)
+        target: Hugging Face target directory (with its tokenizer); 'embedded' (default): the
+            target shipped in the package
+        drafter: DFlash drafter directory (default: the embedded drafter, for the embedded target;
+            'embedded' names it too)
         others: more drafter directories, one column each in table1
         dtype: dtype the pair computes in (float32 on CPU, bfloat16 on a GPU when not given)
         datasets: prompt sets
@@ -77,7 +83,7 @@ class Options:
             the embedded drafter's shipped training metrics
     """
 
-    target: str = EMBEDDED_TARGET_DIR
+    target: str = framework.EMBEDDED
     drafter: str | None = None
     others: tuple[str, ...] = ()
     dtype: str | None = None
@@ -130,17 +136,35 @@ def check(opt: Options) -> None:
         raise ValueError(f"block sizes must be >= 2 (1 is the AR baseline itself), got {list(opt.block_sizes)}")
     for what, d in (("target", opt.target), ("drafter", opt.drafter), *(("drafter", o) for o in opt.others),
                     *(("run", r) for r in opt.runs)):
-        if d is not None and not os.path.isdir(d):
+        if d is not None and not os.path.isdir(framework.checkpoint_dir(d, what)):
             raise FileNotFoundError(f"{what} directory {d!r} does not exist")
-    if opt.drafter is None and os.path.abspath(opt.target) != os.path.abspath(EMBEDDED_TARGET_DIR):
+    if opt.drafter is None and not _embedded_target(opt):
         raise ValueError("--drafter is required with a --target other than the embedded one")
     for r in opt.runs:
         if not os.path.exists(os.path.join(r, "metrics.jsonl")):
             raise FileNotFoundError(f"run directory {r!r} has no metrics.jsonl (a drafter training run)")
 
 
+def _embedded_target(opt: Options) -> bool:
+    return framework.recorded_path(opt.target, "target") == framework.EMBEDDED
+
+
 def default_out(preset: str) -> str:
-    return os.path.join("results", "paper" if preset == "cpu" else f"paper-{preset}")
+    """``HOME/results/paper`` for the cpu preset, ``HOME/results/paper-<preset>`` otherwise
+    (:func:`experiments.framework.home`: outside the checkout)."""
+    return os.path.join(framework.home(), "results", "paper" if preset == "cpu" else f"paper-{preset}")
+
+
+def recorded_options(opt: Options) -> dict:
+    """The options as the outputs record them: the shipped pair as ``embedded`` (the drafter
+    as None, its default), other directories by :func:`experiments.framework.recorded_path`."""
+    d = json.loads(json.dumps(dataclasses.asdict(opt)))
+    d["target"] = framework.recorded_path(opt.target, "target")
+    drafter = framework.recorded_path(opt.drafter, "drafter")
+    d["drafter"] = None if drafter == framework.EMBEDDED else drafter
+    d["others"] = [framework.recorded_path(o, "drafter") for o in opt.others]
+    d["runs"] = [framework.recorded_path(r) for r in opt.runs]
+    return d
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -155,14 +179,16 @@ class Session:
         self.opt, self.work = opt, os.path.abspath(work)
         dtype = jnp.dtype(opt.dtype) if opt.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu"
                                                         else jnp.bfloat16)
-        self.target = load_target(opt.target, dtype=dtype)
+        self.target = load_target(framework.checkpoint_dir(opt.target), dtype=dtype)
         if self.target.tokenizer is None:
             raise ValueError(f"{opt.target} has no tokenizer; the prompt sets are text")
-        self.drafter_dirs = [opt.drafter or EMBEDDED_DRAFTER_DIR, *opt.others]
+        self.drafter_dirs = [framework.checkpoint_dir(d, "drafter")
+                             for d in (opt.drafter or framework.EMBEDDED, *opt.others)]
         # loading checks every drafter against the target (a mismatched pair fails here, before any run)
         self.drafters = {d: load_drafter(d, self.target, dtype=dtype) for d in self.drafter_dirs}
         self.main = self.drafter_dirs[0]
-        self.ids = {"target": framework.target_identity(opt.target), "dtype": str(np.dtype(dtype))} | {
+        self.ids = {"target": framework.target_identity(framework.checkpoint_dir(opt.target)),
+                    "dtype": str(np.dtype(dtype))} | {
             d: framework.target_identity(d) for d in self.drafter_dirs}
 
     def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
@@ -199,18 +225,15 @@ class Session:
         return record
 
     def grid(self, jobs: list[tuple[str, str, float, int | None]], desc: str) -> list[dict]:
-        from tqdm import tqdm
-
-
         n = sum(len(s.turns) for _, d, _, _ in jobs
                 for s in load_prompt_set(d, None, self.opt.max_samples, self.opt.seed, subset=self.opt.subset))
-        with tqdm(total=n, desc=desc, unit="prompt") as bar:
+        with progress(total=n, desc=desc, unit="prompt") as bar:
             return [self.measure(*job, bar) for job in jobs]
 
 
 def _average(records: dict[str, dict]) -> dict:
-
-    return average(records)
+    """The average over prompt sets, with the responses its intervals rest on."""
+    return average(records) | {"responses": int(sum(r["turns"] for r in records.values()))}
 
 
 def _ci(r: dict, key: str) -> str:
@@ -225,7 +248,7 @@ def table1(s: Session) -> dict:
     res = {}
     for d in s.drafter_dirs:
         for t in o.temperatures:
-            recs = s.grid([(d, n, t, None) for n in o.datasets], f"table1 {os.path.basename(d)} T={t:g}")
+            recs = s.grid([(d, n, t, None) for n in o.datasets], f"table1 {_name(d, s)} T={t:g}")
             per = dict(zip(o.datasets, recs))
             res.setdefault(d, {})[f"{t:g}"] = {"datasets": {n: _strip(r) for n, r in per.items()},
                                               "average": _average(per)}
@@ -252,12 +275,24 @@ def table1(s: Session) -> dict:
     a0, a1 = main[t0]["average"], main[t1]["average"]
     finding = [f"tau {a0['tau']:.2f} at T = {t0} vs {a1['tau']:.2f} at T = {t1} (the paper: 6.49 -> 5.48, lower at "
                f"T = 1): " + ("the paper's direction" if a0["tau"] > a1["tau"] else "not the paper's direction")
-               + ("" if _apart(a0, a1) else ", within the 95 % intervals")] if t0 != t1 else []
+               + ("" if _apart(a0, a1) else f", {_why(a0, a1)}")] if t0 != t1 else []
     order = sorted(o.datasets, key=lambda n: -main[t0]["datasets"][n]["tau"])
     porder = sorted([n for n in o.datasets if n in numbers.TABLE1[0.0]], key=lambda n: -numbers.TABLE1[0.0][n][1])
+    fewest = min(main[t0]["datasets"][n]["responses"] for n in o.datasets)
     finding.append(f"prompt sets by tau at T = {t0}, here: {' > '.join(order)}; the paper: {' > '.join(porder)}"
-                   + (" (MT-Bench, open chat, is the hardest in both)" if order[-1] == porder[-1] == "mt-bench" else ""))
-    return {"results": res, "markdown": md, "findings": finding, "figure": _table1_figure(res, s)}
+                   + (" (MT-Bench, open chat, is the hardest in both)" if order[-1] == porder[-1] == "mt-bench" else "")
+                   + ("" if metrics.interval_supported(fewest) else
+                      f" (a set rests on {fewest} responses here, fewer than the {metrics.MIN_DISTINCT_SAMPLES} an "
+                      "interval needs: an ordering, not a finding)"))
+    results = {framework.recorded_path(d, "drafter"): v for d, v in res.items()}  # the same in every checkout
+    return {"results": results, "markdown": md, "findings": finding, "figure": _table1_figure(res, s)}
+
+
+def _why(a: dict, b: dict, key: str = "tau") -> str:
+    """Why two averages' difference is not a finding: no interval (too few responses), or
+    overlapping intervals."""
+    why = framework.no_interval([{"average": a}, {"average": b}], key)
+    return f"{why}: not a finding" if why else "within the 95 % intervals: not a finding"
 
 
 def _apart(a: dict, b: dict, key: str = "tau") -> bool:
@@ -365,10 +400,15 @@ def block_size_curve(s: Session) -> dict:
                      + " | ".join(f"{table[b]['datasets'][n]['tau']:.2f}" for n in o.datasets) + " |")
     best = max(bs, key=lambda b: table[b]["average"]["speedup"])
     taus = [table[b]["average"]["tau"] for b in bs]
+    first, last, top = table[bs[0]]["average"], table[bs[-1]]["average"], table[best]["average"]
+    close = [b for b in bs if b != best and not _apart(top, table[b]["average"], "speedup")]
+    peak = (f"{_why(top, table[close[0]]['average'], 'speedup')} against block {close[0]}" if close
+            else "its interval clear of the others'")
     findings = [f"tau {'rises' if taus[-1] > taus[0] else 'does not rise'} with the block size ({taus[0]:.2f} at {bs[0]} "
-                f"-> {taus[-1]:.2f} at {bs[-1]}); the speedup peaks at block {best} "
-                f"({table[best]['average']['speedup']:.2f}x): a longer block can only add accepted tokens, but "
-                "costs a longer verify",
+                f"-> {taus[-1]:.2f} at {bs[-1]}; "
+                + ("the intervals do not overlap" if _apart(first, last) else _why(first, last)) + "); "
+                f"the speedup is highest at block {best} ({top['speedup']:.2f}x; {peak}): a longer block can only "
+                "add accepted tokens, but costs a longer verify",
                 "the paper (8-layer drafters, MATH-500): tau 5.09 at block 8 vs 6.33 at 16 for a drafter trained "
                 "at 16: tau rises with the block size"]
     return {"results": table, "markdown": "\n".join(lines), "findings": findings, "figure": fig}
@@ -445,13 +485,15 @@ def _write(out: str, name: str, result: dict, opt: Options, preset: str, command
 
     os.makedirs(out, exist_ok=True)
     fig = result.pop("figure")
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     with atomic_path(os.path.join(out, f"{name}.png"), keep_extension=True) as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
     if "markdown" in result:
         write_text(os.path.join(out, f"{name}.md"), f"`{command}`\n\n{result['markdown']}\n")
-    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset, "options": dataclasses.asdict(opt),
+    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset, "smoke": preset == "smoke",
+                                                   "options": recorded_options(opt),
                                                    "command": command, "environment": environment(),
                                                    "load_average": load_average(),
                                                    "time": time.strftime("%Y-%m-%d %H:%M:%S"), **result})
@@ -470,13 +512,29 @@ def check_out(out: str, preset: str, opt: Options, overwrite: bool) -> None:
                          "tables and nothing in it is overwritten; give another --out")
     with open(index) as f:
         old = json.load(f)
-    if old.get("identity") != _identity(preset, opt) and not overwrite:
+    if _comparable(old.get("identity")) != _comparable(_identity(preset, opt)) and not overwrite:
         raise ValueError(f"--out {out!r} holds paper outputs of other options (preset {old.get('preset')!r}); give "
                          "another --out, or --overwrite to replace them")
 
 
 def _identity(preset: str, opt: Options) -> dict:
-    return {"preset": preset, "options": json.loads(json.dumps(dataclasses.asdict(opt)))}
+    return {"preset": preset, "options": recorded_options(opt)}
+
+
+def _comparable(identity):
+    """An --out's identity as it is compared: by what decides the outputs, not by where the
+    checkout is (the paths of an identity recorded in another checkout, or by an older
+    version that recorded absolute paths, are written as :func:`recorded_options` writes them)."""
+    if not isinstance(identity, dict) or not isinstance(identity.get("options"), dict):
+        return identity
+    out = json.loads(json.dumps(identity))
+    o = out["options"]
+    o["target"] = framework.recorded_path(o.get("target"), "target")
+    drafter = framework.recorded_path(o.get("drafter"), "drafter")
+    o["drafter"] = None if drafter == framework.EMBEDDED else drafter
+    o["others"] = [framework.recorded_path(x, "drafter") for x in o.get("others") or []]
+    o["runs"] = [framework.recorded_path(x) for x in o.get("runs") or []]
+    return out
 
 
 def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str | None = None,
@@ -498,18 +556,20 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
                                                           f"'readme', preset={preset!r})", results, tables, None,
                                                           ablations_out, missing))
         return results | tables
-    work = work or framework.DEFAULT_WORK
-    command = command or f"experiments.paper.run({name!r}, preset={preset!r}, out={out!r}, work={work!r}" + "".join(
-        f", {k}={v!r}" for k, v in overrides.items()) + ")"
+    work = work or framework.default_work()
+    command = command or (f"experiments.paper.run({name!r}, preset={preset!r}, out={portable_path(out)!r}, "
+                          f"work={portable_path(work)!r}" + "".join(f", {k}={v!r}" for k, v in overrides.items()) + ")")
     check_out(out, preset, opt, overwrite)
     names = ITEMS if name == "all" else (name,)
     # the ablations of ``all`` run on the same target (and need the training prompts for a real one)
-    a_over = ({"target": opt.target} if os.path.abspath(opt.target) != os.path.abspath(EMBEDDED_TARGET_DIR) else {}) | (
+    a_over = ({"target": opt.target} if not _embedded_target(opt) else {}) | (
         {"prompt_source": prompt_source} if prompt_source else {})
     if name == "all":  # every ablation's settings are checked before anything runs
         for a in ABLATIONS:
             framework.check_experiment(_ablation(a).EXPERIMENT, preset, a_over)
     t0 = time.perf_counter()
+    if preset == "smoke":
+        print(framework.SMOKE_NOTE, file=sys.stderr, flush=True)
     session = Session(opt, work) if any(n != "training_curve" for n in names) else None
     results = {}
     for n in names:
@@ -579,8 +639,10 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
            ablations_out: str | None, missing: Sequence[str] = ()) -> str:
 
     env = environment()
-    lines = [f"# The paper's tables and figures ({preset} preset)", "",
-             f"Command: `{command}`" + ("" if minutes is None else
+    lines = [f"# The paper's tables and figures ({preset} preset)", ""]
+    if preset == "smoke":
+        lines += [f"**This is a smoke run**: {framework.SMOKE_NOTE.split(': ', 1)[1]}.", ""]
+    lines += [f"Command: `{command}`" + ("" if minutes is None else
                                        f" ({minutes:.1f} minutes for this invocation; measurements and cells reused "
                                        "from earlier runs cost nothing here)") + ".", "",
              f"Machine: {env['device']} ({env['platform']}, {cpu_model() or ''}, {os.cpu_count()} cores), "
@@ -589,7 +651,8 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
              f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "
              "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol). tau: per response the mean "
              "acceptance length, then the mean over responses; speedup: decode-only (docs/method.md section 6); [95% CI]: "
-             "percentile bootstrap over prompts, seed 0.", "",
+             f"percentile bootstrap over prompts, seed 0; none where it would rest on fewer than "
+             f"{metrics.MIN_DISTINCT_SAMPLES} responses.", "",
              "The paper's numbers are for Qwen3-8B on an H200 in bf16 with 2048 new tokens; ours for the pair "
              "above. Compare directions, not magnitudes.", ""]
     for n, r in results.items():
@@ -613,7 +676,7 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
 
 
 def _show(path: str) -> str:
-    return "embedded" if os.path.abspath(path) == os.path.abspath(EMBEDDED_TARGET_DIR) else path
+    return framework.recorded_path(path, "target")
 
 
 # ---------------------------------------------------------------------------- command line
@@ -625,14 +688,20 @@ def parser() -> argparse.ArgumentParser:
                         "README.md alone from what earlier runs saved (listing what is not made yet)")
     p.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
                    help="smoke: seconds (CI); cpu: the embedded pair, minutes (default); gpu: the paper's sizes")
-    p.add_argument("--out", help="output directory (default: results/paper for cpu, results/paper-<preset> otherwise)")
-    p.add_argument("--work", default=framework.DEFAULT_WORK, help="measurement cache and the ablations' run directory")
+    p.add_argument("--out", help="output directory (default: $DFLASH_JAX_HOME/results/paper for cpu, .../paper-<preset> "
+                                 "otherwise; DFLASH_JAX_HOME defaults to ~/.cache/dflash-jax). The committed results "
+                                 "are rewritten only by an explicit --out results/paper (with --ablations-out "
+                                 "results/ablations for all)")
+    p.add_argument("--work", help="measurement cache and the ablations' run directory (default "
+                                  "$DFLASH_JAX_HOME/work, shared with the experiments)")
     p.add_argument("--ablations-out", help="all: write the ablations under this directory (default: each one's own "
-                                           "default, results/ablations/<name>[-<preset>])")
+                                           "default, $DFLASH_JAX_HOME/results/ablations/<name>[-<preset>])")
     p.add_argument("--overwrite", action="store_true", help="replace outputs made with other options")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--target", help="Hugging Face target directory (default: the embedded target)")
-    p.add_argument("--drafter", help="DFlash drafter directory (default: the embedded drafter)")
+    p.add_argument("--target", help="Hugging Face target directory (default: embedded, the target shipped in the "
+                                    "package)")
+    p.add_argument("--drafter", help="DFlash drafter directory (default: embedded, the drafter shipped in the "
+                                     "package)")
     p.add_argument("--others", nargs="+", help="more drafter directories: one more column each in table1")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: float32 on CPU)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompt sets (default: all five; smoke: two)")
@@ -660,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         fields = [f.name for f in dataclasses.fields(Options)]
         overrides = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
         result.update(run(args.item, args.preset, out=args.out, work=args.work, ablations_out=args.ablations_out,
-                          overwrite=args.overwrite, command="python -m experiments.paper " + " ".join(a),
+                          overwrite=args.overwrite, command=command_line("experiments.paper", a),
                           prompt_source=args.prompt_source, **overrides))
 
     run_cli(go, argv)

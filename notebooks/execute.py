@@ -65,19 +65,31 @@ def machine_paths() -> list[str]:
     return sorted((p for p in paths if p and p != os.sep), key=len, reverse=True)
 
 
-def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Replaces this machine's paths in the outputs: temporary directories by ``<tmp>/...``, the
-    checkout by ``<repo>``, the environment and home by ``<env>`` and ``~``."""
-    tmp = re.escape(os.path.realpath(tempfile.gettempdir()))
-    names = {ROOT: "<repo>", os.path.realpath(ROOT): "<repo>", sys.prefix: "<env>",
-             os.path.expanduser("~"): "~"}
+def machine_names() -> dict[str, str]:
+    """This machine's directories and the placeholder each is written as in a committed
+    notebook: the checkout ``<repo>``, the environment ``<env>``, the home ``~`` and the
+    temporary directory ``<tmp>`` (a run's own temporary directory, the first name under it,
+    goes with it: ``<tmp>/run/...`` reads the same on every machine)."""
+    names = {os.path.realpath(tempfile.gettempdir()): "<tmp>", os.path.expanduser("~"): "~",
+             sys.prefix: "<env>", os.path.realpath(sys.prefix): "<env>", ROOT: "<repo>",
+             os.path.realpath(ROOT): "<repo>"}
+    return {p: n for p, n in names.items() if p and p != os.sep}
+
+
+def scrub(nb: nbformat.NotebookNode, names: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """Replaces this machine's paths in the outputs by placeholders (``names``: path ->
+    placeholder, default :func:`machine_names`). The most specific path goes first (the
+    longest), wherever the directories lie: an environment or a checkout inside the temporary
+    or the home directory is still ``<env>`` or ``<repo>``, never ``<tmp>/lib`` or ``~/...``.
+    Under the temporary directory the first name is dropped as well (the run's own directory)."""
+    names = machine_names() if names is None else names
+    order = sorted(names, key=len, reverse=True)
+    # one alternative per path, longest first: at each position the most specific one matches
+    pattern = re.compile("|".join(
+        f"({re.escape(p)}" + (r"(?:/[\w.-]+)?" if names[p] == "<tmp>" else "") + r")(?![\w.-])" for p in order))
 
     def clean(text: str) -> str:
-        text = re.sub(tmp + r"/[\w.-]+", "<tmp>", text)
-        for path in sorted(names, key=len, reverse=True):
-            if path and path != os.sep:
-                text = text.replace(path, names[path])
-        return text
+        return pattern.sub(lambda m: names[order[m.lastindex - 1]], text)
 
     for cell in nb.cells:
         for out in cell.get("outputs", []):

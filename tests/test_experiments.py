@@ -46,10 +46,16 @@ def test_smoke_presets_write_tables_with_the_papers_numbers(smoke):
         assert "The paper, same ablation" in md and "Qwen3-8B" in md
         readme = (out / "README.md").read_text()
         assert "8 steps x 4 sequences x 8 anchors" in readme and "What the data shows" in readme
+        # a smoke run says so, and its 2 prompts give no interval and so no finding
+        assert saved["smoke"] is True and "**This is a smoke run**" in readme
+        findings = readme.split("## What the data shows")[1]
+        assert "no finding from any row: no 95 % interval (2 responses; an interval needs at least 8)" in findings
+        assert "do not overlap" not in findings and "agreeing with the paper" not in findings
+        assert "not a finding" in findings
         for row in saved["rows"]:
             av = row["average"]
-            assert av["tau_ci"][0] <= av["tau"] <= av["tau_ci"][1]
-            assert av["speedup_ci"][0] <= av["speedup"] <= av["speedup_ci"][1] and av["speedup"] > 0
+            assert av["responses"] == 2 and all(np.isnan(av["tau_ci"])) and all(np.isnan(av["speedup_ci"]))
+            assert av["speedup"] > 0 and f"{av['tau']:.2f} |" in (out / "table.md").read_text()
             assert row["draft_ms"] > 0 and row["verify_ms"] > 0 and row["drafter_params"] > 0
     assert [r["label"]["layers"] for r in depth.rows] == [1, 2]
     assert depth.rows[1]["drafter_params"] > depth.rows[0]["drafter_params"]
@@ -284,9 +290,11 @@ def test_an_out_of_other_settings_needs_overwrite(smoke, tmp_path):
     assert len(t.rows) == 1 and (root / "ablations" / "ablate_depth" / "table.json").read_text() == before
 
 
-def test_seeds_are_aggregated_into_one_row_with_their_spread():
+def test_seeds_are_aggregated_into_one_row_with_their_spread(monkeypatch):
     """Two seeds of one cell: the row's tau and speedup are the means over the seeds (per set,
-    then over sets), each seed is listed, and the intervals come from the pooled strata."""
+    then over sets), each seed is listed, and the intervals come from the pooled strata (with
+    the rule's threshold lowered to the 4 responses here; at the real one, no interval)."""
+    from dflash_jax import metrics
     from dflash_jax.metrics import Response
 
     def record(seed, lengths, ar_s, df_s):
@@ -302,7 +310,12 @@ def test_seeds_are_aggregated_into_one_row_with_their_spread():
     cells = [framework.Cell({"layers": 1, "seed": s}, {}, {}, {}) for s in (0, 1)]
     recs = [record(0, [[4, 4], [2, 2, 2, 2]], [0.8, 0.8], [0.4, 0.2]),   # tau (4 + 2) / 2 = 3, speedup 0.8 / 0.3
             record(1, [[2, 2, 2, 2], [2, 2, 2, 2]], [0.8, 0.8], [0.4, 0.4])]  # tau 2, speedup 2
+    (unsupported,) = framework.aggregate(cells, recs)
+    assert unsupported["average"]["responses"] == 4 and np.isnan(unsupported["average"]["tau_ci"]).all()
+    assert not framework.has_interval(unsupported)
+    monkeypatch.setattr(metrics, "MIN_DISTINCT_SAMPLES", 4)
     (row,) = framework.aggregate(cells, recs)
+    assert row["average"]["tau"] == unsupported["average"]["tau"] and framework.has_interval(row)
     assert row["label"] == {"layers": 1}
     assert row["average"]["tau"] == pytest.approx((3 + 2) / 2)
     assert row["average"]["speedup"] == pytest.approx((0.8 / 0.3 + 2.0) / 2)
@@ -310,3 +323,38 @@ def test_seeds_are_aggregated_into_one_row_with_their_spread():
     assert row["draft_ms"] == 1.5 and row["train_minutes"] == 3.0
     lo, hi = row["average"]["tau_ci"]
     assert 2.0 <= lo <= 2.5 <= hi <= 3.0
+
+
+def _row(tau, ci, responses):
+    return {"label": {"layers": 1}, "average": {"tau": tau, "tau_ci": list(ci), "speedup": 1.0,
+                                                "speedup_ci": [0.9, 1.1], "responses": responses}}
+
+
+def test_findings_rest_only_on_intervals_of_enough_responses(monkeypatch):
+    """The one rule (dflash_jax.metrics.interval_supported) in every sentence a report writes:
+    clearly separated intervals are a finding only when each rests on at least
+    MIN_DISTINCT_SAMPLES responses; a missing (nan) interval is never one."""
+    from dflash_jax import metrics
+
+    name = lambda r: "x"
+    apart = [_row(1.0, (0.9, 1.1), 30), _row(2.0, (1.9, 2.1), 30)]
+    few = [_row(1.0, (0.9, 1.1), 2), _row(2.0, (1.9, 2.1), 2)]  # intervals of 2 responses (older code gave them)
+    nan = [_row(1.0, (float("nan"),) * 2, 30), _row(2.0, (1.9, 2.1), 30)]
+    assert framework.separated(*apart) and "do not overlap" in framework.compare(apart, name)[0]
+    for rows in (few, nan):
+        assert not framework.separated(*rows)
+        sentence = framework.compare(rows, name)[0]
+        assert "no 95 % interval" in sentence and "not a finding" in sentence and "do not overlap" not in sentence
+        assert "neither confirms nor contradicts" in framework.paper_direction(rows[1], rows[0], name, "p")
+    assert "(2 responses; an interval needs at least 8)" in framework.compare(few, name)[0]
+    overlap = [_row(1.0, (0.5, 1.5), 30), _row(1.2, (0.7, 1.7), 30)]
+    assert "within the 95 % intervals: not a finding" in framework.compare(overlap, name)[0]
+    # the threshold is the metrics module's, read where the rule is applied
+    monkeypatch.setattr(metrics, "MIN_DISTINCT_SAMPLES", 2)
+    assert framework.separated(*few) and "do not overlap" in framework.compare(few, name)[0]
+    # the depth ablation's own sentence follows the same rule
+    table = framework.Table(ablate_depth.EXPERIMENT, "smoke", {}, {}, [dict(r, draft_ms=None) for r in few],
+                            "cmd", {"device": "cpu"}, 0.0)
+    monkeypatch.setattr(metrics, "MIN_DISTINCT_SAMPLES", 8)
+    last = ablate_depth.findings(table)[-1]
+    assert "no 95 % interval" in last and "agreeing" not in last

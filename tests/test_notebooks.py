@@ -93,6 +93,10 @@ def test_committed_notebook_has_clean_outputs(name):
     text = json.dumps(nb)
     for p in _executor().machine_paths():
         assert p not in text, p
+    # no library warning (Orbax's read-only notices) and no terminal codes from progress bars
+    streams = "".join(_text(o) for o in outputs if o["output_type"] == "stream")
+    assert "WARNING:absl" not in streams and "read only" not in streams
+    assert "\x1b[" not in streams and "\r" not in streams
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -121,14 +125,38 @@ def test_scrub_replaces_the_machines_paths():
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
     execute = _executor()
-    tmp = os.path.realpath(__import__("tempfile").gettempdir())
+
+    def scrubbed(text: str, names=None) -> list[str]:
+        nb = new_notebook(cells=[new_code_cell("x", outputs=[
+            new_output("stream", name="stderr", text=text),
+            new_output("display_data", data={"text/plain": text, "image/png": "iVBOR"})])])
+        clean = execute.scrub(nb, names)
+        assert "iVBOR" in json.dumps(clean)
+        return [clean.cells[0].outputs[0]["text"], clean.cells[0].outputs[1]["data"]["text/plain"]]
+
+    # this machine's paths, wherever the environment lies (under the temporary directory or not)
+    names = execute.machine_names()
+    tmp = next(p for p, n in names.items() if n == "<tmp>")
     text = f"wrote {tmp}/dflash-train-x1_y/run/metrics.jsonl\nfrom {execute.ROOT}/dflash_jax/viz.py and {execute.sys.prefix}/lib\n"
-    nb = new_notebook(cells=[new_code_cell("x", outputs=[
-        new_output("stream", name="stderr", text=text),
-        new_output("display_data", data={"text/plain": text, "image/png": "iVBOR"})])])
-    clean = execute.scrub(nb)
     expected = "wrote <tmp>/run/metrics.jsonl\nfrom <repo>/dflash_jax/viz.py and <env>/lib\n"
-    assert clean.cells[0].outputs[0]["text"] == expected
-    assert clean.cells[0].outputs[1]["data"]["text/plain"] == expected
-    text = json.dumps(clean)
-    assert not [p for p in execute.machine_paths() if p in text] and "iVBOR" in text
+    assert scrubbed(text) == [expected, expected]
+    assert not [p for p in execute.machine_paths() if p in json.dumps(scrubbed(text))]
+    # the most specific path first, whatever the order of the directories: an environment or a
+    # checkout inside the temporary directory, a temporary directory inside the home, a home
+    # that is a prefix of a sibling's name
+    layouts = [
+        {"/tmp": "<tmp>", "/tmp/venv": "<env>", "/home/me/src/repo": "<repo>", "/home/me": "~"},
+        {"/tmp": "<tmp>", "/tmp/ci/env": "<env>", "/tmp/ci/checkout": "<repo>", "/root": "~"},
+        {"/home/me/tmp": "<tmp>", "/home/me": "~", "/opt/env": "<env>", "/srv/repo": "<repo>"},
+    ]
+    for layout in layouts:
+        by = {n: p for p, n in layout.items()}
+        text = (f"wrote {by['<tmp>']}/run-1a/x.json\nfrom {by['<repo>']}/dflash_jax/viz.py and {by['<env>']}/lib "
+                f"in {by['~']}/.cache and {by['~']}x/other\n")
+        out = scrubbed(text, layout)[0]
+        assert out == (f"wrote <tmp>/x.json\nfrom <repo>/dflash_jax/viz.py and <env>/lib in ~/.cache and "
+                       f"{by['~']}x/other\n"), (layout, out)
+    # negative control: the order-dependent replacement (temporary directory first) gets the
+    # first layout wrong, as the old scrub did when the environment lay under the temporary one
+    wrong = re.sub(r"/tmp/[\w.-]+", "<tmp>", "and /tmp/venv/lib")
+    assert wrong == "and <tmp>/lib" != scrubbed("and /tmp/venv/lib", layouts[0])[0]

@@ -52,6 +52,15 @@ def test_all_writes_every_table_figure_and_ablation(paper_all):
     assert "against the paper" in readme and ("the paper's direction" in readme or "opposite direction" in readme)
     index = json.loads((out / "paper.json").read_text())
     assert index["preset"] == "smoke" and sorted(index["items"]) == sorted(paper.ITEMS)
+    # a smoke run says so; its 2 responses per average give no interval, so no finding
+    assert readme.startswith("# The paper's tables and figures (smoke preset)\n\n**This is a smoke run**")
+    assert "do not overlap" not in readme and "agreeing with the paper" not in readme
+    t1 = json.loads((out / "table1.json").read_text())
+    assert t1["smoke"] is True and t1["options"]["target"] == "embedded" and list(t1["results"]) == ["embedded"]
+    assert "no 95 % interval (2 responses; an interval needs at least 8): not a finding" in t1["findings"][0]
+    assert "an ordering, not a finding" in t1["findings"][1]
+    curve = json.loads((out / "block_size_curve.json").read_text())["findings"][0]
+    assert curve.count("no 95 % interval") == 2, curve
 
 
 def test_table1_acceptance_and_block_curve_follow_from_the_measurements(paper_all):

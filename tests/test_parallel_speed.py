@@ -10,6 +10,7 @@ import pytest
 
 from dflash_jax.tools import parallel_speed as ps
 from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.reporting import portable_path
 from multidevice import ROOT, device_env
 
 
@@ -29,7 +30,7 @@ def test_quick_run_measures_its_meshes_and_writes_its_files(tmp_path):
     assert report["quick"] is True and report["cpu_sanity_check_only"] is True
     assert "not a prediction for GPUs" in report["caveat"]
     assert report["command"] == (f"python -m dflash_jax.tools.parallel_speed --quick --meshes 1x1 2x4 "
-                                 f"--out {out}")
+                                 f"--out {portable_path(out)}")  # recorded as the same on every machine
     assert len(report["load_average_start"]) == 3 and report["env"]["cpu_model"]
     rows = report["results"]
     assert [(r["data"], r["model"]) for r in rows] == [(1, 1), (2, 4)] and report["skipped"] == []

@@ -784,10 +784,10 @@ def run_before_after(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec],
                      impl: str = "pallas") -> list[dict]:
     """Compiles every configuration with the legacy and the tuned launch on every GPU, for the
     Pallas kernel or (``impl="triton"``) the Triton-language one."""
-    from tqdm import tqdm
+    from dflash_jax.progress import progress
 
     pairs = []
-    with tqdm(total=2 * len(configs) * len(gpus), desc="compiling", unit="kernel") as bar:
+    with progress(total=2 * len(configs) * len(gpus), desc="compiling", unit="kernel") as bar:
         for gpu in gpus:
             for cfg in configs:
                 before = compile_config(cfg, legacy_launch(cfg), gpu, impl)
@@ -802,14 +802,14 @@ def run_engine(shape: ModelShape, gpus: Sequence[GpuSpec], *, batch: int, prompt
                cache_len: int, dtype) -> list[dict]:
     """AR and DFlash engines of ``shape`` (random-shaped Qwen3 target and drafter) lowered for
     CUDA, every Triton kernel compiled for every GPU."""
-    from tqdm import tqdm
+    from dflash_jax.progress import progress
 
     target_cfg, drafter_cfg = engine_model_configs(shape)
     rows = []
     for mode, dcfg in (("ar", None), ("dflash", drafter_cfg)):
         calls = engine_calls(engine_programs(target_cfg, dcfg, batch=batch, prompt_len=prompt_len,
                                              cache_len=cache_len, dtype=dtype))
-        with tqdm(total=len(calls) * len(gpus), desc=f"engine {mode}", unit="kernel") as bar:
+        with progress(total=len(calls) * len(gpus), desc=f"engine {mode}", unit="kernel") as bar:
             for row in engine_rows(calls, gpus, bar):
                 rows.append({"mode": mode, **row})
     return rows
@@ -878,7 +878,7 @@ def run(args) -> dict:
 
 
 def _search(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[dict]:
-    from tqdm import tqdm
+    from dflash_jax.progress import progress
 
     largest = {}
     for cfg in configs:  # per kind: the largest batch and cache (the widest offsets, most work)
@@ -888,7 +888,7 @@ def _search(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[di
     n = len(largest) * len(archs) * len(SEARCH_SPACE["block_k"]) * len(SEARCH_SPACE["num_warps"]) \
         * len(SEARCH_SPACE["num_stages"])
     rows = []
-    with tqdm(total=n, desc="tile search", unit="kernel") as bar:
+    with progress(total=n, desc="tile search", unit="kernel") as bar:
         for cfg in largest.values():
             for gpu in archs.values():
                 rows += search_tiles(cfg, gpu, bar)

@@ -277,6 +277,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
     import jax.numpy as jnp
     from tqdm import tqdm
 
+    from dflash_jax.progress import progress
 
     s = dict(QUICK_SETTINGS if quick else SETTINGS, **(settings or {}))
     cfg = TargetConfig(**(QUICK_MODEL if quick else MODEL))
@@ -292,7 +293,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
         meshes.remove((1, 1))
         meshes.insert(0, (1, 1))
     with jax.default_matmul_precision("highest"):
-        for data, model in tqdm(meshes, desc="meshes"):
+        for data, model in progress(meshes, desc="meshes"):
             name = mesh_name(data, model)
             reason = skip_reason(cfg, dcfg, data, model, s["batch"], jax.device_count())
             if reason:

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from dflash_jax.progress import progress
+
 from dflash_jax import targets
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding.generation import generate
@@ -67,7 +69,7 @@ def measure(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype,
     read_bw = read_bandwidth()
     rng = np.random.default_rng(seed)
     rows = []
-    for batch in tqdm(batches, desc="batch sizes"):
+    for batch in progress(batches, desc="batch sizes"):
         prompts = rng.integers(0, cfg.vocab_size, size=(batch, prompt_len)).tolist()
         generate(target, prompts, new_tokens)  # compile + warm-up
         best = None

@@ -24,7 +24,7 @@ import sysconfig
 from typing import Iterator
 
 import numpy as np
-from tqdm import tqdm
+from dflash_jax.progress import progress
 
 from dflash_jax.checkpoints import save_tokenizer
 from dflash_jax.datasets import MBPP_TEST_IDS, read_records
@@ -196,7 +196,7 @@ def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: i
     stats = {}
     for name, part in (("train", train), ("heldout", held)):
         ids, counts = [], {}
-        for k, t in tqdm(part, desc=f"tokenizing {name}", unit="doc"):
+        for k, t in progress(part, desc=f"tokenizing {name}", unit="doc"):
             e = tok.encode(t) + [eot]
             ids += e
             counts[k] = counts.get(k, 0) + len(e)

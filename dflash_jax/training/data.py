@@ -14,7 +14,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from tqdm import tqdm
+from dflash_jax.progress import progress
 
 from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
@@ -118,7 +118,7 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
             raise ValueError(f"prompt {i} has {len(p)} tokens, too long for max_len={max_len}")
     num_shards = -(-len(encoded) // shard_size)
     counts = {"sequences": 0, "response_tokens": 0, "stopped": 0}
-    bar = tqdm(total=len(encoded), desc="regenerating responses", unit="prompt")
+    bar = progress(total=len(encoded), desc="regenerating responses", unit="prompt")
     bar.write("compiling generation for the first batch (later batches of the same shape reuse it) ...")
     for s in range(num_shards):
         lo, hi = s * shard_size, min((s + 1) * shard_size, len(encoded))

@@ -16,7 +16,7 @@ import os
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from tqdm import tqdm
+from dflash_jax.progress import progress
 
 from dflash_jax.files import atomic_path, check_settings, write_json
 from dflash_jax.training.loss import target_features
@@ -50,7 +50,7 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
     else:
         fn = _sharded_features(target, taps)
     shards = sorted(f for f in glob.glob(os.path.join(data_dir, "shard-*.npz")) if not f.endswith(".tmp.npz"))
-    for shard in tqdm(shards, desc="target features", unit="shard"):
+    for shard in progress(shards, desc="target features", unit="shard"):
         out = os.path.join(out_dir, os.path.basename(shard).replace("shard-", "features-").replace(".npz", ".npy"))
         if os.path.exists(out):
             continue

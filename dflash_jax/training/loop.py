@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from tqdm import tqdm
+from dflash_jax.progress import progress
 
 from dflash_jax.training.run_dir import truncate_metrics
 
@@ -99,7 +99,7 @@ def run_loop(state: dict, step_fn: Callable[..., tuple[dict, dict]], batch: Call
         truncate_metrics(metrics_file, start)
     end = num_steps if stop_after is None else min(num_steps, start + stop_after)
     t_start = time.time()
-    bar = tqdm(range(start, end), initial=start, total=num_steps, desc=desc, disable=not main)
+    bar = progress(range(start, end), initial=start, total=num_steps, desc=desc, disable=not main)
     if start < end and main:
         bar.write("compiling the training step (the first step's time includes it) ...")
     with open(metrics_file if main else os.devnull, "a") as log:

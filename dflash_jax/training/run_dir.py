@@ -12,6 +12,7 @@ A resume restores the newest checkpoint and drops the metric lines of the steps 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import jax
@@ -53,13 +54,38 @@ def saved_steps(run_dir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n)))
 
 
-
-
 def checkpoint_manager(run_dir: str, keep: int) -> ocp.CheckpointManager:
     """Synchronous Orbax checkpoints in ``run_dir/checkpoints`` (a kill never leaves half a step)."""
     return ocp.CheckpointManager(
         os.path.join(run_dir, CHECKPOINTS),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False))
+
+
+READ_ONLY_NOTICE = "Given directory is read only"
+"""The start of the warning Orbax logs whenever a checkpoint manager is opened read-only."""
+
+
+class _DropReadOnlyNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(READ_ONLY_NOTICE)
+
+
+def reading_manager(run_dir: str) -> ocp.CheckpointManager:
+    """The checkpoints of ``run_dir`` opened to read (export, evaluation): read-only, so that
+    reading a run never creates, cleans or deletes anything in it (a run still training, or one
+    on a read-only disk). The options are the ones read-only implies (Orbax warns about each
+    it has to change), and the one warning Orbax logs for any read-only manager,
+    :data:`READ_ONLY_NOTICE`, is dropped: reading is what was asked for, and a normal export
+    prints no library warning."""
+    logger = logging.getLogger("absl")  # Orbax logs through absl.logging
+    notice = _DropReadOnlyNotice()
+    logger.addFilter(notice)
+    try:
+        return ocp.CheckpointManager(
+            os.path.join(os.path.abspath(run_dir), CHECKPOINTS),
+            options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False))
+    finally:
+        logger.removeFilter(notice)
 
 
 def restore_latest(manager: ocp.CheckpointManager, fresh: dict) -> dict:

@@ -35,7 +35,7 @@ from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.loss import drafter_loss, target_features
 from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
-                                         checkpoint_manager, restore_latest, saved_steps)
+                                         checkpoint_manager, reading_manager, restore_latest, saved_steps)
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, Drafter, save_drafter
 from dflash_jax.checkpoints import check_drafter_conditioning, load_drafter_params
 from dflash_jax.decoding.generation import generate
@@ -400,8 +400,7 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     dcfg = DrafterConfig.from_hf_dict(record["drafter"])
-    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), CHECKPOINTS),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    manager = reading_manager(run_dir)
     step = manager.latest_step()
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
