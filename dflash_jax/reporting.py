@@ -40,12 +40,14 @@ def environment() -> dict:
 
 
 def _cpuinfo(field: str) -> str | None:
-    """The first ``field`` line's value in ``/proc/cpuinfo`` (None where there is none)."""
+    """The first ``field`` line's value in ``/proc/cpuinfo`` (None where there is none); the
+    key must match exactly ("model" is not "model name")."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(field):
-                    return line.split(":", 1)[1].strip()
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == field:
+                    return value.strip()
     except OSError:
         pass
     return None
@@ -61,13 +63,77 @@ def load_average() -> list[float] | None:
 
 
 def cpu_flags() -> str:
-    """The CPU's instruction-set flags (``/proc/cpuinfo``; "" where unknown)."""
-    return _cpuinfo("flags") or ""
+    """The CPU's instruction-set flags (``/proc/cpuinfo``: x86 ``flags``, Arm ``Features``;
+    "" where unknown)."""
+    return _cpuinfo("flags") or _cpuinfo("Features") or ""
 
 
 def cpu_model() -> str | None:
     """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` knows, or None)."""
     return _cpuinfo("model name") or platform.processor() or None
+
+
+# The vector extensions that decide how fast XLA:CPU's matrix products run, as /proc/cpuinfo
+# spells them (x86 "flags", Arm "Features") and as people name them, in the order printed.
+_X86_EXTENSIONS = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512",
+                   "avx512_vnni": "AVX-512 VNNI", "avx512_bf16": "AVX-512 BF16",
+                   "avx512_fp16": "AVX-512 FP16", "avx_vnni": "AVX-VNNI", "amx_tile": "AMX",
+                   "amx_bf16": "AMX BF16", "amx_int8": "AMX INT8"}
+_ARM_EXTENSIONS = {"asimd": "NEON", "asimddp": "NEON dot product", "bf16": "BF16", "i8mm": "I8MM",
+                   "sve": "SVE", "sve2": "SVE2", "sme": "SME"}
+
+
+def vector_extensions(flags: str | None = None) -> list[str]:
+    """The vector extensions among the CPU's ``flags`` (default: this machine's
+    :func:`cpu_flags`), by their usual names: ``["AVX", "AVX2", "FMA", "AVX-512", ...]``
+    on x86, ``["NEON", "SVE", ...]`` on Arm; [] where none is known."""
+    have = set((cpu_flags() if flags is None else flags).split())
+    table = _ARM_EXTENSIONS if "asimd" in have else _X86_EXTENSIONS
+    return [name for flag, name in table.items() if flag in have]
+
+
+def cpu_info() -> dict:
+    """This machine's CPU, as a result file records it: model name, x86 family and model
+    numbers (they tell apart CPUs sold under one name, e.g. "AMD EPYC"; None elsewhere),
+    cores and :func:`vector_extensions`."""
+    return {"model": cpu_model(), "family": _cpuinfo("cpu family"), "model_number": _cpuinfo("model"),
+            "cores": os.cpu_count(), "vector_extensions": vector_extensions()}
+
+
+def cpu_description(info: dict | None = None) -> str:
+    """One line for a :func:`cpu_info` record (default: this machine's):
+    ``"AMD EPYC (family 25 model 17), 2 cores; vector extensions: AVX, AVX2, ..."``."""
+    info = cpu_info() if info is None else info
+    name = info.get("model") or "unknown CPU"
+    if info.get("family") and info.get("model_number"):
+        name += f" (family {info['family']} model {info['model_number']})"
+    ext = info.get("vector_extensions") or []
+    return f"{name}, {info.get('cores')} cores; vector extensions: {', '.join(ext) if ext else 'none known'}"
+
+
+# The busy rule: the 1-minute load average (runnable tasks, averaged over the last minute)
+# above half the cores. Then other work holds on average more than half of the CPU time that a
+# benchmark's XLA thread pool would use, and it does not hold it evenly: the bench times AR and
+# DFlash one after the other on each prompt, the two are slowed by different factors (a one-row
+# AR step is a chain of small latency-bound operations, a DFlash iteration fewer, wider ones)
+# and the load changes between them, so their ratio moves (issue 31: 0.77x on a loaded 2-core
+# machine where the quiet one gives 1.23x). Half, not all, of the cores: on the 2-core
+# machines this project runs on, one other busy process (load 1) is already a core taken from a
+# 2-thread pool. The 1-minute average lags: right after a heavy process ends it is still high,
+# so the warning gives the number and the reader judges; tau does not depend on the load.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def busy_warning(load: list[float] | None = None, cores: int | None = None) -> str | None:
+    """A one-line warning when the machine is busy (1-minute ``load`` above
+    :data:`BUSY_LOAD_PER_CORE` x ``cores``; defaults: this machine's), else None."""
+    load = load_average() if load is None else load
+    cores = os.cpu_count() if cores is None else cores
+    if not load or not cores or load[0] <= BUSY_LOAD_PER_CORE * cores:
+        return None
+    return (f"warning: the machine is busy (1-minute load {load[0]:.2f} on {cores} cores, above "
+            f"{BUSY_LOAD_PER_CORE * cores:g}): other processes take CPU time from the runs, so "
+            "the speed ratios will be off (tau is not affected); time on a quiet machine")
 
 
 def _path_bases() -> list[tuple[str, str]]:

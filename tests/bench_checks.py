@@ -38,11 +38,26 @@ def check_set(r: dict, block_size: int) -> None:
         assert r[f"{name}_decode_ms_per_token"] == pytest.approx(ms)
     assert r["histogram"] == [int((flat == n).sum()) for n in range(1, block_size + 1)]
     np.testing.assert_allclose(r["position_acceptance"], [(flat > k).mean() for k in range(1, block_size)])
-    # 95 % intervals: finite with two or more responses, around the estimate
+    # 95 % intervals: around the estimate with 8 or more responses (metrics.MIN_DISTINCT_SAMPLES),
+    # none with fewer
     for key in ("tau", "speedup"):
-        lo, hi = r[f"{key}_ci"]
-        if len(df) >= 2:
-            assert lo - 1e-9 <= r[key] <= hi + 1e-9, (key, r[key], lo, hi)
+        _check_interval(r[key], r[f"{key}_ci"], len(df))
+    # one iteration in AR steps: DFlash decode seconds per iteration / AR decode seconds per
+    # step, each pooled over the set's responses that ran the loop; the speedups it implies
+    pooled = lambda rows: (sum(x["decode_s"] for x in rows if x["acceptance_lengths"])
+                           / sum(len(x["acceptance_lengths"]) for x in rows))
+    per_iteration, per_step = pooled(df), pooled(ar)
+    assert r["iteration_cost_ar_steps"] == pytest.approx(per_iteration / per_step)
+    assert r["speedup_from_cost"] == pytest.approx(flat.mean() * per_step / per_iteration)
+    assert r["speedup_at_reference_cost"] == pytest.approx(flat.mean() / 1.305)
+
+
+def _check_interval(value, ci, responses: int) -> None:
+    lo, hi = ci
+    if responses >= 8:
+        assert lo - 1e-9 <= value <= hi + 1e-9, (value, lo, hi)
+    else:
+        assert np.isnan(lo) and np.isnan(hi), (responses, lo, hi)
 
 
 def check_report(report: dict) -> None:
@@ -52,8 +67,8 @@ def check_report(report: dict) -> None:
     for r in sets:
         check_set(r, bs)
     av = report["average"]
-    for key in ("tau", "speedup", "tau_pooled", "end_to_end_speedup"):
+    for key in ("tau", "speedup", "tau_pooled", "end_to_end_speedup", "iteration_cost_ar_steps"):
         assert av[key] == pytest.approx(np.mean([r[key] for r in sets])), key
-    for key in ("tau", "speedup"):
-        lo, hi = av[f"{key}_ci"]
-        assert lo - 1e-9 <= av[key] <= hi + 1e-9, (key, av[key], lo, hi)
+    assert av["speedup_from_cost"] == pytest.approx(av["tau_pooled"] / av["iteration_cost_ar_steps"])
+    for key in ("tau", "speedup"):  # the average's interval rests on every set's responses
+        _check_interval(av[key], av[f"{key}_ci"], sum(r["responses"] for r in sets))

@@ -188,6 +188,26 @@ def test_result_fields(tiny_target):
     assert 0 < r.prefill_time_s and 0 < r.decode_time_s and r.prefill_time_s + r.decode_time_s <= wall
 
 
+def test_result_says_whether_its_times_include_compilation(tiny_target):
+    """The first call with new shapes compiles inside its timed stages and says so; the same
+    call again does not; a new seed (a traced argument) compiles nothing, a new cache length
+    (a new shape) compiles again."""
+    prompts = [[2, 7, 1]]
+    first = dj.generate(tiny_target, prompts, 6, pad_to=(24, 136))  # shapes no other test here uses
+    assert first.includes_compilation
+    assert 0 < first.prefill_compile_s <= first.prefill_time_s
+    assert 0 < first.decode_compile_s <= first.decode_time_s
+    s = first.summary()
+    assert s["includes_compilation"] is True and "decode_time_s includes" in s["timing"]
+    again = dj.generate(tiny_target, prompts, 6, pad_to=(24, 136))
+    assert again.sequences == first.sequences
+    assert not again.includes_compilation and again.prefill_compile_s == again.decode_compile_s == 0
+    assert again.summary()["includes_compilation"] is False and "no compilation" in again.summary()["timing"]
+    assert not dj.generate(tiny_target, prompts, 6, pad_to=(24, 136), seed=9).includes_compilation
+    other = dj.generate(tiny_target, prompts, 6, pad_to=(24, 200))  # control: a new cache length
+    assert other.prefill_compile_s > 0 and other.decode_compile_s > 0
+
+
 
 def test_pad_to_shares_shapes_without_changing_results(tiny_target):
     from dflash_jax.decoding.prepare import plan_lengths

@@ -15,6 +15,13 @@ temperature 0 it also counts the prompts whose DFlash
 output equals the autoregressive output (it must be all of them). mt-bench is two-turn:
 each method's turn-2 prompt carries the autoregressive answer to turn 1.
 
+Before the runs it prints the CPU (model, vector extensions) and the load average, with a
+warning when the machine is busy (``reporting.busy_warning``); the summary says what one DFlash
+iteration cost in AR steps on this machine, the speedup that implies (tau pooled / cost), and
+what the same acceptance gives where an iteration costs :data:`REFERENCE_ITERATION_COST` AR
+steps (the H100 measurement). Intervals resting on fewer than ``metrics.MIN_DISTINCT_SAMPLES``
+responses are not given ("n < 8: no interval").
+
 Prompts are rendered with the target's chat template with the thinking switch off (Qwen3's
 ``enable_thinking=False``, as the reference benchmark; ``--thinking`` turns it on), and
 ``--max-samples`` picks prompts the ``--subset`` way: ``random`` (default) or ``reference``
@@ -41,13 +48,26 @@ from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
                                        EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter,
                                        load_target)
 from dflash_jax.files import write_text
-from dflash_jax.reporting import command_line, environment, load_average, new_figure, write_report
+from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
+                                  load_average, new_figure, write_report)
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
 import dflash_jax
 from dflash_jax.decoding.generation import generate
+
+
+# What one DFlash iteration costs in AR steps where decoding is memory-bound, as on a GPU:
+# 1.305 = result.iteration_over_ar_step (10.30 ms per iteration / 7.90 ms per AR step) in
+# results/gpu/h100/spec/qwen3-8b_gpu_bfloat16_pallas_b1_bs16.json, measured on an NVIDIA H100
+# for Qwen3-8B shapes + a 5-layer drafter, bfloat16, block 16, batch 1, 512-token prompt
+# (results/ does not ship with the package, so the number is kept here;
+# tests/test_bench_report.py checks it against that file). The XLA attention run of the same
+# suite gave 1.260; the paper's 4.86x at tau 6.49 on an H200 implies 1.335.
+REFERENCE_ITERATION_COST = 1.305
+REFERENCE_ITERATION_SOURCE = ("NVIDIA H100, Qwen3-8B shapes, bf16, block 16: "
+                              "results/gpu/h100/spec/qwen3-8b_gpu_bfloat16_pallas_b1_bs16.json")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,7 +167,7 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
         runner.run(first, d, pad_to)
     if adaptive:
         runner.run(first, runner.drafter, pad_to, adaptive=True)
-    rec = {"samples": [], "same_output": 0, "turns": 0}
+    rec = {"samples": [], "same_output": 0, "turns": 0, "timed_runs_with_compilation": 0}
     for s in samples:
         answers = []
         for t in range(len(s.turns)):
@@ -162,19 +182,34 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
             sample = {"id": s.id, "turn": t + 1, "prompt_tokens": len(ids), "same_output": same,
                       "ar": metrics.response(ar).to_dict(),
                       "dflash": metrics.response(df).to_dict() | (lengths(df) if a.block_size == ADAPTIVE else {})}
+            timed = [ar, df]
             if adaptive:
                 ad = runner.run(ids, runner.drafter, pad_to, adaptive=True)
                 sample["adaptive"] = metrics.response(ad).to_dict() | lengths(ad)
                 sample["same_output_adaptive"] = ar.sequences[0] == ad.sequences[0]
+                timed.append(ad)
+            compiled = sum(r.includes_compilation for r in timed)  # the warm-up should leave none
+            if compiled:
+                rec["timed_runs_with_compilation"] += compiled
+                bar.write(f"warning: {compiled} timed run(s) of {s.id} compiled a program after the "
+                          "warm-up: their times include compilation", file=sys.stderr)
             rec["samples"].append(sample)
             bar.update(1)
-    rec.update(metrics.summarize(*responses(rec), bs))
-    if a.block_size == ADAPTIVE:  # the main DFlash run chose its verify lengths
+    return summarize_set(rec, bs, main_adaptive=a.block_size == ADAPTIVE)
+
+
+def summarize_set(rec: dict, block_size: int, main_adaptive: bool = False) -> dict:
+    """A prompt set's record with every number the report gives, computed from its
+    per-response ``samples`` (and their ``adaptive`` runs where present); ``main_adaptive``:
+    the main DFlash run chose its verify lengths (``--block-size adaptive``)."""
+    rec.update(metrics.summarize(*responses(rec), block_size))
+    rec.update(set_speed_terms(rec))
+    if main_adaptive:
         rec.update(verify_length_summary(rec["samples"], "dflash"))
-    if adaptive:
-        rec["adaptive"] = metrics.summarize(*responses(rec, "adaptive"), bs) | {
+    if rec["samples"] and all("adaptive" in x for x in rec["samples"]):
+        rec["adaptive"] = metrics.summarize(*responses(rec, "adaptive"), block_size) | {
             "same_output": sum(x["same_output_adaptive"] for x in rec["samples"])} | verify_length_summary(
-            rec["samples"], "adaptive")
+            rec["samples"], "adaptive") | set_speed_terms(rec, "adaptive")
     return rec
 
 
@@ -193,9 +228,68 @@ def responses(record: dict, method: str = "dflash") -> tuple[list, list]:
             [metrics.Response.from_dict(x[method]) for x in rows])
 
 
+def iteration_cost(ar, dflash) -> float:
+    """What one DFlash iteration cost in AR steps: DFlash decode seconds per loop iteration
+    over AR decode seconds per step (one token), each pooled over the responses (all decode
+    time / all iterations). The decode speedup is about (tokens per iteration, i.e. tau
+    pooled) / this. nan without iterations on either side."""
+    ar_steps, df_iterations = (sum(len(r.acceptance_lengths) for r in x) for x in (ar, dflash))
+    if not ar_steps or not df_iterations:
+        return float("nan")
+    ar_s = sum(r.decode_s for r in ar if r.acceptance_lengths)
+    df_s = sum(r.decode_s for r in dflash if r.acceptance_lengths)
+    return (df_s / df_iterations) / (ar_s / ar_steps) if ar_s > 0 else float("nan")
+
+
+def speed_terms(tau_pooled: float, cost: float, reference: bool = True) -> dict:
+    """Why a speedup is what it is: the iteration ``cost`` in AR steps, the speedup it implies
+    here (``tau_pooled / cost``: tokens per iteration over AR steps per iteration) and, with
+    ``reference``, the one the same acceptance gives where an iteration of the fixed block
+    costs :data:`REFERENCE_ITERATION_COST` AR steps (a GPU; not for the adaptive block, whose
+    verify lengths, chosen from this machine's costs, would be others there)."""
+    return {"iteration_cost_ar_steps": cost,
+            "speedup_from_cost": tau_pooled / cost if cost > 0 else float("nan")} | (
+        {"speedup_at_reference_cost": tau_pooled / REFERENCE_ITERATION_COST} if reference else {})
+
+
+def explanation(report: dict) -> str:
+    """The summary's account of the speedup, one paragraph per table (fixed, adaptive block):
+    the iteration cost in AR steps measured here, the speedup it implies, and what the same
+    acceptance gives at :data:`REFERENCE_ITERATION_COST`."""
+    out = []
+    for key, label in (("average", "fixed block"), ("average_adaptive", "adaptive block")):
+        av = report.get(key) or {}
+        cost = av.get("iteration_cost_ar_steps", float("nan"))
+        if not np.isfinite(cost):
+            continue
+        tp = av["tau_pooled"]
+        text = (f"Why {av['speedup']:.2f}x ({label}): one DFlash iteration (draft + verify) cost "
+                f"{cost:.2f} AR steps here (DFlash decode time per iteration / AR decode time per "
+                f"token, mean over the sets) and made {tp:.2f} tokens (tau pooled), so speedup ~ "
+                f"{tp:.2f} / {cost:.2f} = {av['speedup_from_cost']:.2f}x (the table's "
+                f"{av['speedup']:.2f}x averages per-response times).")
+        if "speedup_at_reference_cost" in av:
+            text += (f" Where an iteration costs {REFERENCE_ITERATION_COST:.2f} AR steps "
+                     f"({REFERENCE_ITERATION_SOURCE}), the same acceptance gives ~ {tp:.2f} / "
+                     f"{REFERENCE_ITERATION_COST:.2f} = {av['speedup_at_reference_cost']:.2f}x.")
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def set_speed_terms(record: dict, method: str = "dflash") -> dict:
+    """:func:`speed_terms` of one prompt set's record, from its per-response data."""
+    ar, dflash = responses(record, method)
+    return speed_terms(metrics.pooled_tau(dflash), iteration_cost(ar, dflash), reference=method == "dflash")
+
+
 def average(datasets: dict, method: str = "dflash") -> dict:
-    """The average over the finished prompt sets (``metrics.average``)."""
-    return metrics.average({name: responses(r, method) for name, r in datasets.items()})
+    """The average over the finished prompt sets (``metrics.average``), with the mean of the
+    per-set iteration costs and the speedups it implies with the average tau pooled
+    (:func:`speed_terms`)."""
+    av = metrics.average({name: responses(r, method) for name, r in datasets.items()})
+    costs = [iteration_cost(*responses(r, method)) for r in datasets.values()]
+    return av | speed_terms(av["tau_pooled"], float(np.mean(costs)) if costs else float("nan"),
+                            reference=method == "dflash")
 
 
 def markdown(report: dict) -> str:
@@ -212,55 +306,86 @@ def _table(report: dict, method: str) -> str:
     greedy = report["settings"]["temperature"] == 0
     adaptive = method == "adaptive"
     head = ("| dataset | responses | tau [95% CI] | speedup, decode [95% CI] | tau pooled | speedup, end to end "
-            "| AR ms/token | DFlash ms/token |" + (" DFlash == AR |" if greedy else "")
+            "| AR ms/token | DFlash ms/token | iteration, AR steps |" + (" DFlash == AR |" if greedy else "")
             + (" mean verify length |" if adaptive else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, rec in report["datasets"].items():
         r = rec["adaptive"] if adaptive else rec
-        row = (f"| {name} | {rec['turns']} | {metrics.interval_text(r['tau'], r['tau_ci'])} | "
-               f"{metrics.interval_text(r['speedup'], r['speedup_ci'])}x | {r['tau_pooled']:.2f} | "
+        cost = r.get("iteration_cost_ar_steps", float("nan"))
+        n = rec["turns"]
+        row = (f"| {name} | {n} | {_interval(r['tau'], r['tau_ci'], n)} | "
+               f"{_interval(r['speedup'], r['speedup_ci'], n, 'x')} | {r['tau_pooled']:.2f} | "
                f"{r['end_to_end_speedup']:.2f}x | {r['ar_decode_ms_per_token']:.2f} | "
-               f"{r['dflash_decode_ms_per_token']:.2f} |")
+               f"{r['dflash_decode_ms_per_token']:.2f} | {cost:.2f} |")
         lines.append(row + (f" {r['same_output']}/{rec['turns']} |" if greedy else "")
                      + (f" {r['mean_verify_length']:.1f} |" if adaptive else ""))
     av = report["average_adaptive" if adaptive else "average"]
-    lines.append(f"| **average** | | **{metrics.interval_text(av['tau'], av['tau_ci'])}** | "
-                 f"**{metrics.interval_text(av['speedup'], av['speedup_ci'])}x** | {av['tau_pooled']:.2f} | "
-                 f"{av['end_to_end_speedup']:.2f}x | | |" + (" |" if greedy else "") + (" |" if adaptive else ""))
+    n = sum(rec["turns"] for rec in report["datasets"].values())  # the average's interval rests on all
+    lines.append(f"| **average** | | **{_interval(av['tau'], av['tau_ci'], n)}** | "
+                 f"**{_interval(av['speedup'], av['speedup_ci'], n, 'x')}** | {av['tau_pooled']:.2f} | "
+                 f"{av['end_to_end_speedup']:.2f}x | | | {av.get('iteration_cost_ar_steps', float('nan')):.2f} |"
+                 + (" |" if greedy else "") + (" |" if adaptive else ""))
     return "\n".join(lines)
 
 
+def _interval(value: float, ci, n: int, unit: str = "") -> str:
+    """``"1.23 [1.11, 1.43]x"``; without an interval, the reason: ``"1.23x (n < 8: no
+    interval)"`` where it would rest on too few (``n``) responses (``metrics.interval_supported``)."""
+    if ci is not None and all(np.isfinite(ci)):
+        return metrics.interval_text(value, ci) + unit
+    why = "no interval" if metrics.interval_supported(n) else f"n < {metrics.MIN_DISTINCT_SAMPLES}: no interval"
+    return f"{value:.2f}{unit} ({why})"
+
+
 def plot(report: dict):
+    """bench.png: the decode speedup and tau on axes of their own (fixed and adaptive block
+    side by side, per set and the average, 95 % intervals; legends below the axes, clear of
+    the bars), the acceptance-length histogram and the per-position acceptance."""
     names = list(report["datasets"])
-    fig, (ax1, ax2, ax3) = new_figure(1, 3, figsize=(15, 4))
-    x = np.arange(len(names))
-    bars = [(None, "speedup", "speedup, decode (x)"), (None, "tau", "tau")]
+    fig, ((ax_speed, ax_tau), (ax_hist, ax_pos)) = new_figure(2, 2, figsize=(14, 8.5))
+    methods = [("dflash", "fixed block")]
     if "average_adaptive" in report:
-        bars[1:1] = [("adaptive", "speedup", "speedup, adaptive block (x)")]
-    width = 0.8 / len(bars)
-    for i, (method, key, label) in enumerate(bars):
-        recs = [report["datasets"][n][method] if method else report["datasets"][n] for n in names]
-        vals = np.array([r[key] for r in recs])
-        ci = np.array([r[key + "_ci"] for r in recs], float).reshape(len(names), 2)
-        err = np.where(np.isfinite(ci), np.abs(ci - vals[:, None]), 0).T
-        ax1.bar(x + (i - (len(bars) - 1) / 2) * width, vals, width, yerr=err, capsize=3, label=label)
-    ax1.axhline(1.0, color="k", lw=0.8)
-    ax1.set_xticks(x, names)
-    ax1.set_title(f"DFlash vs AR ({report['environment']['device']}, T={report['settings']['temperature']}), 95% CI")
-    ax1.legend()
+        methods.append(("adaptive", "adaptive block"))
+    groups = names + ["average"]
+
+    def record(group, method):
+        if group == "average":
+            return report["average_adaptive" if method == "adaptive" else "average"]
+        rec = report["datasets"][group]
+        return rec["adaptive"] if method == "adaptive" else rec
+
+    x, width = np.arange(len(groups)), 0.8 / len(methods)
+    for ax, key in ((ax_speed, "speedup"), (ax_tau, "tau")):
+        for i, (method, label) in enumerate(methods):
+            recs = [record(g, method) for g in groups]
+            vals = np.array([r[key] for r in recs], float)
+            ci = np.array([r[key + "_ci"] for r in recs], float).reshape(len(groups), 2)
+            err = np.where(np.isfinite(ci), np.abs(ci - vals[:, None]), 0).T
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, yerr=err, capsize=3, label=label)
+        ax.set_xticks(x, groups)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=len(methods), frameon=False)
+    ax_speed.axhline(1.0, color="k", lw=0.8)
+    ax_speed.set_ylabel("decode speedup over AR (x)")
+    cost = report["average"].get("iteration_cost_ar_steps", float("nan"))
+    where = (report.get("cpu") or {}).get("model") if report["environment"]["platform"] == "cpu" else None
+    ax_speed.set_title(f"decode speedup on {where or report['environment']['device']}, "
+                       f"T={report['settings']['temperature']} (an iteration = {cost:.2f} AR steps "
+                       "here), 95% CI")
+    ax_tau.set_ylabel("tau (accepted drafts + 1 per iteration)")
+    ax_tau.set_title("tau, mean acceptance length, 95% CI")
     hist = np.sum([report["datasets"][n]["histogram"] for n in names], axis=0)
-    ax2.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
-    ax2.set_xlabel("acceptance length (accepted drafts + 1)")
-    ax2.set_ylabel("fraction of iterations")
-    ax2.set_title("acceptance-length histogram (all sets)")
+    ax_hist.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
+    ax_hist.set_xlabel("acceptance length (accepted drafts + 1)")
+    ax_hist.set_ylabel("fraction of iterations")
+    ax_hist.set_title("acceptance-length histogram (all sets, fixed block)")
     for n in names:
         rate = report["datasets"][n]["position_acceptance"]
-        ax3.plot(np.arange(1, len(rate) + 1), rate, marker=".", label=n)
-    ax3.set_xlabel("draft position k")
-    ax3.set_ylabel("P(draft token k accepted)")
-    ax3.set_ylim(0, 1)
-    ax3.set_title("per-position acceptance")
-    ax3.legend(fontsize=8)
+        ax_pos.plot(np.arange(1, len(rate) + 1), rate, marker=".", label=n)
+    ax_pos.set_xlabel("draft position k")
+    ax_pos.set_ylabel("P(draft token k accepted)")
+    ax_pos.set_ylim(0, 1)
+    ax_pos.set_title("per-position acceptance (fixed block)")
+    ax_pos.legend(fontsize=8, loc="upper right")
     return fig
 
 
@@ -273,6 +398,7 @@ def run(args) -> dict:
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
+    machine = machine_check()
     target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
     drafter_dir = (expand_embedded(args.drafter, "drafter") if args.drafter else
                    EMBEDDED_DRAFTER if os.path.abspath(target_name) == EMBEDDED_TARGET else None)
@@ -298,7 +424,8 @@ def run(args) -> dict:
     runner = Runner(target, drafter, args)
     report = {
         "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
-        "load_average_before": load_average(),
+        "cpu": machine["cpu"], "load_average_before": machine["load_average"],
+        "busy_warning": machine["busy_warning"],
         "settings": options(args) | {"target": _portable(target_name), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
                                   "block_size": args.block_size or drafter.config.block_size,
@@ -324,6 +451,7 @@ def run(args) -> dict:
                 sys.exit(130)
             _write(report, args.out, t0, quiet=True)  # each set is kept as soon as it finishes
     report["complete"] = True
+    report["load_average_after"] = load_average()
     table = _write(report, args.out, t0)
     hist = np.sum([r["histogram"] for r in report["datasets"].values()], axis=0)
     print("\n" + table + "\n")
@@ -334,7 +462,36 @@ def run(args) -> dict:
     print("P(draft position k accepted), all sets: " + ", ".join(f"{k + 1}: {p:.2f}" for k, p in enumerate(rate)))
     print(f"{report['wall_time_s']:.0f} s for the runs (compilation and warm-up included; the "
           f"per-set timings exclude them), peak resident memory {report['peak_rss_mib']:.0f} MiB")
+    print(f"\n{explanation(report)}\n\n{machine_text(report)}")
     return report
+
+
+def machine_check(load: list[float] | None = None, cores: int | None = None) -> dict:
+    """Before the runs: prints (stderr) the CPU (model, vector extensions) and the load
+    average, and a one-line warning when the machine is busy (``reporting.busy_warning``);
+    returns them for the report. ``load`` / ``cores``: this machine's unless given."""
+    load = load_average() if load is None else load
+    cpu = cpu_info() | ({"cores": cores} if cores is not None else {})
+    warning = busy_warning(load, cpu["cores"])
+    status(f"machine: {cpu_description(cpu)}; load average {_load_text(load)}")
+    if warning:
+        status(warning)
+    return {"cpu": cpu, "load_average": load, "busy_warning": warning}
+
+
+def _load_text(load, minutes: bool = True) -> str:
+    return "unknown" if not load else ", ".join(f"{x:.2f}" for x in load) + (" (1, 5, 15 min)" if minutes else "")
+
+
+def machine_text(report: dict) -> str:
+    """The machine and its load, as the summary and bench.md state them."""
+    cpu = report.get("cpu")
+    text = (f"Machine: {cpu_description(cpu) if cpu else report['environment']['device']}; load average "
+            f"{_load_text(report.get('load_average_before'))} before the runs")
+    if report.get("load_average_after"):
+        text += f", {_load_text(report['load_average_after'], minutes=False)} after"
+    warning = report.get("busy_warning")
+    return text + (f". {warning[0].upper()}{warning[1:]}." if warning else ".")
 
 
 def _portable(path: str) -> str:
@@ -358,15 +515,19 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
         return table
     write_report(report, out, "bench", plot, quiet=quiet)
     st = report["settings"]
+    why = explanation(report)
     write_text(os.path.join(out, "bench.md"),
                f"`{report['command']}` on {report['environment']['device']} "
-               f"(jax {report['environment']['jax']}; load average before the run "
-               f"{report.get('load_average_before')}); prompts: --subset {st.get('subset', 'random')}, "
-               f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{table}\n\n"
+               f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
+               f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{machine_text(report)}\n\n"
+               f"{table}\n\n" + (why + "\n\n" if why else "") +
                "tau: per response the mean acceptance length, then the mean over responses; speedup: "
                "mean AR time per output token / mean DFlash time per output token, decode phase only "
-               "(docs/method.md section 6); [95% CI]: percentile bootstrap over the responses (seed 0); tau pooled: "
-               "all iterations in one mean; end to end: the same speedup with the prefill included.\n")
+               "(docs/method.md section 6); [95% CI]: percentile bootstrap over the responses (seed 0), "
+               f"not given where it would rest on fewer than {metrics.MIN_DISTINCT_SAMPLES} responses; "
+               "tau pooled: all iterations in one mean (tokens per iteration); end to end: the same "
+               "speedup with the prefill included; iteration, AR steps: DFlash decode time per "
+               "iteration / AR decode time per token, each pooled over the set's responses.\n")
     return table
 
 

@@ -97,7 +97,9 @@ def run(args):
     for seq in r.sequences:
         print(tok.decode(seq) if tok is not None and not args.token_ids else ",".join(map(str, seq)))
     line = (f"[{sum(r.num_generated)} tokens; prefill {1e3 * r.prefill_time_s:.1f} ms, decode "
-            f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps, both including compilation")
+            f"{1e3 * r.decode_time_s:.1f} ms for {r.num_steps} steps" + (
+                f", the times including compilation ({r.prefill_compile_s + r.decode_compile_s:.1f} s of them)"
+                if r.includes_compilation else ", no compilation in these times"))
     if drafter is not None:
         line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
 

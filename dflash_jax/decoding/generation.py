@@ -8,7 +8,9 @@ state into a :class:`GenerateResult` (tokens, finish reasons, acceptance statist
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 
 import jax
@@ -31,9 +33,13 @@ class GenerateResult:
       tokens + the bonus, so 1..block_size; all 1 for autoregressive decoding).
     verify_lengths: per prompt, the block rows the target verified in every iteration (the
       block size, or with ``block_size="adaptive"`` the length chosen that iteration).
-    prefill_time_s / decode_time_s: wall time of the two device stages (the first call of a
-      new shape includes compilation; benchmarks warm up first).
+    prefill_time_s / decode_time_s: wall time of the two device stages. The first call with
+      new shapes (or options) compiles the stage's program inside that time; benchmarks warm
+      up first.
     num_steps: loop iterations (target forward passes after prefill) of the longest row.
+    prefill_compile_s / decode_compile_s: the part of prefill_time_s / decode_time_s that
+      tracing, lowering and compiling that stage's program took in this call (0.0: the
+      program was already compiled); :attr:`includes_compilation` says whether either is.
     """
 
     sequences: list[list[int]]
@@ -45,6 +51,24 @@ class GenerateResult:
     decode_time_s: float
     num_steps: int
     verify_lengths: list[list[int]] = dataclasses.field(default_factory=list)
+    prefill_compile_s: float = 0.0
+    decode_compile_s: float = 0.0
+
+    @property
+    def includes_compilation(self) -> bool:
+        """Whether this call compiled a program (first call with these shapes): its times
+        then measure compilation too, not decoding speed."""
+        return self.prefill_compile_s > 0 or self.decode_compile_s > 0
+
+    @property
+    def timing_note(self) -> str:
+        """What the times measure, in one line (``summary()`` carries it)."""
+        if not self.includes_compilation:
+            return "no compilation in these times (the programs were compiled by an earlier call)"
+        parts = [f"{name} includes {s:.2f} s of compilation" for name, s in
+                 (("prefill_time_s", self.prefill_compile_s), ("decode_time_s", self.decode_compile_s)) if s > 0]
+        return ("; ".join(parts) + " (first call with these shapes): call again with the same shapes, "
+                "or warm up, to time decoding")
 
     @property
     def num_generated(self) -> list[int]:
@@ -71,7 +95,8 @@ class GenerateResult:
                 "verify_lengths": self.verify_lengths,
                 "position_acceptance_rate": self.position_acceptance_rate.tolist(),
                 "num_generated": self.num_generated, "num_steps": self.num_steps,
-                "prefill_time_s": self.prefill_time_s, "decode_time_s": self.decode_time_s}
+                "prefill_time_s": self.prefill_time_s, "decode_time_s": self.decode_time_s,
+                "includes_compilation": self.includes_compilation, "timing": self.timing_note}
 
 
 @dataclasses.dataclass
@@ -92,6 +117,40 @@ def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> 
     lengths = verify_lengths(drafter.config.block_size, opt.verify_lengths)
     batch = len(_as_prompt_list(prompts, target.config.vocab_size))
     return dataclasses.replace(opt, cost_table=costs.cost_table(target, drafter, lengths, batch))
+
+
+# Compilation inside a call's timed stages, seen through jax.monitoring: jax reports the time
+# of tracing, lowering and XLA compilation (a persistent-cache load included) of each program
+# it builds, synchronously, in the thread that asked, with the jitted function's name.
+_COMPILE_EVENTS = frozenset(("/jax/core/compile/jaxpr_trace_duration",
+                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                             "/jax/core/compile/backend_compile_duration"))
+_watch = threading.local()
+
+
+def _on_duration(event: str, seconds: float, **info) -> None:
+    seen = getattr(_watch, "seen", None)
+    if seen is not None and event in _COMPILE_EVENTS:
+        name = str(info.get("fun_name", ""))
+        seen.append((name[4:-1] if name.startswith("jit(") and name.endswith(")") else name, seconds))
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@contextlib.contextmanager
+def _compile_seconds(program):
+    """``with _compile_seconds(engine.decode) as spent:`` -- after the block, ``spent[0]`` is
+    the seconds this thread spent building ``program`` (a jitted function) inside it."""
+    outer, _watch.seen = getattr(_watch, "seen", None), []
+    spent = [0.0]
+    try:
+        yield spent
+    finally:
+        seen, _watch.seen = _watch.seen, outer
+        if outer is not None:
+            outer.extend(seen)
+        spent[0] = float(sum(s for name, s in seen if name == program.__name__))
 
 
 def _fetch(tree, mesh):
@@ -119,15 +178,18 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
         ``num_denoise_steps``, ``sampled_draft``, ``proposer``, ``attention_impl``, ``pad_to``.
     """
     opt = _with_cost_table(target, prompts, drafter, GenerateOptions.from_keywords("generate", options))
-    pre = _prepare(target, prompts, max_new_tokens, drafter, opt)
-    t1 = time.perf_counter()
-    state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
-                          np.int32(np.iinfo(np.int32).max), spec=pre.spec)
-    out, n, accept_lens, verify_lens, iters = _fetch(
-        (state.out, state.n, state.accept_lens, state.verify_lens, state.iters), target.mesh)
-    decode_s = time.perf_counter() - t1
-    return _finish(out, n, accept_lens, verify_lens, iters, pre.stops, pre.prompt_lengths,
-                   pre.spec.block_size, pre.prefill_time_s, decode_s)
+    with _compile_seconds(engine.prefill) as prefill_compile:
+        pre = _prepare(target, prompts, max_new_tokens, drafter, opt)
+    with _compile_seconds(engine.decode) as decode_compile:
+        t1 = time.perf_counter()
+        state = engine.decode(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                              np.int32(np.iinfo(np.int32).max), spec=pre.spec)
+        out, n, accept_lens, verify_lens, iters = _fetch(
+            (state.out, state.n, state.accept_lens, state.verify_lens, state.iters), target.mesh)
+        decode_s = time.perf_counter() - t1
+    result = _finish(out, n, accept_lens, verify_lens, iters, pre.stops, pre.prompt_lengths,
+                     pre.spec.block_size, pre.prefill_time_s, decode_s)
+    return dataclasses.replace(result, prefill_compile_s=prefill_compile[0], decode_compile_s=decode_compile[0])
 
 
 def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
