@@ -585,7 +585,7 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
             argv = ["--preset", preset, "--out", a_out, "--work", work] + [
                 x for k, v in a_over.items() for x in (framework.flag(k), str(v))]
             tables[a] = framework.run_experiment(exp, preset, out=a_out, work=work, overwrite=overwrite,
-                                                 command=f"python -m experiments.{a} " + " ".join(argv), **a_over)
+                                                 command=command_line(f"experiments.{a}", argv), **a_over)
         write_text(os.path.join(out, "README.md"), readme(out, preset, opt, command, results, tables,
                                                           (time.perf_counter() - t0) / 60, ablations_out))
     write_json(os.path.join(out, INDEX), {"identity": _identity(preset, opt), "preset": preset, "command": command,

@@ -55,6 +55,9 @@ def test_all_writes_every_table_figure_and_ablation(paper_all):
     # a smoke run says so; its 2 responses per average give no interval, so no finding
     assert readme.startswith("# The paper's tables and figures (smoke preset)\n\n**This is a smoke run**")
     assert "do not overlap" not in readme and "agreeing with the paper" not in readme
+    for a in paper.ABLATIONS:  # the commands recorded for the ablations of `all` name no absolute path
+        command = _table(root, a)["command"]
+        assert command.startswith(f"python -m experiments.{a} --preset smoke --out ") and str(root) not in command
     t1 = json.loads((out / "table1.json").read_text())
     assert t1["smoke"] is True and t1["options"]["target"] == "embedded" and list(t1["results"]) == ["embedded"]
     assert "no 95 % interval (2 responses; an interval needs at least 8): not a finding" in t1["findings"][0]
