@@ -141,6 +141,35 @@ def test_table_gives_no_interval_below_eight_responses():
     assert f"[{lo:.2f}, {hi:.2f}]" in row
 
 
+def test_rederive_recomputes_a_report_from_its_responses_and_keeps_the_runs_record(tmp_path):
+    report = _report({"a": SET_A, "b": SET_B})
+    report |= {"command": "python -m dflash_jax bench --out x", "load_average_before": [0.5, 0.4, 0.3],
+               "wall_time_s": 12.5, "environment": report["environment"] | {"jax": "0.0"}}
+    report["settings"] |= {"block_size": 4, "subset": "random", "enable_thinking": False,
+                           "prompt_sources": {"a": os.path.join(ROOT, "dflash_jax", "bench", "data", "a.jsonl")}}
+    expected = json.loads(json.dumps(report))
+    old = json.loads(json.dumps(report))  # as written before the iteration cost existed
+    for rec in [*old["datasets"].values(), old["average"]]:
+        for key in ("iteration_cost_ar_steps", "speedup_from_cost", "speedup_at_reference_cost"):
+            rec.pop(key)
+    old["datasets"]["a"]["tau"] = 99.0  # a stale number is derived again too
+    (tmp_path / "bench.json").write_text(json.dumps(old))
+    cpu = {"model": "Test CPU", "family": None, "model_number": None, "cores": 2, "vector_extensions": ["AVX2"]}
+    new = harness.rederive(str(tmp_path), cpu=cpu)
+    assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(new))
+    for name in ("a", "b"):
+        for key in ("iteration_cost_ar_steps", "speedup_at_reference_cost", "tau"):
+            assert new["datasets"][name][key] == pytest.approx(expected["datasets"][name][key])
+    assert new["average"]["iteration_cost_ar_steps"] == pytest.approx(2.5)
+    assert (new["command"], new["wall_time_s"], new["load_average_before"]) == (
+        report["command"], 12.5, [0.5, 0.4, 0.3])
+    assert new["cpu"] == cpu and "cpu=reporting.cpu_info()" in new["rederived"]["how"]
+    assert new["settings"]["prompt_sources"] == {"a": os.path.join("dflash_jax", "bench", "data", "a.jsonl")}
+    md = (tmp_path / "bench.md").read_text()
+    assert "Test CPU, 2 cores; vector extensions: AVX2" in md and "derived again" in md
+    assert "cost 2.50 AR steps here" in md and (tmp_path / "bench.png").stat().st_size > 1000
+
+
 # ---------------------------------------------------------------------------- the figure
 def test_plot_puts_speedup_and_tau_on_their_own_axes_and_legends_clear_of_bars():
     def entry(speedup, tau):

@@ -32,6 +32,7 @@ numbers). Both settings are recorded in ``bench.json`` (``settings``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import sys
@@ -49,12 +50,11 @@ from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
                                        load_target)
 from dflash_jax.files import write_text
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
-                                  load_average, new_figure, write_report)
+                                  load_average, new_figure, portable_path, write_report)
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
-import dflash_jax
 from dflash_jax.decoding.generation import generate
 
 
@@ -495,10 +495,9 @@ def machine_text(report: dict) -> str:
 
 
 def _portable(path: str) -> str:
-    """A path for the report: relative to the package for shipped files, else as given."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(dflash_jax.__file__)))
-    full = os.path.abspath(path)
-    return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
+    """A path for the report as ``reporting.portable_path`` writes it: shipped files relative to
+    the package's root, an installed package's (HumanEval's) relative to its site-packages."""
+    return portable_path(path)
 
 
 def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
@@ -510,17 +509,54 @@ def _write(report: dict, out: str, t0: float, quiet: bool = False) -> str:
         report["average_adaptive"] = average(results, "adaptive")
     report["wall_time_s"] = time.perf_counter() - t0
     report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return _write_files(report, out, quiet)
+
+
+def rederive(out: str, cpu: dict | None = None) -> dict:
+    """Recomputes every number of the bench report in ``out`` from its per-response records
+    with this version's code (per-set summaries, iteration costs, averages, intervals) and
+    writes bench.json / .md / .png again: for a report written before a metric existed. What
+    the run recorded (command, environment, load, wall time, memory, every response) is kept,
+    its paths written as :func:`_portable` writes them;
+    ``cpu``: a :func:`reporting.cpu_info` record to add where the run recorded none (the caller
+    vouches that it is the run's machine). ``rederived`` in the report says when and how."""
+    with open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    st = report["settings"]  # the recorded paths as this version records them (no absolute ones)
+    st.update({k: _portable(st[k]) for k in ("target", "drafter") if isinstance(st.get(k), str)})
+    st["prompt_sources"] = {n: _portable(w) for n, w in st.get("prompt_sources", {}).items()}
+    for rec in report["datasets"].values():
+        summarize_set(rec, len(rec["histogram"]), main_adaptive="verify_lengths" in rec["samples"][0]["dflash"])
+    report["average"] = average(report["datasets"])
+    if all("adaptive" in r for r in report["datasets"].values()):
+        report["average_adaptive"] = average(report["datasets"], "adaptive")
+    if cpu is not None and "cpu" not in report:
+        report["cpu"] = cpu
+    report["rederived"] = {"time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "how": f"dflash_jax.bench.harness.rederive({portable_path(out)!r}"
+                                  + (", cpu=reporting.cpu_info())" if cpu is not None else ")")}
+    _write_files(report, out, quiet=True)
+    return report
+
+
+def _write_files(report: dict, out: str, quiet: bool = False) -> str:
+    """bench.json / .md / .png of ``report`` (process 0 only); returns the table."""
     table = markdown(report)
     if not is_main_process():
         return table
     write_report(report, out, "bench", plot, quiet=quiet)
     st = report["settings"]
     why = explanation(report)
+    again = report.get("rederived")
     write_text(os.path.join(out, "bench.md"),
                f"`{report['command']}` on {report['environment']['device']} "
                f"(jax {report['environment']['jax']}); prompts: --subset {st.get('subset', 'random')}, "
-               f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{machine_text(report)}\n\n"
-               f"{table}\n\n" + (why + "\n\n" if why else "") +
+               f"thinking {'on' if st.get('enable_thinking') else 'off'}\n\n{machine_text(report)}"
+               + (f" The numbers below were derived again from the run's per-response records on "
+                  f"{again['time']} by `{again['how']}` (the timings are the run's"
+                  + ("; the CPU was read then, on the run's machine" if "cpu=" in again["how"] else "")
+                  + ")." if again else "")
+               + f"\n\n{table}\n\n" + (why + "\n\n" if why else "") +
                "tau: per response the mean acceptance length, then the mean over responses; speedup: "
                "mean AR time per output token / mean DFlash time per output token, decode phase only "
                "(docs/method.md section 6); [95% CI]: percentile bootstrap over the responses (seed 0), "
