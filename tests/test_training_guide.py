@@ -6,7 +6,6 @@ give one data directory the trainer reads."""
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import types
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from dflash_jax.__main__ import COMMANDS, parser
+from doc_commands import commands_in
 from dflash_jax.training.data import TokenDataset, pack_rows, read_prompt_file, write_npz_atomic
 
 GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "train-your-drafter.md")
@@ -28,19 +28,11 @@ def _blocks(language: str) -> list[str]:
 
 def guide_commands() -> list[list[str]]:
     """The arguments after `python -m dflash_jax` of every command in the guide's bash blocks,
-    and of every one quoted in its text (`python -m dflash_jax ...`; those ending in "..." are
-    the messages' templates, left open for the user's options)."""
+    and of every one quoted in its text (those with "..." are the messages' templates, left
+    open for the user's options): tests/doc_commands.py."""
     with open(GUIDE) as f:
         text = f.read()
-    out = [shlex.split(c) for c in re.findall(r"`python -m dflash_jax ([^`]+)`", text)
-           if "..." not in c and "<" not in c]
-    for block in _blocks("bash"):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line.replace("; do", " ").replace("&", " "), comments=True)
-            for i in range(len(words) - 2):
-                if words[i:i + 3] == ["python", "-m", "dflash_jax"]:
-                    out.append(words[i + 3:])
-    return out
+    return [argv for program, argv in commands_in(text) if program == "dflash_jax"]
 
 
 def test_the_guide_has_the_pipeline():

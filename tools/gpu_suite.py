@@ -24,7 +24,7 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
 A stage that fails is recorded with its error and the suite goes on; the exit status is 1
 when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
 with the package. jax-triton (for ``attention_impl="triton"``) is optional: on a machine
-without it, carry its wheel in the working tree and put it on ``PYTHONPATH`` (see the README).
+without it, carry its wheel in the working tree and put it on ``PYTHONPATH`` (docs/performance.md, "GPUs").
 """
 
 from __future__ import annotations
