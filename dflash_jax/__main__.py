@@ -157,6 +157,7 @@ def main(argv=None):
     """The command line (``dflash-jax`` and ``python -m dflash_jax``): ``argv`` (default: this
     process's arguments) is a command and its options."""
     prog = program_name() if argv is None else PROG
+    owns_process = argv is None  # this process's command line: run_cli may end the process (Ctrl-C)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = [a for a in argv if a != "--debug"]
     if not args or args[0] in ("-h", "--help"):
@@ -172,7 +173,7 @@ def main(argv=None):
               f"({prog} --help describes them)", file=sys.stderr)
         sys.exit(2)
     run_cli(lambda rest: command_module(name).run(parse_command(name, None, rest, parser(name, prog))),
-            args[1:], debug="--debug" in argv)
+            args[1:], debug="--debug" in argv, owns_process=owns_process)
 
 
 if __name__ == "__main__":

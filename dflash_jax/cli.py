@@ -12,7 +12,8 @@ A command is a module with two functions:
 ``dflash_jax/__main__.py``); a module that also runs as ``python -m <module>`` builds the same
 parser with :func:`command_parser` and :func:`command_main`. Run through :func:`run_cli`, a
 user's mistake prints one line ``error: ...`` on stderr and exits with status 2; ``--debug``
-(or ``DFLASH_DEBUG=1``) shows the traceback instead. Ctrl-C exits with status 130 and one line.
+(or ``DFLASH_DEBUG=1``) shows the traceback instead. Ctrl-C exits with status 130 and one line
+(SIGTERM: 143), without the crash of JAX's teardown (see :func:`run_cli`).
 
 The options of a config dataclass (``TrainConfig``, ``PretrainConfig``) are derived from its
 fields by :func:`add_dataclass_arguments` and turned back into it by :func:`dataclass_from_args`.
@@ -20,12 +21,19 @@ fields by :func:`add_dataclass_arguments` and turned back into it by :func:`data
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import atexit
 import dataclasses
+import gc
 import inspect
+import logging
 import os
 import re
+import signal
 import sys
+import threading
+import time
 import types
 import typing
 from typing import Any, Callable, Sequence
@@ -213,19 +221,130 @@ def debug_requested(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+# A signal that stops a command, and the status the command then exits with (128 + its number).
+STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class _Stop:
+    """What :func:`run_cli` knows of the stop signals of the process it runs in."""
+    signum: int | None = None  # the first stop signal that came
+    status: int | None = None  # and the status it gives: 130 / 143
+    redeliver = False  # the next SIGINT / SIGTERM is that first one again (see _raise_soon), not a second
+    previous_unraisablehook = None
+
+
+def _leave(status: int, message: str | None = None) -> None:
+    """Ends the process now with ``status``: ``message`` on stderr, stdout, stderr and the
+    logging handlers flushed, and none of the interpreter's own teardown (see :func:`run_cli`)."""
+    if message:
+        print(message, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe
+            pass
+    logging.shutdown()
+    os._exit(status)
+
+
+def _on_stop_signal(signum, frame) -> None:
+    """The SIGINT / SIGTERM handler of a process :func:`run_cli` owns. The first signal raises
+    KeyboardInterrupt (the command keeps what it finished, as on a plain Ctrl-C) and arranges
+    that the process ends with :func:`_leave` once Python has shut down its own threads; a second
+    one while the first is being handled ends the process at once (what is on disk stays whole:
+    the commands write their files atomically)."""
+    if _Stop.redeliver:  # the first one again (see _raise_soon)
+        _Stop.redeliver = False
+    elif _Stop.status is not None:
+        _leave(_Stop.status, "interrupted again: leaving now")
+    else:
+        _Stop.signum, _Stop.status = signum, STOP_SIGNALS[signum]
+        atexit.register(_leave, _Stop.status)  # registered last, so it runs first among the exit handlers
+    if _dropped_if_raised(frame):
+        _raise_soon()
+    else:
+        raise KeyboardInterrupt
+
+
+def _dropped_if_raised(frame) -> bool:
+    """Whether an exception raised at ``frame`` would be dropped by Python ("Exception ignored
+    in ..."): it runs inside a garbage-collection callback (JAX has one, ``_xla_gc_callback``, and
+    a Ctrl-C was lost in it: the command ran on to the end) or inside
+    :func:`_redeliver_dropped_interrupt`."""
+    codes = {_redeliver_dropped_interrupt.__code__}
+    codes |= {getattr(getattr(c, "__func__", c), "__code__", None) for c in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_soon() -> None:
+    """Signals the first stop signal to the main thread again in a few milliseconds, from a
+    thread (made pending from the main thread, it would call :func:`_on_stop_signal` again at
+    once, inside this call): :func:`_on_stop_signal` raises it once the main thread is out of
+    the place where a KeyboardInterrupt would be dropped."""
+    _Stop.redeliver = True
+    threading.Thread(target=_interrupt_main_later, args=(_Stop.signum,), daemon=True).start()
+
+
+def _interrupt_main_later(signum: int, delay_s: float = 0.005) -> None:
+    time.sleep(delay_s)
+    _thread.interrupt_main(signum)
+
+
+def _redeliver_dropped_interrupt(unraisable) -> None:
+    """``sys.unraisablehook`` of a process :func:`run_cli` owns: a KeyboardInterrupt that Python
+    dropped where :func:`_dropped_if_raised` does not see it (a weakref callback, a ``__del__``)
+    is raised again (:func:`_raise_soon`)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _Stop.signum is not None:
+        _raise_soon()
+    else:
+        (_Stop.previous_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+def _own_stop_signals() -> None:
+    """Installs :func:`_on_stop_signal` for the stop signals this process does not ignore (a
+    command started with ``nohup`` or in the background of a script keeps ignoring SIGINT) and
+    :func:`_redeliver_dropped_interrupt`."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, _on_stop_signal)
+    if sys.unraisablehook is not _redeliver_dropped_interrupt:
+        _Stop.previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _redeliver_dropped_interrupt
+
+
 def run_cli(main: Callable[[list[str]], object], argv: Sequence[str] | None = None,
-            debug: bool = False) -> None:
-    """Runs a command's ``main(argv)`` with the user-facing error handling (see module doc)."""
+            debug: bool = False, owns_process: bool | None = None) -> None:
+    """Runs a command's ``main(argv)`` with the user-facing error handling (see module doc).
+
+    ``owns_process`` (default: ``argv is None``, i.e. the command is this process's command line):
+    the command is the whole program, and a Ctrl-C (SIGINT) or SIGTERM ends the process with
+    status 130 / 143 without running JAX's native teardown. A Ctrl-C can stop the main thread
+    while XLA still compiles a program in its thread pool (jaxlib checks for signals while it
+    waits for a compilation, and leaves the compilation running); the interpreter's final
+    garbage collection then destroys the XLA client under that compilation, and the process died
+    with a segmentation fault (status 139) after the command had printed its message and kept its
+    finished work. So after the first such signal the process leaves with ``os._exit`` once
+    Python has joined its threads (outputs flushed, nothing else of the teardown run); a second
+    signal while the command writes what it keeps ends it at once. Run in-process
+    (``owns_process`` false: a test, a notebook), Ctrl-C raises ``SystemExit(130)`` as before."""
+    owns_process = argv is None if owns_process is None else owns_process
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug or debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]
+    if owns_process:
+        _own_stop_signals()
     try:
         main(argv)
     except KeyboardInterrupt:
         if debug:
             raise
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        print("terminated" if _Stop.status == STOP_SIGNALS[signal.SIGTERM] else "interrupted", file=sys.stderr)
+        sys.exit(_Stop.status or 130)
     except USER_ERRORS as e:
         if debug:
             raise

@@ -437,19 +437,20 @@ def run(args) -> dict:
     total = sum(len(s.turns) for v in sets.values() for s in v)
     with tqdm(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
         for name, samples in sets.items():
-            bar.set_postfix(dataset=name)
             try:
+                bar.set_postfix(dataset=name)
                 report["datasets"][name] = bench_dataset(runner, samples, bar)
-            except KeyboardInterrupt:
+                _write(report, args.out, t0, quiet=True)  # each set is kept as soon as it finishes
+            except KeyboardInterrupt:  # (also while that set is written: written again here)
                 bar.close()
                 if report["datasets"]:
                     _write(report, args.out, t0)
                     kept = f"kept the finished sets ({', '.join(report['datasets'])}) in {args.out}"
                 else:
                     kept = "no set had finished"
-                print(f"interrupted during {name}: {kept}", file=sys.stderr)
+                print(f"interrupted {'after' if name in report['datasets'] else 'during'} {name}: {kept}",
+                      file=sys.stderr)
                 sys.exit(130)
-            _write(report, args.out, t0, quiet=True)  # each set is kept as soon as it finishes
     report["complete"] = True
     report["load_average_after"] = load_average()
     table = _write(report, args.out, t0)
