@@ -9,6 +9,7 @@ what ships or names the one file to download; progress bars are plain lines off 
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import logging
@@ -219,6 +220,28 @@ def test_the_cpu_preset_names_the_one_file_to_download(tmp_path, monkeypatch, ca
     shutil.copy(files[framework.MBPP_FILE], own / "mbpp")
     files = framework.recipe_files(framework.dataclasses.replace(s, data_dir=str(own)))
     assert files[framework.MBPP_FILE] == str(own / framework.MBPP_FILE)
+
+
+def tqdm_users(root: str) -> list[str]:
+    """The project's source files that use tqdm other than through dflash_jax/progress.py."""
+    found = []
+    for folder in ("dflash_jax", "experiments", "tools", "kernels"):
+        for path in glob.glob(os.path.join(root, folder, "**", "*.py"), recursive=True):
+            if path.endswith(os.path.join("dflash_jax", "progress.py")):
+                continue
+            with open(path) as f:
+                if re.search(r"^\s*(from tqdm|import tqdm)|\btqdm[.(]", f.read(), re.M):
+                    found.append(os.path.relpath(path, root))
+    return found
+
+
+def test_every_progress_bar_is_made_by_progress(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert tqdm_users(root) == []
+    # negative control: a module that makes its own bar is found
+    (tmp_path / "dflash_jax").mkdir()
+    (tmp_path / "dflash_jax" / "m.py").write_text("from tqdm import tqdm\nfor _ in tqdm(range(3)):\n    pass\n")
+    assert tqdm_users(str(tmp_path)) == [os.path.join("dflash_jax", "m.py")]
 
 
 def test_progress_bars_are_plain_lines_off_a_terminal(capsys):

@@ -275,9 +275,8 @@ def summarise(name: str, data: int, model: int, m: dict, single: dict | None, ba
 def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
     import jax
     import jax.numpy as jnp
-    from tqdm import tqdm
 
-    from dflash_jax.progress import progress
+    from dflash_jax.progress import Bar, progress
 
     s = dict(QUICK_SETTINGS if quick else SETTINGS, **(settings or {}))
     cfg = TargetConfig(**(QUICK_MODEL if quick else MODEL))
@@ -298,7 +297,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
             reason = skip_reason(cfg, dcfg, data, model, s["batch"], jax.device_count())
             if reason:
                 skipped.append({"mesh": name, "data": data, "model": model, "reason": reason})
-                tqdm.write(f"mesh {name}: skipped ({reason})")
+                Bar.write(f"mesh {name}: skipped ({reason})")
                 continue
             t0 = time.perf_counter()
             if (data, model) == (1, 1):
@@ -314,7 +313,7 @@ def measure(meshes, quick: bool = False, settings: dict | None = None) -> dict:
             row["load_average"] = load_average()
             rows.append(row)
             eq = lambda v: "n/a" if v is None else ("yes" if v else "NO")
-            tqdm.write(f"mesh {row['mesh']}: AR {row['ar_ms_per_step']:.2f} ms/step, DFlash "
+            Bar.write(f"mesh {row['mesh']}: AR {row['ar_ms_per_step']:.2f} ms/step, DFlash "
                        f"{row['dflash_ms_per_iteration']:.2f} ms/iteration (x{row['iteration_over_ar_step']:.2f}); "
                        f"greedy = one device: AR {eq(row['ar_equals_single_device'])}, DFlash "
                        f"{eq(row['dflash_equals_single_device'])}; DFlash = AR: {eq(row['dflash_equals_ar'])}"

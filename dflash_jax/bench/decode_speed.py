@@ -15,11 +15,9 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
-
-from dflash_jax.progress import progress
 
 from dflash_jax import targets
+from dflash_jax.progress import Bar, progress
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding.generation import generate
 from dflash_jax.models.handles import Target
@@ -91,7 +89,7 @@ def measure(cfg: TargetConfig, batches, prompt_len: int, new_tokens: int, dtype,
             "bandwidth_fraction": moved / step_s / bandwidth,
             "read_bandwidth_fraction": moved / step_s / read_bw,
         })
-        tqdm.write(f"batch {batch:3d}: {rows[-1]['ms_per_step']:.2f} ms/step, "
+        Bar.write(f"batch {batch:3d}: {rows[-1]['ms_per_step']:.2f} ms/step, "
                    f"{rows[-1]['tokens_per_s']:.1f} tok/s, "
                    f"{100 * rows[-1]['bandwidth_fraction']:.1f}% of copy bandwidth, "
                    f"{100 * rows[-1]['read_bandwidth_fraction']:.1f}% of read bandwidth")

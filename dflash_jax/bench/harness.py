@@ -39,7 +39,6 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
@@ -49,6 +48,7 @@ from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
                                        EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter,
                                        load_target)
 from dflash_jax.files import write_text
+from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
                                   load_average, new_figure, portable_path, write_report)
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
@@ -395,7 +395,6 @@ def run(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
     machine = machine_check()
@@ -416,7 +415,8 @@ def run(args) -> dict:
     if mesh is not None and mesh.devices.shape[0] != 1:
         raise ValueError(f"--mesh {args.mesh}: the benchmark decodes one prompt at a time, so "
                          "the data axis must be 1 (e.g. --mesh data=1,model=4)")
-    status(f"loading {args.target} and {drafter_dir} ...")
+    shown = lambda name, path: EMBEDDED if os.path.abspath(path) in (EMBEDDED_TARGET, EMBEDDED_DRAFTER) else name
+    status(f"loading {shown(args.target, target_name)} and {shown(args.drafter, drafter_dir)} ...")
     target = load_target(target_path, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
@@ -435,7 +435,7 @@ def run(args) -> dict:
     }
     t0 = time.perf_counter()
     total = sum(len(s.turns) for v in sets.values() for s in v)
-    with tqdm(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
+    with progress(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
         for name, samples in sets.items():
             try:
                 bar.set_postfix(dataset=name)
