@@ -635,6 +635,25 @@ def saved(out: str, preset: str, ablations_out: str | None) -> tuple[dict, dict,
     return results, tables, missing
 
 
+def _loads(record) -> list[float]:
+    """Every 1-minute load average a result recorded (``load_average`` / ``load_average_before``,
+    at any depth)."""
+    if isinstance(record, dict):
+        found = [v[0] for k, v in record.items() if k.startswith("load_average") and isinstance(v, list) and v]
+        return found + [x for v in record.values() for x in _loads(v)]
+    if isinstance(record, list):
+        return [x for v in record for x in _loads(v)]
+    return []
+
+
+def _load_text(results: dict) -> str:
+    """The load the measurements ran under, as the README states it."""
+    loads = _loads(results)
+    if not loads:
+        return "load average not recorded"
+    return f"1-minute load average {min(loads):.1f}-{max(loads):.1f} before the measurements"
+
+
 def readme(out: str, preset: str, opt: Options, command: str, results: dict, tables: dict, minutes: float | None,
            ablations_out: str | None, missing: Sequence[str] = ()) -> str:
 
@@ -646,7 +665,7 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
                                        f" ({minutes:.1f} minutes for this invocation; measurements and cells reused "
                                        "from earlier runs cost nothing here)") + ".", "",
              f"Machine: {env['device']} ({env['platform']}, {cpu_model() or ''}, {os.cpu_count()} cores), "
-             f"jax {env['jax']}. Pair: target `{_show(opt.target)}`, "
+             f"jax {env['jax']}; {_load_text(results)}. Pair: target `{_show(opt.target)}`, "
              f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
              f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "
              "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol). tau: per response the mean "
