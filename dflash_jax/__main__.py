@@ -169,6 +169,11 @@ def main(argv=None):
         return
     name = args[0]
     if name not in COMMANDS:
+        if name == "paper" or name.startswith("ablate_") or name.startswith("ablate-"):
+            print(f"error: {name!r} is an experiment, not a command: run it as python -m "
+                  f"experiments.{name.replace('-', '_')} from a clone, or python -m "
+                  f"dflash_jax.experiments.{name.replace('-', '_')} where the package is installed", file=sys.stderr)
+            sys.exit(2)
         print(f"error: unknown command {name!r}; the commands are {', '.join(COMMANDS)} "
               f"({prog} --help describes them)", file=sys.stderr)
         sys.exit(2)

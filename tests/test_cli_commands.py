@@ -159,6 +159,12 @@ def test_no_command_and_unknown_commands(capsys):
         main(["trian", "--steps", "3"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: unknown command 'trian'") and "train" in err
+    # the experiments are listed in --help but run as their own modules: the error says how
+    for name in ("paper", "ablate_depth"):
+        with pytest.raises(SystemExit) as e:
+            main([name, "all"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"python -m experiments.{name}" in err and "unknown" not in err
 
 
 @pytest.mark.parametrize("module, name", [("dflash_jax.tools.gpu_compile", "gpu-compile"),

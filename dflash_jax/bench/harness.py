@@ -269,9 +269,9 @@ def explanation(report: dict) -> str:
                 f"{tp:.2f} / {cost:.2f} = {av['speedup_from_cost']:.2f}x (the table's "
                 f"{av['speedup']:.2f}x averages per-response times).")
         if "speedup_at_reference_cost" in av:
-            text += (f" Where an iteration costs {REFERENCE_ITERATION_COST:.2f} AR steps "
+            text += (f" Where an iteration costs {REFERENCE_ITERATION_COST:.3f} AR steps "
                      f"({REFERENCE_ITERATION_SOURCE}), the same acceptance gives ~ {tp:.2f} / "
-                     f"{REFERENCE_ITERATION_COST:.2f} = {av['speedup_at_reference_cost']:.2f}x.")
+                     f"{REFERENCE_ITERATION_COST:.3f} = {av['speedup_at_reference_cost']:.2f}x.")
         out.append(text)
     return "\n\n".join(out)
 
@@ -545,7 +545,7 @@ def _write_files(report: dict, out: str, quiet: bool = False) -> str:
     table = markdown(report)
     if not is_main_process():
         return table
-    write_report(report, out, "bench", plot, quiet=quiet)
+    write_report(report, out, "bench", plot, quiet=True)
     st = report["settings"]
     why = explanation(report)
     again = report.get("rederived")
@@ -565,6 +565,8 @@ def _write_files(report: dict, out: str, quiet: bool = False) -> str:
                "tau pooled: all iterations in one mean (tokens per iteration); end to end: the same "
                "speedup with the prefill included; iteration, AR steps: DFlash decode time per "
                "iteration / AR decode time per token, each pooled over the set's responses.\n")
+    if not quiet:
+        print(f"wrote {os.path.join(out, 'bench')}.json, .md and .png")
     return table
 
 
