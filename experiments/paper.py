@@ -639,7 +639,8 @@ def _loads(record) -> list[float]:
     """Every 1-minute load average a result recorded (``load_average`` / ``load_average_before``,
     at any depth)."""
     if isinstance(record, dict):
-        found = [v[0] for k, v in record.items() if k.startswith("load_average") and isinstance(v, list) and v]
+        found = [v[0] for k, v in record.items()
+                 if isinstance(k, str) and k.startswith("load_average") and isinstance(v, list) and v]
         return found + [x for v in record.values() for x in _loads(v)]
     if isinstance(record, list):
         return [x for v in record for x in _loads(v)]

@@ -326,6 +326,6 @@ def test_readme_alone_from_saved_outputs_lists_what_is_missing(paper_all, tmp_pa
 
 def test_the_readme_states_the_load_the_measurements_ran_under():
     recorded = {"table1": {"load_average": [1.7, 1.5, 1.4], "results": {"x": [{"load_average_before": [1.1, 1.0, 0.9]}]}},
-                "acceptance": {"load_average_before": [3.25, 2.0, 1.0], "other": [4.0]}}
+                "acceptance": {"load_average_before": [3.25, 2.0, 1.0], "other": [4.0], 16: {"tau": 2.0}}}
     assert paper._load_text(recorded) == "1-minute load average 1.1-3.2 before the measurements"
     assert paper._load_text({"table1": {"results": {}}}) == "load average not recorded"
