@@ -116,6 +116,22 @@ class TargetFamily:
         splits; the rest (norm vectors) is replicated."""
         raise NotImplementedError(self._missing("matrix_params", "be sized"))
 
+    def matrix_params_read(self, cfg, rows: int) -> float:
+        """Expected matrix parameters one forward pass over ``rows`` tokens of ONE sequence
+        reads from memory (embedding rows aside: the LM head and the layers). A dense family
+        reads all of them whatever ``rows`` is (the default: :meth:`matrix_params`); a
+        mixture-of-experts family reads its shared parts plus, in each MoE layer, the experts
+        the rows route to: ``E * (1 - (1 - k/E) ** rows)`` of ``E`` under uniform routing
+        (1 row: k experts; a block of 16 rows: up to ``min(E, 16k)``). The roofline and the
+        communication model charge weight traffic with this."""
+        return float(self.matrix_params(cfg))
+
+    def matrix_params_per_token(self, cfg) -> int:
+        """Matrix parameters one token multiplies with (a forward costs about twice this in
+        FLOPs per token): all of them for a dense family, the router, the shared parts and the
+        k routed experts for an MoE family (the default: :meth:`matrix_params`)."""
+        return self.matrix_params(cfg)
+
     def state_bytes_per_token(self, cfg, itemsize: int) -> float:
         """Decode-state bytes one more position of one row costs (KV of every attention layer)."""
         raise NotImplementedError(self._missing("state_bytes_per_token", "be sized"))
