@@ -35,13 +35,16 @@ class TensorSpec(NamedTuple):
 
     ``path``: keys into the tree; ``layer``: index along the stacked layer axis, or None;
     ``transpose``: True for Linear weights ([out, in] on disk, [in, out] in the tree);
-    ``shape``: the shape on disk.
+    ``shape``: the shape on disk; ``expert``: index along a stacked expert axis (after the
+    layer axis), or None: a mixture-of-experts layer's per-expert tensors
+    (``mlp.experts.{e}.gate_proj.weight`` [F, D]) stack into one parameter [layers, E, D, F].
     """
 
     path: tuple[str, ...]
     layer: int | None
     transpose: bool
     shape: tuple[int, ...]
+    expert: int | None = None
 
 
 def layer_tensor_specs(prefix: str, num_layers: int, D: int, H: int, Hkv: int, Dh: int, F: int,
@@ -134,21 +137,37 @@ def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpe
       CheckpointError listing every missing, unexpected and mis-shaped tensor.
     """
     check_tensor_set({n: tuple(t.shape) for n, t in tensors.items()}, specs, ignore, what)
-    groups: dict[tuple[str, ...], dict[int | None, np.ndarray]] = {}
+    groups: dict[tuple[str, ...], dict[tuple[int | None, int | None], np.ndarray]] = {}
     for name, spec in specs.items():
         arr = tensors[name]
         if spec.transpose:
             arr = arr.T
-        groups.setdefault(spec.path, {})[spec.layer] = arr
+        groups.setdefault(spec.path, {})[(spec.layer, spec.expert)] = arr
     params: dict[str, Any] = {}
-    for path, by_layer in groups.items():
-        if None in by_layer:
-            arr = by_layer[None]
-        else:
-            arr = np.stack([by_layer[i] for i in range(len(by_layer))])
+    for path, parts in groups.items():
+        arr = _stack_parts(parts, lambda key: parts[key])
         arr = jnp.asarray(arr, dtype=dtype) if dtype is not None else jnp.asarray(arr)
         _set_path(params, path, arr)
     return params
+
+
+def _stacked_keys(keys) -> tuple[list, list]:
+    """The layer indices and expert indices ([None] when that axis is absent) of one
+    parameter's specs, in stacking order."""
+    layers = sorted({k[0] for k in keys}, key=lambda i: -1 if i is None else i)
+    experts = sorted({k[1] for k in keys}, key=lambda i: -1 if i is None else i)
+    return layers, experts
+
+
+def _stack_parts(parts, get):
+    """One parameter from its specs' arrays (keyed by (layer, expert)): stacked along the layer
+    axis, then the expert axis, where the specs carry them."""
+    layers, experts = _stacked_keys(parts)
+    rows = []
+    for i in layers:
+        row = [get((i, e)) for e in experts]
+        rows.append(row[0] if experts == [None] else np.stack(row))
+    return rows[0] if layers == [None] else np.stack(rows)
 
 
 def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
@@ -196,26 +215,36 @@ def read_sharded_params(path: str | os.PathLike, specs: dict[str, TensorSpec], s
             for name in names:
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     check_tensor_set(shapes, specs, ignore, what)
-    groups: dict[tuple[str, ...], dict[int | None, str]] = {}
+    groups: dict[tuple[str, ...], dict[tuple[int | None, int | None], str]] = {}
     for name, spec in specs.items():
-        groups.setdefault(spec.path, {})[spec.layer] = name
+        groups.setdefault(spec.path, {})[(spec.layer, spec.expert)] = name
     params: dict[str, Any] = {}
-    for tree_path, by_layer in groups.items():
-        names = [by_layer[None]] if None in by_layer else [by_layer[i] for i in range(len(by_layer))]
-        spec = specs[names[0]]
-        one = shapes[names[0]][::-1] if spec.transpose else shapes[names[0]]
-        shape = one if None in by_layer else (len(names),) + one
+    for tree_path, by_key in groups.items():
+        layers, experts = _stacked_keys(by_key)
+        first = next(iter(by_key.values()))
+        spec = specs[first]
+        one = shapes[first][::-1] if spec.transpose else shapes[first]
+        outer = tuple(len(ids) for ids in (layers, experts) if ids != [None])
+        shape = outer + one
 
-        def read(index, names=names, spec=spec, stacked=None not in by_layer):
-            layer_ids = range(len(names))[index[0]] if stacked else [0]
-            inner = index[1:] if stacked else index
+        def read(index, by_key=by_key, spec=spec, layers=layers, experts=experts, outer=outer):
+            n_outer = len(outer)
+            picks = []  # per stacked axis: the (layer or expert) ids this index covers
+            for ids in (layers, experts):
+                if ids == [None]:
+                    picks.append([None])
+                else:
+                    picks.append(ids[index[len([p for p in picks if p != [None]])]])
+            inner = index[n_outer:]
             disk = inner[::-1] if spec.transpose else inner  # [out, in] on disk
-            parts = []
-            for i in layer_ids:
-                with open_safetensors(files[names[i]]) as f:
-                    part = f.get_slice(names[i])[disk]
-                parts.append(part.T if spec.transpose else part)
-            arr = np.stack(parts) if stacked else parts[0]
+
+            def get(key):
+                name = by_key[key]
+                with open_safetensors(files[name]) as f:
+                    part = f.get_slice(name)[disk]
+                return part.T if spec.transpose else part
+
+            arr = _stack_parts({(i, e): None for i in picks[0] for e in picks[1]}, get)
             return arr.astype(dtype) if dtype is not None else arr
 
         arr = jax.make_array_from_callback(shape, sharding_of(tree_path, len(shape)), read)
@@ -233,6 +262,8 @@ def params_to_tensors(params: dict, specs: dict[str, TensorSpec]) -> dict[str, n
         arr = np.asarray(jax.device_get(node))
         if spec.layer is not None:
             arr = arr[spec.layer]
+        if spec.expert is not None:
+            arr = arr[spec.expert]
         if spec.transpose:
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
@@ -300,14 +331,30 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     A tied checkpoint that still stores ``lm_head.weight`` is accepted (the copy is ignored).
     ``sharding_of(param path, ndim)``: place the parameters sharded as they are read
     (:func:`read_sharded_params`).
+
+    A family may read other stored layouts than its ``tensor_specs`` (a mixture-of-experts
+    checkpoint with its experts fused into one tensor per layer, quantized weights): it then
+    defines ``convert_checkpoint_tensors(cfg, tensors, what) -> tensors`` (names and arrays as
+    read -> the ``tensor_specs`` names, raising :class:`CheckpointError` naming a bad tensor),
+    which runs when the checkpoint holds names outside its specs. Such a checkpoint is read
+    whole on the host, then placed (``sharding_of``).
     """
     cfg = cfg or TargetConfig.from_pretrained(path)
     specs = target_tensor_specs(cfg)
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     what = f"target checkpoint {os.fspath(path)!r}"
-    if sharding_of is not None:
+    convert = getattr(targets.family_of(cfg), "convert_checkpoint_tensors", None)
+    stored = set(checkpoint_files(path))
+    direct = convert is None or stored <= set(specs) | set(ignore)
+    if sharding_of is not None and direct:
         return cfg, read_sharded_params(path, specs, sharding_of, dtype, ignore, what)
-    params = tensors_to_params(read_tensors(path), specs, dtype=dtype, ignore=ignore, what=what)
+    tensors = read_tensors(path)
+    if not direct:  # another stored layout (fused experts, quantized blocks): the family converts
+        tensors = convert(cfg, tensors, what)
+    params = tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore, what=what)
+    if sharding_of is not None:
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: jax.device_put(x, sharding_of(tuple(k.key for k in p), x.ndim)), params)
     return cfg, params
 
 
