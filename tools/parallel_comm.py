@@ -54,6 +54,29 @@ in H100 (without cuda graph)"); XLA's psum goes through NCCL, whose small-messag
 is of this order. The same L is assumed on a B200 (no measured number here): the model's
 sensitivity to L is in the report.
 
+Expert parallelism (mixture-of-experts targets, a mesh ``(data, expert = e, model = m)``;
+``parallel.rules``): the rows are replicated over ``expert``; each device runs the replicated
+router and its E / e local experts (each split over ``model`` by its intermediate dim) on the
+rows routed to them, and ONE all-reduce over the e m devices of its ``(expert, model)`` group
+sums experts and model shards, in place of the dense MLP's psum over ``model``:
+
+  psum pattern (implemented; decode and verify)   per MoE layer: 1 all-reduce of b r D a bytes
+                                                  over g = e m devices, link bytes
+                                                  2 (g - 1) / g * b r D a
+  all-to-all pattern (not implemented; prefill,   per MoE layer: 2 all-to-alls (dispatch and
+  training: rows split over ``expert``)           combine) over e devices, each device sending
+                                                  its ceil(b r / e) rows' k copies: link bytes
+                                                  2 (e - 1) / e * ceil(b r / e) k D a (uniform
+                                                  routing), + a psum of the received rows over
+                                                  ``model`` when m > 1
+
+At m = 1 the all-reduce moves e / k times the all-to-all's bytes (1x for Qwen3-Coder's k = 8 on
+e = 8, 2x for gpt-oss's k = 4) but is one collective instead of two (the latency term decides at
+1..16 rows), needs no capacity limit or token permutation, and works at batch 1, where the
+all-to-all has one row to split over e devices. The all-to-all pays off where the rows are
+many and the attention should not run e times (prefill, training): :func:`expert_parallel`
+counts both (the ``--moe-models`` table).
+
 Memory per device (the mesh must fit): weights (sharded parts / p, replicated parts in full,
 the drafter included) + K/V of the target's and the drafter's layers for b sequences of
 ``--budget-context`` positions (Hkv / p heads each), against ``--memory-fraction`` of the HBM
@@ -82,6 +105,7 @@ from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.files import write_json, write_text
 from dflash_jax.reporting import command_line, environment
+import math
 
 ARGMAX_PAIR_BYTES = 8  # float32 max + int32 index, per row per device
 TP_SIZES = (1, 2, 4, 8)
@@ -222,6 +246,125 @@ def comm_totals(collectives: Sequence[Collective], p: int, link_bandwidth: float
         "link_bytes": sum(c.count * c.link_bytes(p) for c in collectives) if p > 1 else 0.0,
         "seconds": sum(c.seconds(p, link_bandwidth, latency) for c in collectives),
     }
+
+
+# ---------------------------------------------------------------------------- expert parallelism
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    """What expert parallelism's communication depends on in an MoE target: hidden size D,
+    decoder layers, how many of them are MoE layers, E routed experts of which k per token."""
+
+    hidden_size: int
+    num_layers: int
+    moe_layers: int
+    num_experts: int
+    experts_per_token: int
+
+
+MOE_MODELS = {
+    # Qwen3-Coder-30B-A3B-Instruct's config.json: hidden 2048, 48 layers all sparse
+    # (decoder_sparse_step 1, no mlp_only_layers), num_experts 128, num_experts_per_tok 8
+    "qwen3-coder-30b-a3b": MoeShape(2048, 48, 48, 128, 8),
+    # gpt-oss-120b's config.json: hidden 2880, 36 layers all MoE, num_local_experts 128,
+    # experts_per_token 4
+    "gpt-oss-120b": MoeShape(2880, 36, 36, 128, 4),
+}
+EP_MESHES = ((8, 1), (4, 2), (2, 4))
+"""(expert, model) sizes of the 8-device EP table."""
+EP_ROWS = (1, 16, 2048)
+"""Rows per sequence of the EP table: an AR step, a block-16 verify, a 2048-token prefill."""
+
+
+def check_ep(shape: MoeShape, expert: int) -> None:
+    """Refuses an expert-axis size that does not divide the routed experts."""
+    if expert < 1 or shape.num_experts % expert:
+        raise ValueError(f"expert parallel size {expert} must divide num_experts "
+                         f"({shape.num_experts})")
+
+
+def moe_psum_collectives(shape: MoeShape, rows: int, expert: int, model: int, batch: int = 1,
+                         act_bytes: int = 2) -> list[Collective]:
+    """The implemented pattern: one all-reduce of the [b r, D] MoE output per MoE layer over
+    the ``expert x model`` group (none on one device). Ring link bytes: use group size
+    ``expert * model``."""
+    check_ep(shape, expert)
+    if expert * model == 1:
+        return []
+    return [Collective("MoE layer psum over (expert, model)", "all-reduce", shape.moe_layers,
+                       batch * rows * shape.hidden_size * act_bytes)]
+
+
+def moe_all_to_all_collectives(shape: MoeShape, rows: int, expert: int, batch: int = 1,
+                               act_bytes: int = 2) -> list[Collective]:
+    """The alternative for many rows: rows split over ``expert`` (ceil(b r / e) per device),
+    each row's k expert inputs sent to their experts' devices and the k outputs sent back:
+    two all-to-alls per MoE layer, each a send buffer of ceil(b r / e) k D a bytes per
+    device, of which (e - 1) / e leaves it under uniform routing. Group size ``expert``."""
+    check_ep(shape, expert)
+    if expert == 1:
+        return []
+    per_device = math.ceil(batch * rows / expert) * shape.experts_per_token
+    return [Collective("MoE dispatch + combine all-to-alls", "all-to-all", 2 * shape.moe_layers,
+                       per_device * shape.hidden_size * act_bytes)]
+
+
+def expert_parallel(shape: MoeShape, rows: int, expert: int, model: int, batch: int = 1,
+                    act_bytes: int = 2, link_bandwidth: float = NODES["b200"].link_bandwidth,
+                    latency: float = LATENCY_US * 1e-6) -> dict:
+    """Both patterns' collectives of the MoE layers of one forward over ``rows`` rows per
+    sequence on an ``expert x model`` group: per layer and per forward, payload and ring link
+    bytes per device, and their time (count x (L + link bytes / B)). The attention's own
+    psums over ``model`` (as for a dense target) are not included."""
+    g = expert * model
+    psum = moe_psum_collectives(shape, rows, expert, model, batch, act_bytes)
+    a2a = moe_all_to_all_collectives(shape, rows, expert, batch, act_bytes)
+    out = {"expert": expert, "model": model, "rows": rows, "batch": batch}
+    for name, colls, group in (("psum", psum, g), ("all_to_all", a2a, expert)):
+        count = sum(c.count for c in colls)
+        link = sum(c.count * c.link_bytes(group) for c in colls) if colls else 0.0
+        out[name] = {"collectives": count, "group": group,
+                     "payload_bytes": sum(c.count * c.payload for c in colls),
+                     "link_bytes": link,
+                     "link_bytes_per_layer": link / shape.moe_layers,
+                     "us": 1e6 * sum(c.seconds(group, link_bandwidth, latency) for c in colls)}
+    if model > 1 and a2a:  # the experts' partial sums over model, on the received rows
+        recv = batch * rows * shape.experts_per_token / expert
+        extra = Collective("received rows psum over model", "all-reduce", shape.moe_layers,
+                           recv * shape.hidden_size * act_bytes)
+        out["all_to_all"]["collectives"] += extra.count
+        out["all_to_all"]["link_bytes"] += extra.count * extra.link_bytes(model)
+        out["all_to_all"]["link_bytes_per_layer"] = out["all_to_all"]["link_bytes"] / shape.moe_layers
+        out["all_to_all"]["us"] += 1e6 * extra.seconds(model, link_bandwidth, latency)
+    return out
+
+
+def expert_parallel_rows(models: Sequence[str], meshes=EP_MESHES, rows=EP_ROWS,
+                         act_bytes: int = 2, latency: float = LATENCY_US * 1e-6,
+                         device: str = "b200") -> list[dict]:
+    """:func:`expert_parallel` for every MoE model, (expert, model) mesh and row count."""
+    return [expert_parallel(MOE_MODELS[name], r, e, m, 1, act_bytes, NODES[device].link_bandwidth,
+                            latency) | {"model_name": name, "device": device}
+            for name in models for e, m in meshes for r in rows]
+
+
+def expert_parallel_markdown(rows: Sequence[dict]) -> list[str]:
+    """The EP table of the report."""
+    if not rows:
+        return []
+    dev = roofline.DEVICES[rows[0]["device"]].name.replace(" (datasheet)", "")
+    lines = ["", f"### Expert parallelism: the MoE layers' collectives per forward ({dev} NVLink, batch 1)",
+             "", "Implemented: rows replicated over `expert`, one all-reduce of [rows, D] per MoE "
+             "layer over the expert x model group. Alternative (not implemented): rows split over "
+             "`expert`, dispatch + combine all-to-alls. Link bytes: what one device sends (ring "
+             "all-reduce 2 (g-1)/g of the payload, all-to-all (e-1)/e).", "",
+             "| model | expert x model | rows | psum: collectives | link KB per layer | us | "
+             "all-to-all: collectives | link KB per layer | us |", "|" + "---|" * 9]
+    for r in rows:
+        p, a = r["psum"], r["all_to_all"]
+        lines.append(f"| {r['model_name']} | {r['expert']} x {r['model']} | {r['rows']} | "
+                     f"{p['collectives']} | {p['link_bytes_per_layer'] / 1e3:.2f} | {p['us']:.0f} | "
+                     f"{a['collectives']} | {a['link_bytes_per_layer'] / 1e3:.2f} | {a['us']:.0f} |")
+    return lines
 
 
 # ---------------------------------------------------------------------------- memory
@@ -427,6 +570,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['model']} | {r['tp']} | " + " | ".join(
                 f"{100 * r['iteration_comm_share'][x]:.0f} %, {r['speedup'][x]:.2f}x"
                 for x in lats) + " |")
+    lines += expert_parallel_markdown(a.get("expert_parallel", []))
     return "\n".join(lines) + "\n"
 
 
@@ -454,6 +598,9 @@ def add_arguments(p) -> None:
                    help="acceptance length of the speedup (default: the paper's, Qwen3-8B)")
     p.add_argument("--memory-fraction", type=float, default=MEMORY_FRACTION,
                    help="share of HBM for weights + KV cache")
+    p.add_argument("--moe-models", nargs="*", default=list(MOE_MODELS), choices=list(MOE_MODELS),
+                   help="MoE shapes of the expert-parallelism table (8 devices: expert x model "
+                   "= 8x1, 4x2, 2x4; rows 1, 16, 2048); none: no table")
     p.add_argument("--out", default="results/parallel",
                    help="output directory (comm.json and comm.md)")
 
@@ -506,7 +653,11 @@ def run(args) -> dict:
                             context=args.context, budget_context=args.budget_context,
                             latency=args.latency_us * 1e-6, tau=args.tau,
                             memory_fraction=args.memory_fraction,
-                            dtype_bytes=roofline.DTYPE_BYTES[args.dtype]),
+                            dtype_bytes=roofline.DTYPE_BYTES[args.dtype])
+                    | {"expert_parallel": expert_parallel_rows(
+                        getattr(args, "moe_models", list(MOE_MODELS)),
+                        act_bytes=roofline.DTYPE_BYTES[args.dtype],
+                        latency=args.latency_us * 1e-6)},
         "env": environment(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

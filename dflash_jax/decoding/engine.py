@@ -34,7 +34,8 @@ Acceptance rules:
 Multi-device (``EngineSpec.mesh``, ``dflash_jax.parallel``): ``prefill`` and ``decode`` run their
 whole body, the ``while_loop`` included, inside one ``shard_map`` over the mesh. Each device
 runs the functions above on its rows (``data``) with the shard's configs (``model``: heads, KV
-heads, MLP width, vocabulary split; ``parallel.rules``); the only cross-device steps are the
+heads, MLP width, vocabulary split; ``expert``: an MoE target's experts split, the rows the
+same on every device of the axis; ``parallel.rules``); the only cross-device steps are the
 models' psums and the vocabulary reductions the rules are given (``EngineSpec.ops``,
 ``parallel.vocab.VocabOps``: argmax, log-softmax, values at token ids, sampling with the
 single-device random numbers), which exchange numbers per row, never the logits.
@@ -94,9 +95,10 @@ class EngineSpec:
     proposer: the proposer (``dflash_jax.proposers``), or None: autoregressive decoding.
     acceptance: the acceptance rule, :data:`MATCH` or :data:`REJECTION` (a sampled proposer's).
     verify: :class:`FixedVerify` or :class:`AdaptiveVerify`.
-    mesh: a ``(data, model)`` device mesh (``parallel.make_mesh``) to run on, or None (one
-      device). Inside the sharded program the functions see :meth:`local` specs: ``mesh``
-      None, ``shards`` set and the configs of one model shard.
+    mesh: a ``(data, model)`` or ``(data, expert, model)`` device mesh (``parallel.make_mesh``)
+      to run on, or None (one device). Inside the sharded program the functions see
+      :meth:`local` specs: ``mesh`` None, ``shards`` set, the configs of one model (and
+      expert) shard and ``expert_axis`` set when the target's experts are split.
     """
 
     target: TargetConfig
@@ -109,6 +111,7 @@ class EngineSpec:
     attention_impl: str = "xla"
     mesh: Any = None
     shards: vocab.Shards | None = None
+    expert_axis: str | None = None
 
     def __post_init__(self):
         if self.acceptance not in ACCEPTANCE_RULES:
@@ -128,6 +131,15 @@ class EngineSpec:
         return self.shards.tp_axis if self.shards is not None else None
 
     @property
+    def target_axes(self) -> dict:
+        """The mesh-axis keywords of the target family's forward: ``model_axis``, and
+        ``expert_axis`` only when experts are split (a family without experts never sees it)."""
+        axes = {"model_axis": self.tp_axis}
+        if self.expert_axis is not None:
+            axes["expert_axis"] = self.expert_axis
+        return axes
+
+    @property
     def ops(self) -> vocab.VocabOps:
         """The vocabulary reductions the sampling filters and acceptance rules are given."""
         return vocab.VocabOps(self.shards)
@@ -135,10 +147,10 @@ class EngineSpec:
     def local(self) -> "EngineSpec":
         """The spec one device runs inside ``shard_map`` over ``self.mesh``."""
         sizes = rules.mesh_axis_sizes(self.mesh)
-        m = sizes[rules.MODEL]
+        m, e = sizes[rules.MODEL], rules.expert_size(self.mesh)
         return dataclasses.replace(
             self, mesh=None, shards=vocab.Shards(sizes[rules.DATA], m),
-            target=rules.local_config(self.target, m),
+            target=rules.local_config(self.target, m, e), expert_axis=rules.expert_axis(self.mesh),
             proposer=self.proposer.local(m) if self.proposer is not None else None)
 
     @property
@@ -206,7 +218,7 @@ def prefill(tparams, pparams, tokens, lengths, max_new, stop_ids, key, *, spec: 
 
 def target_param_specs(spec: EngineSpec, tparams):
     """The PartitionSpec tree of the target's parameters (its family's partition rules)."""
-    return rules.param_specs(tparams, spec.family.param_axes(spec.target))
+    return rules.param_specs(tparams, spec.family.param_axes(spec.target), mesh=spec.mesh)
 
 
 def state_specs(spec: EngineSpec) -> DecodeState:
@@ -231,7 +243,7 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, pparams, tokens, lengths
     logits, taps, tcache = family.forward(cfg, tparams, tokens, positions,
                                           family.init_state(cfg, B, cache_len, dtype),
                                           tap_layer_ids=spec.tap_layer_ids, logit_index=lengths - 1,
-                                          attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
+                                          attention_impl=spec.attention_impl, **spec.target_axes)
     first = sample_tokens(sub, logits[:, 0], spec.sampling, spec.ops)
     tcache = tcache.rollback(lengths)  # the right padding is not part of the prompt
     pstate = None
@@ -328,7 +340,7 @@ def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tc
     """
     return spec.family.forward(spec.target, tparams, block, positions, tcache,
                                tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                               model_axis=spec.tp_axis)
+                               **spec.target_axes)
 
 
 # ---------------------------------------------------------------------------- rollback

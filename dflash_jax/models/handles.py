@@ -48,7 +48,7 @@ class Target:
 
     def __post_init__(self):
         if self.mesh is not None:
-            rules.check_model_split(self.config, rules.mesh_axis_sizes(self.mesh)[rules.MODEL])
+            rules.check_mesh_split(self.config, self.mesh)
             self.params = rules.shard_params(self.params, self.mesh,
                                              family_of(self.config).param_axes(self.config))
         limit = self.config.max_position_embeddings
@@ -112,7 +112,7 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
     path = os.fspath(resolve_checkpoint(path, revision, kind="target"))
     if mesh is not None:
         config = TargetConfig.from_pretrained(path)
-        rules.check_model_split(config, rules.mesh_axis_sizes(mesh)[rules.MODEL])
+        rules.check_mesh_split(config, mesh)
         config, params = load_target_params(path, config, dtype=dtype,
                                             sharding_of=_sharding_on(mesh, family_of(config).param_axes(config)))
     else:
@@ -130,7 +130,8 @@ def _sharding_on(mesh, table=None):
     target family's ``param_axes``, default the drafter's)."""
     def sharding_of(path, ndim):
         return jax.sharding.NamedSharding(
-            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim, table)))
+            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim, table),
+                                        mesh=mesh))
     return sharding_of
 
 

@@ -10,7 +10,9 @@ from dflash_jax.parallel.mesh import initialize, make_mesh, parse_mesh
 def add_arguments(p) -> None:
     g = p.add_argument_group("multi-device and multi-host")
     g.add_argument("--mesh", help="run on a device mesh, e.g. data=2,model=4 (data: rows split over "
-                                  "devices; model: tensor parallelism); default: one device")
+                                  "devices; model: tensor parallelism; expert: a mixture-of-experts "
+                                  "target's experts split, e.g. data=2,expert=2,model=2); default: "
+                                  "one device")
     g.add_argument("--coordinator", help="multi-host: host:port of process 0 (or "
                                          "JAX_COORDINATOR_ADDRESS)")
     g.add_argument("--num-processes", type=int, help="multi-host: number of processes (or "

@@ -2,7 +2,8 @@
 
 ``target_logits(target, tokens)`` runs the target family's forward inside ``shard_map`` on
 the target's mesh with the layout of ``parallel.rules`` and returns the logits as one global
-array [B, T, V] (rows over ``data``, vocabulary over ``model``; nothing is gathered)."""
+array [B, T, V] (rows over ``data``, vocabulary over ``model``, replicated over ``expert``;
+nothing is gathered)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,16 @@ def target_logits(target, tokens) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _sharded_logits(cfg, mesh, params, tokens, positions):
-    m = rules.mesh_axis_sizes(mesh)[rules.MODEL]
-    local = rules.local_config(cfg, m)
-    axis = rules.MODEL if m > 1 else None
+    m, e = rules.mesh_axis_sizes(mesh)[rules.MODEL], rules.expert_size(mesh)
+    local = rules.local_config(cfg, m, e)
+    axes = {"model_axis": rules.MODEL if m > 1 else None}
+    if e > 1:  # only a family with experts takes it (TargetFamily.forward)
+        axes["expert_axis"] = rules.EXPERT
 
     def body(p, t, pos):
-        return target_forward(local, p, t, pos, model_axis=axis)[0]
+        return target_forward(local, p, t, pos, **axes)[0]
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(rules.param_specs(params, family_of(cfg).param_axes(cfg)), P(rules.DATA, None),
-                                                    P(rules.DATA, None)),
+    specs = rules.param_specs(params, family_of(cfg).param_axes(cfg), mesh=mesh)
+    return jax.shard_map(body, mesh=mesh, in_specs=(specs, P(rules.DATA, None), P(rules.DATA, None)),
                          out_specs=P(rules.DATA, None, rules.MODEL), check_vma=False)(
         params, tokens, positions)

@@ -1,6 +1,8 @@
-"""Device meshes (axes ``data`` and ``model``) and JAX's multi-host runtime.
+"""Device meshes (axes ``data`` and ``model``, and ``expert`` for mixture-of-experts targets)
+and JAX's multi-host runtime.
 
     mesh = make_mesh(data=2, model=4)          # 8 devices, on one host or across hosts
+    mesh = make_mesh(data=2, expert=2, model=2)  # experts of an MoE target over ``expert``
     target = dj.load_target(path, mesh=mesh)  # weights placed sharded as they load
 
 Across hosts, call :func:`initialize` first (every process, same arguments but its own id):
@@ -17,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from dflash_jax.parallel.rules import DATA, MODEL
+from dflash_jax.parallel.rules import DATA, EXPERT, MODEL
 from dflash_jax.xla_flags import cuda_plugin_installed
 
 ENV_COORDINATOR = ("DFLASH_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
@@ -25,43 +27,58 @@ ENV_NUM_PROCESSES = ("DFLASH_NUM_PROCESSES", "JAX_NUM_PROCESSES")
 ENV_PROCESS_ID = ("DFLASH_PROCESS_ID", "JAX_PROCESS_ID")
 
 
-def make_mesh(data: int | None = None, model: int | None = None, devices=None) -> Mesh:
-    """A ``(data, model)`` mesh over ``devices`` (default: every device of every process).
+def make_mesh(data: int | None = None, model: int | None = None, devices=None,
+              expert: int | None = None) -> Mesh:
+    """A ``(data, model)`` mesh over ``devices`` (default: every device of every process), or,
+    with ``expert`` given, a ``(data, expert, model)`` mesh (expert parallelism: a
+    mixture-of-experts target's experts split over ``expert``, ``parallel.rules``).
 
-    Give either size or both; the missing one takes the remaining devices. ``model`` is the
-    inner (fastest-varying) axis, so tensor-parallel groups are neighbouring devices (within
-    one host, over NVLink, when ``model`` <= devices per host)."""
+    Give either of data and model or both; the missing one takes the remaining devices.
+    ``model`` is the inner (fastest-varying) axis, so tensor-parallel groups are neighbouring
+    devices (within one host, over NVLink, when ``model`` <= devices per host); ``expert`` is
+    next, so an expert-parallel group (``expert x model`` devices, the MoE layers' all-reduce)
+    is the next-nearest block of devices."""
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
-    for name, value in (("data", data), ("model", model)):
+    for name, value in (("data", data), ("model", model), ("expert", expert)):
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
             raise ValueError(f"mesh {name} size must be a positive integer, got {value!r}")
+    e = 1 if expert is None else int(expert)
     if data is None and model is None:
-        data, model = n, 1
+        if n % e:
+            raise ValueError(f"expert={e} does not divide the {n} devices; give data= too")
+        data, model = n // e, 1
     elif data is None:
-        if n % model:
-            raise ValueError(f"model={model} does not divide the {n} devices; give data= too")
-        data = n // model
+        if n % (model * e):
+            raise ValueError(f"model={model}{f' x expert={e}' if e > 1 else ''} does not divide "
+                             f"the {n} devices; give data= too")
+        data = n // (model * e)
     elif model is None:
-        if n % data:
-            raise ValueError(f"data={data} does not divide the {n} devices; give model= too")
-        model = n // data
-    if data * model > n:
-        raise ValueError(f"a mesh of data={data} x model={model} needs {data * model} devices; "
+        if n % (data * e):
+            raise ValueError(f"data={data}{f' x expert={e}' if e > 1 else ''} does not divide "
+                             f"the {n} devices; give model= too")
+        model = n // (data * e)
+    if data * e * model > n:
+        shape = f"data={data} x " + (f"expert={e} x " if expert is not None else "") + f"model={model}"
+        raise ValueError(f"a mesh of {shape} needs {data * e * model} devices; "
                          f"{n} are available ({jax.default_backend()}; on CPU, set XLA_FLAGS="
-                         f"--xla_force_host_platform_device_count={data * model} before jax starts)")
-    grid = np.array(devices[:data * model], dtype=object).reshape(data, model)
-    return Mesh(grid, (DATA, MODEL))
+                         f"--xla_force_host_platform_device_count={data * e * model} before jax starts)")
+    if expert is None:
+        grid = np.array(devices[:data * model], dtype=object).reshape(data, model)
+        return Mesh(grid, (DATA, MODEL))
+    grid = np.array(devices[:data * e * model], dtype=object).reshape(data, e, model)
+    return Mesh(grid, (DATA, EXPERT, MODEL))
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,model=4"`` -> {"data": 2, "model": 4} (the CLI's ``--mesh``)."""
+    """``"data=2,model=4"`` -> {"data": 2, "model": 4} (the CLI's ``--mesh``; ``expert=2``
+    adds the expert axis)."""
     out: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in str(text).split(","))):
-        m = re.fullmatch(r"(data|model)\s*=\s*(\d+)", part)
+        m = re.fullmatch(r"(data|model|expert)\s*=\s*(\d+)", part)
         if not m:
-            raise ValueError(f"--mesh {text!r}: expected entries like data=2,model=4 (axes data "
-                             "and model, positive sizes)")
+            raise ValueError(f"--mesh {text!r}: expected entries like data=2,model=4 (axes data, "
+                             "model and expert, positive sizes)")
         if m.group(1) in out:
             raise ValueError(f"--mesh {text!r} gives {m.group(1)} twice")
         out[m.group(1)] = int(m.group(2))

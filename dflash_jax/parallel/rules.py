@@ -20,6 +20,19 @@ over ``data``:
     (its K/V projections read all of D), so splitting it would cost an all-gather of
     [rows, D] per draft for a matrix of k*D*D (one seventh of a Qwen3-8B drafter layer).
   * KV caches [layers, batch, slots, Hkv, Dh]: batch over ``data``, KV heads over ``model``.
+
+Expert parallelism (a mixture-of-experts target on a mesh with an ``expert`` axis,
+``make_mesh(..., expert=e)``): the routed experts' stacked weights [E, ...] split by experts over
+``expert`` (shard j holds experts ``[j E/e, (j+1) E/e)``), and each expert's intermediate
+dimension over ``model`` as the dense MLP's (tensor parallelism inside the experts). Everything
+else (attention, router, shared expert, embedding, head, caches) is laid out as above and
+replicated over ``expert``: the rows a device decodes are the same on every device of its
+``expert x model`` group. In an MoE layer each device runs the (replicated) router on all its
+rows, then only its local experts on the rows routed to them (zero for the others), and one
+``psum`` over ``(expert, model)`` sums the experts' contributions and the model shards' partial
+sums: an all-reduce of [rows, D] per MoE layer, the dense MLP's psum widened to the group.
+For decode and verify (1..16 rows per sequence) this moves less than an all-to-all dispatch
+would and needs no capacity limit (``tools/parallel_comm.py`` counts both).
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dflash_jax import targets
 from dflash_jax.nn import partitioning
 
-DATA, MODEL = "data", "model"
+DATA, MODEL, EXPERT = "data", "model", "expert"
 
 LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA),
@@ -42,6 +55,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("kv_heads", MODEL),
     ("mlp", MODEL),
     ("vocab", MODEL),
+    ("expert", EXPERT),
     ("embed", None),
     ("layers", None),
     ("slots", None),
@@ -57,13 +71,16 @@ PARAM_AXES = partitioning.PARAM_AXES
 CACHE_AXES = partitioning.CACHE_AXES
 
 
-def logical_to_spec(axes, rules=LOGICAL_RULES) -> P:
-    """PartitionSpec of an array whose dims have the logical names ``axes``."""
+def logical_to_spec(axes, rules=LOGICAL_RULES, mesh=None) -> P:
+    """PartitionSpec of an array whose dims have the logical names ``axes``; with ``mesh``,
+    a mesh axis that ``mesh`` does not have (``expert`` on a ``(data, model)`` mesh) is
+    replicated (None)."""
     table = dict(rules)
     unknown = [a for a in axes if a not in table]
     if unknown:
         raise KeyError(f"no partition rule for logical axes {unknown}; rules: {sorted(table)}")
-    return P(*(table[a] for a in axes))
+    names = None if mesh is None else set(mesh.axis_names)
+    return P(*(table[a] if names is None or table[a] in names else None for a in axes))
 
 
 def param_logical_axes(path: tuple[str, ...], ndim: int, table=None) -> tuple[str, ...]:
@@ -87,13 +104,14 @@ def _keys(path) -> tuple[str, ...]:
     return tuple(getattr(k, "key", getattr(k, "name", str(k))) for k in path)
 
 
-def param_specs(params, table=None, rules=LOGICAL_RULES):
+def param_specs(params, table=None, rules=LOGICAL_RULES, mesh=None):
     """The PartitionSpec tree of a target or drafter parameter tree (None stays None);
-    ``table``: see :func:`param_logical_axes`."""
+    ``table``: see :func:`param_logical_axes`; ``mesh``: see :func:`logical_to_spec`."""
     if params is None:
         return None
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: logical_to_spec(param_logical_axes(_keys(path), x.ndim, table), rules), params)
+        lambda path, x: logical_to_spec(param_logical_axes(_keys(path), x.ndim, table), rules, mesh),
+        params)
 
 
 def cache_specs(cache, rules=LOGICAL_RULES):
@@ -106,7 +124,7 @@ def cache_specs(cache, rules=LOGICAL_RULES):
 
 def shard_params(params, mesh, table=None, rules=LOGICAL_RULES):
     """``params`` placed on ``mesh`` by the rules (a no-op for arrays already placed so)."""
-    specs = param_specs(params, table, rules)
+    specs = param_specs(params, table, rules, mesh)
     return jax.tree_util.tree_map(lambda x, s: place(x, NamedSharding(mesh, s)), params, specs)
 
 
@@ -146,9 +164,38 @@ def check_model_split(cfg, model: int, what: str = "target") -> None:
                          + f". Model-axis sizes that fit: {fits}")
 
 
-def local_config(cfg, model: int):
-    """The config of one of ``model`` shards: a target's by its family; a drafter's heads, KV
-    heads and MLP width divided by ``model``; every other field unchanged."""
+def check_expert_split(cfg, expert: int, what: str = "target") -> None:
+    """Raises ValueError, naming the field, when an ``expert`` axis of that size cannot split
+    ``cfg``'s experts (its family's ``expert_dims``), or when ``cfg`` has no experts to split
+    (a dense target, a drafter: the axis would only replicate it)."""
+    if expert == 1:
+        return
+    dims = targets.family_of(cfg).expert_dims(cfg) if hasattr(cfg, "model_type") else []
+    if not dims:
+        name = getattr(cfg, "model_type", "drafter")
+        raise ValueError(f"a mesh with expert={expert} splits a mixture-of-experts target's "
+                         f"experts; the {what} ({name}) has none: use a mesh without the expert "
+                         "axis (make_mesh(data=..., model=...), --mesh data=..,model=..)")
+    bad = [f"{name}={n} ({why}) is not divisible by {expert}" for name, n, why in dims if n % expert]
+    if bad:
+        fits = [e for e in range(1, expert + 1) if all(n % e == 0 for _, n, _ in dims)]
+        raise ValueError(f"a mesh with expert={expert} cannot split the {what}'s experts: "
+                         + "; ".join(bad) + f". Expert-axis sizes that fit: {fits}")
+
+
+def check_mesh_split(cfg, mesh, what: str = "target") -> None:
+    """:func:`check_model_split` and :func:`check_expert_split` of ``cfg`` on ``mesh``."""
+    check_model_split(cfg, mesh_axis_sizes(mesh)[MODEL], what)
+    check_expert_split(cfg, expert_size(mesh), what)
+
+
+def local_config(cfg, model: int, expert: int = 1):
+    """The config of one shard of a ``model`` x ``expert`` group: a target's by its family
+    (``local_config``, then ``expert_local_config`` when ``expert`` > 1); a drafter's heads,
+    KV heads and MLP width divided by ``model``; every other field unchanged."""
+    if expert > 1:
+        check_expert_split(cfg, expert)
+        cfg = targets.family_of(cfg).expert_local_config(cfg, expert)
     if model == 1:
         return cfg
     check_model_split(cfg, model)
@@ -159,8 +206,19 @@ def local_config(cfg, model: int):
                                intermediate_size=cfg.intermediate_size // model)
 
 
+def expert_size(mesh) -> int:
+    """The size of ``mesh``'s ``expert`` axis (1 without one)."""
+    return dict(zip(mesh.axis_names, mesh.devices.shape)).get(EXPERT, 1)
+
+
+def expert_axis(mesh) -> str | None:
+    """The mesh axis an MoE target's experts split over inside ``shard_map`` (None: not split)."""
+    return EXPERT if expert_size(mesh) > 1 else None
+
+
 def mesh_axis_sizes(mesh) -> Mapping[str, int]:
-    """{"data": d, "model": m} of a mesh built by :func:`parallel.make_mesh`."""
+    """{"data": d, "model": m} (and "expert": e when it has that axis) of a mesh built by
+    :func:`parallel.make_mesh`."""
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     missing = [a for a in (DATA, MODEL) if a not in sizes]
     if missing:

@@ -71,7 +71,13 @@ class TargetFamily:
         the last layer's after the final norm (transformers' ``hidden_states[i + 1]``,
         ``docs/method.md``). The returned state holds the whole block (``lengths =
         positions[:, -1] + 1``) and can be rolled back to any length from the one it had on
-        entry up to that one (``state.rollback``)."""
+        entry up to that one (``state.rollback``).
+
+        ``model_axis``: inside ``shard_map``, the mesh axis of the tensor-parallel psums (``cfg``
+        is then the shard's config, ``parallel.local_config``). A family with experts
+        (:meth:`expert_dims` not empty) also takes ``expert_axis``: the mesh axis its experts
+        are split over (expert parallelism, ``parallel.rules``); the engine passes it only
+        when that axis has more than one device, so a family without experts never sees it."""
         raise NotImplementedError(self._missing("forward"))
 
     def embed(self, params, tokens, model_axis: str | None = None):
@@ -105,6 +111,17 @@ class TargetFamily:
     def local_config(self, cfg, model: int):
         """The config one of ``model`` tensor-parallel shards computes with."""
         raise NotImplementedError(self._missing("local_config", "run on a mesh"))
+
+    def expert_dims(self, cfg) -> list[tuple[str, int, str]]:
+        """(config field, size, what it is) of every dimension split over the ``expert`` mesh
+        axis (expert parallelism); each must be divisible by the axis size. Empty (the
+        default): the family has no experts, and a mesh with an expert axis is refused."""
+        return []
+
+    def expert_local_config(self, cfg, expert: int):
+        """The config one of ``expert`` expert-parallel shards computes with: its ``E / expert``
+        local experts (the router still scores all of them)."""
+        raise NotImplementedError(self._missing("expert_local_config", "split experts over a mesh"))
 
     # ------------------------------------------------------------------ size model
     def num_params(self, cfg) -> int:
