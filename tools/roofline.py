@@ -44,6 +44,10 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
         --context 256 --bench-json results/bench/bench.json
     python -m dflash_jax.tools.roofline --target Qwen/Qwen3-8B \\
         --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
+    python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
+
+Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
+the same components, with the routed experts' bytes counted for the experts the rows route to.
 """
 
 from __future__ import annotations
@@ -718,6 +722,13 @@ def add_arguments(p) -> None:
     p.add_argument("--xla-cache-len", type=int, default=256,
                    help="cache slots of the XLA cross-check programs")
     p.add_argument("--no-xla-check", action="store_true", help="skip the XLA cross-check")
+    p.add_argument("--moe", nargs="+", metavar="MODEL",
+                   help="mixture-of-experts targets instead of the dense pair: named configs ("
+                        "gpt-oss-120b, gpt-oss-20b, qwen3-coder-30b-a3b: their scenarios, e.g. "
+                        "gpt-oss-120b on 8 x B200 with TP and EP) or qwen3_moe / gpt_oss "
+                        "config.json paths (tools/roofline_moe.py); writes moe.{json,md,png}")
+    p.add_argument("--moe-devices", nargs="+", choices=list(DEVICES),
+                   help="with --moe: single-GPU profiles to predict on instead of the named scenarios")
     p.add_argument("--out", default="runs/roofline", help="output directory")
 
 
@@ -738,6 +749,12 @@ def check_args(args) -> None:
 
 
 def run(args) -> dict:
+    if args.moe:
+        from dflash_jax.tools import roofline_moe
+
+        if args.target:
+            raise ValueError("--moe names its targets itself: leave out --target")
+        return roofline_moe.run_moe(args)
     name, target, drafter = load_pair(args)
     args.block_size = args.block_size or drafter.block_size
     check_args(args)
