@@ -26,9 +26,13 @@ from typing import Any, Mapping
 
 from dflash_jax import targets
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "yarn")
 LLAMA3_ROPE_FIELDS = ("factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings")
+YARN_ROPE_FIELDS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                    "truncate", "attention_factor", "mscale", "mscale_all_dim")
+"""The YaRN fields transformers reads (``_compute_yarn_parameters``); any other field of a yarn
+``rope_parameters`` / ``rope_scaling`` is refused."""
 QWEN3_DEFAULT_MAX_WINDOW_LAYERS = 28
 """transformers' ``Qwen3Config`` default: with ``use_sliding_window``, layers from here on slide."""
 
@@ -37,9 +41,12 @@ QWEN3_DEFAULT_MAX_WINDOW_LAYERS = 28
 class RopeConfig:
     """Rotary position embedding parameters.
 
-    ``rope_type`` is ``"default"`` (plain RoPE) or ``"llama3"`` (Llama 3.1+ frequency scaling,
+    ``rope_type`` is ``"default"`` (plain RoPE), ``"llama3"`` (Llama 3.1+ frequency scaling,
     which uses ``factor``, ``low_freq_factor``, ``high_freq_factor`` and
-    ``original_max_position_embeddings``).
+    ``original_max_position_embeddings``) or ``"yarn"`` (YaRN, gpt-oss and others: ``factor``,
+    ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``truncate`` and the
+    cos/sin scale ``attention_factor``, which is None to derive it from ``factor``, ``mscale``
+    and ``mscale_all_dim`` as transformers does; :attr:`attention_scaling`).
     """
 
     theta: float = 10000.0
@@ -48,22 +55,60 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+    @property
+    def attention_scaling(self) -> float:
+        """The factor cos and sin are multiplied by (transformers' ``attention_scaling``): 1
+        except for YaRN, where it is ``attention_factor`` or, when that is None,
+        ``m(factor, mscale) / m(factor, mscale_all_dim)`` (both given) or ``m(factor, 1)``,
+        with ``m(s, c) = 0.1 * c * ln(s) + 1`` (1 for s <= 1)."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+
+        def m(scale: float, c: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * c * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return m(self.factor, self.mscale) / m(self.factor, self.mscale_all_dim)
+        return m(self.factor)
 
     def to_hf(self) -> dict:
         """transformers 5's ``rope_parameters``: ``{"rope_theta", "rope_type"}`` (+ the four
-        llama3 fields)."""
+        llama3 fields, or the yarn fields)."""
         out: dict[str, Any] = {"rope_theta": self.theta, "rope_type": self.rope_type}
-        if self.rope_type == "llama3":
-            out.update(self._llama3_fields())
+        out.update(self._scaling_fields())
         return out
 
     def to_hf_scaling(self) -> dict | None:
         """The hub's top-level ``rope_scaling`` (what transformers 4.x reads): None for plain
         RoPE, else the Llama-3.1 layout ``{"rope_type": "llama3", "factor", "low_freq_factor",
-        "high_freq_factor", "original_max_position_embeddings"}``."""
+        "high_freq_factor", "original_max_position_embeddings"}`` or the YaRN one
+        (``{"rope_type": "yarn", "factor", "original_max_position_embeddings", "beta_fast",
+        "beta_slow", "truncate"}`` + ``attention_factor`` / ``mscale`` / ``mscale_all_dim``
+        when set, as gpt-oss's hub file has it)."""
         if self.rope_type == "default":
             return None
-        return {"rope_type": self.rope_type, **self._llama3_fields()}
+        return {"rope_type": self.rope_type, **self._scaling_fields()}
+
+    def _scaling_fields(self) -> dict:
+        if self.rope_type == "llama3":
+            return self._llama3_fields()
+        if self.rope_type == "yarn":
+            out = dict(factor=self.factor,
+                       original_max_position_embeddings=self.original_max_position_embeddings,
+                       beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate)
+            out.update({k: getattr(self, k) for k in ("attention_factor", "mscale", "mscale_all_dim")
+                        if getattr(self, k) is not None})
+            return out
+        return {}
 
     def _llama3_fields(self) -> dict:
         return dict(factor=self.factor, low_freq_factor=self.low_freq_factor,
@@ -365,6 +410,8 @@ def rope_from_hf(d: Mapping[str, Any]) -> RopeConfig:
             + ", ".join(map(repr, SUPPORTED_ROPE_TYPES)))
     if kind == "default":
         return RopeConfig(theta=theta)
+    if kind == "yarn":
+        return _yarn_from_hf(d, theta, params, scaling)
     values = {}
     for field in LLAMA3_ROPE_FIELDS:
         found = {where: src[field] for where, src in (("rope_parameters", params),
@@ -381,6 +428,59 @@ def rope_from_hf(d: Mapping[str, Any]) -> RopeConfig:
                       low_freq_factor=float(values["low_freq_factor"]),
                       high_freq_factor=float(values["high_freq_factor"]),
                       original_max_position_embeddings=int(values["original_max_position_embeddings"]))
+
+
+def _yarn_from_hf(d: Mapping[str, Any], theta: float, params: dict, scaling: dict) -> RopeConfig:
+    """The YaRN RopeConfig of a config.json whose rope type is ``"yarn"`` (``params``: the flat
+    ``rope_parameters``, ``scaling``: ``rope_scaling``; a field in both must agree). Defaults as
+    transformers 5 fills them in: ``beta_fast`` 32 and ``beta_slow`` 1 when absent or null,
+    ``truncate`` true, ``original_max_position_embeddings`` the top-level one or else
+    ``max_position_embeddings``, a null ``factor`` ``max_position_embeddings /
+    original_max_position_embeddings``. Fields transformers' YaRN does not read are refused."""
+    known = set(YARN_ROPE_FIELDS) | {"rope_type", "type", "rope_theta"}
+    for where, src in (("rope_parameters", params), ("rope_scaling", scaling)):
+        unknown = sorted(k for k in src if k not in known)
+        if unknown:
+            raise ValueError(
+                f"yarn {where} has fields dflash-jax does not implement: {', '.join(unknown)} "
+                f"(known: {', '.join(YARN_ROPE_FIELDS)})")
+    values: dict[str, Any] = {}
+    for field in YARN_ROPE_FIELDS:
+        found = {where: src[field] for where, src in (("rope_parameters", params),
+                                                      ("rope_scaling", scaling)) if field in src}
+        if len({json.dumps(v) for v in found.values()}) > 1 and len(
+                {None if v is None else float(v) for v in found.values()}) > 1:
+            raise ValueError(
+                f"config.json gives contradictory yarn {field} values ("
+                + ", ".join(f"{w}.{field}={v}" for w, v in found.items())
+                + "): transformers 4.x reads rope_scaling, 5.x rope_parameters; make them equal")
+        values[field] = next(iter(found.values()), None)
+    top_original = d.get("original_max_position_embeddings")
+    original = values["original_max_position_embeddings"]
+    if top_original is not None and original is not None and int(top_original) != int(original):
+        raise ValueError(
+            f"config.json gives contradictory original_max_position_embeddings values (top level "
+            f"{top_original}, yarn {original}): transformers takes the top-level one; make them equal")
+    if original is None:
+        original = top_original if top_original is not None else d.get("max_position_embeddings")
+    if original is None:
+        raise ValueError("yarn rope scaling needs original_max_position_embeddings (or "
+                         "max_position_embeddings)")
+    factor = values["factor"]
+    if factor is None:
+        if d.get("max_position_embeddings") is None:
+            raise ValueError("yarn rope scaling needs a factor (or max_position_embeddings)")
+        factor = int(d["max_position_embeddings"]) / int(original)
+    truncate = values["truncate"]
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ValueError(f"yarn truncate must be true or false, got {truncate!r}")
+    optional = {k: None if values[k] is None else float(values[k])
+                for k in ("attention_factor", "mscale", "mscale_all_dim")}
+    return RopeConfig(theta=theta, rope_type="yarn", factor=float(factor),
+                      original_max_position_embeddings=int(original),
+                      beta_fast=float(values["beta_fast"] or 32.0),
+                      beta_slow=float(values["beta_slow"] or 1.0),
+                      truncate=True if truncate is None else truncate, **optional)
 
 
 def _flat_rope_parameters(params) -> dict:

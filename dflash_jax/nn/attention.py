@@ -35,7 +35,7 @@ def joint_softmax(scores: Sequence[jax.Array], masks: Sequence[jax.Array]) -> li
 
 
 def segmented_attention(q: jax.Array, segments: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
-                        scale: float | None = None) -> jax.Array:
+                        scale: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention over key/value segments joined under one softmax.
 
     Args:
@@ -43,6 +43,9 @@ def segmented_attention(q: jax.Array, segments: Sequence[tuple[jax.Array, jax.Ar
       segments: (k, v, mask) triples; k, v: [B, S_i, Hkv, Dh]; mask: bool broadcastable to
         [B, T, S_i], True where query t may see key s. H must be a multiple of Hkv.
       scale: softmax scale, default ``Dh ** -0.5``.
+      sinks: optional float[H], one learned logit per query head (gpt-oss's attention sinks):
+        an extra column of every row's softmax with no value, dropped after it, so the row's
+        probabilities over the keys sum to less than 1. None: no sink (the plain softmax).
 
     Returns:
       [B, T, H, Dh] in q's dtype. A query that sees nothing gets zeros (never NaN).
@@ -59,17 +62,41 @@ def segmented_attention(q: jax.Array, segments: Sequence[tuple[jax.Array, jax.Ar
         m = jnp.broadcast_to(mask, (B, T, k.shape[1]))[:, None, None, :, :]
         scores.append(jnp.where(m, s, -jnp.inf))
         masks.append(m)
+    if sinks is not None:
+        if sinks.shape != (H,):
+            raise ValueError(f"sinks must have shape [{H}] (one per query head), got {sinks.shape}")
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, Hkv, H // Hkv, 1, 1),
+                                (B, Hkv, H // Hkv, T, 1))
+        scores.append(sink)
+        masks.append(jnp.ones((1, 1, 1, 1, 1), bool))
     probs = joint_softmax(scores, masks)
     out = sum(jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v,
                          preferred_element_type=jnp.float32)
-              for p, (_, v, _) in zip(probs, segments))
+              for p, (_, v, _) in zip(probs, segments))  # a sink's column has no value: dropped
     return out.reshape(B, T, H, Dh).astype(q.dtype)
 
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                          scale: float | None = None) -> jax.Array:
-    """Single-segment :func:`segmented_attention`: q [B,T,H,Dh], k/v [B,S,Hkv,Dh], mask [B,T,S]."""
-    return segmented_attention(q, [(k, v, mask)], scale)
+                          scale: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+    """Single-segment :func:`segmented_attention`: q [B,T,H,Dh], k/v [B,S,Hkv,Dh], mask [B,T,S],
+    optional ``sinks`` float[H]."""
+    return segmented_attention(q, [(k, v, mask)], scale, sinks)
+
+
+def causal_mask(query_positions: jax.Array, key_positions: jax.Array,
+                window: int | None = None) -> jax.Array:
+    """bool[B, T, S]: query t (at ``query_positions`` int[B, T]) sees key s (at
+    ``key_positions`` int[B, S] or int[S], e.g. cache slots) when ``key <= query`` and, with a
+    ``window``, ``key > query - window``: the ``window`` positions up to and including its own
+    (transformers 5's sliding-window mask, ``kv_idx > q_idx - sliding_window``). None: causal
+    only."""
+    keys = key_positions if key_positions.ndim == 2 else key_positions[None]
+    q = query_positions[:, :, None]
+    k = keys[:, None, :]
+    visible = k <= q
+    if window is not None:
+        visible = visible & (k > q - window)
+    return visible
 
 
 def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_blk: jax.Array,

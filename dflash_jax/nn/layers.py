@@ -1,4 +1,4 @@
-"""RMSNorm, rotary position embeddings (default and llama3 scaling) and the SwiGLU MLP."""
+"""RMSNorm, rotary position embeddings (default, llama3 and yarn scaling) and the SwiGLU MLP."""
 
 from __future__ import annotations
 
@@ -40,15 +40,50 @@ def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = np.where(medium, smoothed, scaled)
+    elif rope.rope_type == "yarn":
+        inv_freq = _yarn_inv_freq(head_dim, rope)
     return inv_freq.astype(np.float32)
 
 
+def _yarn_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
+    """YaRN's blend of the plain frequencies (fast dimensions, extrapolated) and the ones
+    divided by ``factor`` (slow dimensions, interpolated), with a linear ramp between the
+    dimensions where a wave turns ``beta_fast`` and ``beta_slow`` times over the original
+    context (floored / ceiled to whole dimensions when ``truncate``), as transformers'
+    ``_compute_yarn_parameters`` computes it (in float32, like it)."""
+    base, dim = rope.theta, head_dim
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))
+                ) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+                 ).astype(np.float32)
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(rope.factor) * pos_freqs)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)
+    keep = np.float32(1.0) - ramp  # 1: extrapolate (plain frequency), 0: interpolate
+    return (interpolation * (np.float32(1.0) - keep) + extrapolation * keep).astype(np.float32)
+
+
 def rope_cos_sin(positions: jax.Array, head_dim: int, rope: RopeConfig):
-    """cos, sin: float32[..., head_dim] for integer ``positions[...]`` (halves repeated)."""
+    """cos, sin: float32[..., head_dim] for integer ``positions[...]`` (halves repeated), times
+    ``rope.attention_scaling`` (YaRN's cos/sin scale, transformers' ``attention_scaling``; 1
+    for the other rope types, which then compute exactly as before)."""
     inv_freq = jnp.asarray(rope_inv_freq(head_dim, rope))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    scale = rope.attention_scaling
+    if scale == 1.0:
+        return jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles) * scale, jnp.sin(angles) * scale
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

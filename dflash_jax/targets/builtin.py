@@ -5,7 +5,9 @@ so they are registered before any config is read). A new family: its module (or 
 from dflash_jax.targets import register
 from dflash_jax.targets import dense
 from dflash_jax.targets.moe import qwen3_moe
+from dflash_jax.targets.moe import gpt_oss
 
 register(dense.QWEN3)
 register(dense.LLAMA)
 register(qwen3_moe.QWEN3_MOE)
+register(gpt_oss.GPT_OSS)
