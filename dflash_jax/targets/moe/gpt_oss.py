@@ -341,7 +341,7 @@ class GptOssFamily(TargetFamily):
         ``num_experts_per_tok``, and the decoder features no family implements."""
         d = dict(d)
         for key, value in DEFAULTS.items():
-            if d.get(key) is None:
+            if key not in d:
                 d[key] = value
         if "rope_parameters" not in d and "rope_scaling" not in d:
             d["rope_parameters"] = dict(DEFAULT_ROPE)
