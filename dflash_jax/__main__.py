@@ -29,6 +29,8 @@ COMMANDS = {
                    "DFlash vs autoregressive: ms/iteration, draft/verify times, tau, speedup"),
     "kernel-speed": ("dflash_jax.tools.kernel_speed",
                      "block-attention kernels (Pallas, Triton, XLA, cuDNN): microseconds and GB/s"),
+    "moe-layer-speed": ("dflash_jax.tools.moe_layer_speed",
+                        "one MoE layer (gather / ragged_dot) vs dense layers: decode and verify times"),
     "roofline": ("dflash_jax.tools.roofline",
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
     "iteration-profile": ("dflash_jax.bench.iteration_profile",
@@ -64,8 +66,8 @@ GROUPS = {
     EXPERIMENTS: [],
     "embedded-model recipe (how the shipped default pair was made)":
         ["build-corpus", "pretrain", "export-target", "embedded-prompts", "build-embedded"],
-    "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "parallel-speed",
-                                     "parallel-comm", "train-memory"],
+    "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "moe-layer-speed",
+                                     "parallel-speed", "parallel-comm", "train-memory"],
 }
 SCRIPT = "dflash-jax"  # the console script ([project.scripts] in pyproject.toml)
 

@@ -155,3 +155,20 @@ def test_command_writes_json_markdown_and_plot(tmp_path):
         assert r["block_size"] == 10 and r["experts_read"]["verify"] == pytest.approx(34.82, abs=0.01)
     md = (tmp_path / "b" / "moe.md").read_text()
     assert "EP 8" in md and "Best block size" in md
+
+
+@pytest.mark.parametrize("name", ["qwen3-coder-30b-a3b", "gpt-oss-120b"])
+def test_agrees_with_the_families_size_model(name):
+    """The roofline's counts from config.json alone equal the registered family's size model
+    (``TargetFamily.num_params`` / ``matrix_params_read`` / ``matrix_params_per_token``, which
+    also count the input embedding table)."""
+    from dflash_jax import targets
+    from dflash_jax.config import TargetConfig
+
+    cfg = TargetConfig.from_hf_dict(rm.MODELS[name])
+    family, s = targets.family_of(cfg), rm.shape_from_hf(rm.MODELS[name])
+    embedding = s.vocab_size * s.hidden_size
+    assert family.num_params(cfg) == rm.num_params(s)
+    assert family.matrix_params_per_token(cfg) == rm.active_params(s) + embedding
+    for rows in (1, 10, 16):
+        assert family.matrix_params_read(cfg, rows) == pytest.approx(rm.matrix_params_read(s, rows) + embedding)

@@ -49,6 +49,10 @@ all-gather, per forward; ring formula, latency L per collective):
        experts as ep, everything else (attention, LM head, the drafter) whole on every device,
        and one psum per MoE layer the only collective (36 for gpt-oss-120b instead of 74).
 
+The counts come from the ``config.json`` alone (:func:`shape_from_hf`), so the model needs
+no target family; they equal the registered families' size models (``qwen3_moe``, ``gpt_oss``:
+``num_params``, ``matrix_params_read``, ``matrix_params_per_token``, tested).
+
 Named configurations (:data:`MODELS`, :data:`DRAFTERS`) hold the published ``config.json``
 values of the targets and of their released drafters; ``--moe PATH`` reads any qwen3_moe or
 gpt_oss ``config.json`` (a drafter: ``--drafter``, else one shaped like the target).
