@@ -1,5 +1,5 @@
 """Dense references for the mixture-of-experts tests: every expert run on every row with plain
-``jnp`` (no sorting, gathering or grouped matmul), and router weights with well-separated logits
+``jnp`` (no sorting, gathering or grouped matmul), and router weights with spread-out logits
 (random tiny routers have near-ties, so top-k could flip between implementations)."""
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ def dense_moe_reference(x, weights, expert_ids, *, down, gate_up=None, gate=None
 
 def separated_router(rng: np.random.Generator, num_experts: int, hidden: int,
                      scale: float = 1.0) -> np.ndarray:
-    """A router matrix float32[E, D] (torch ``nn.Linear`` layout) whose logits for typical
-    inputs are far apart: random orthogonal-ish directions scaled by distinct factors
-    ``scale * (1 + 0.5 * e)``, so every row's sorted logits differ by a clear margin."""
+    """A router matrix float32[E, D] (torch ``nn.Linear`` layout) whose logits are spread
+    apart: unit random directions scaled by distinct factors ``scale * (1 + 0.5 * e)``, so the
+    experts' logits differ in magnitude as well as direction and near-ties between the k-th and
+    the next expert are rare (the tests assert the margin on the tokens they route)."""
     w = rng.standard_normal((num_experts, hidden)).astype(np.float32)
     w /= np.linalg.norm(w, axis=1, keepdims=True)
     return (w * (scale * (1.0 + 0.5 * np.arange(num_experts, dtype=np.float32)))[:, None]).astype(np.float32)
