@@ -47,7 +47,8 @@ def test_layers_match_plain_references():
 
 def test_command_writes_its_files(tmp_path):
     rep = mls.main(["--hidden", "16", "--experts", "4", "--top-k", "2", "--expert-width", "8",
-                    "--rows", "1", "3", "--repeats", "3", "--calls", "1", "--out", str(tmp_path)])
+                    "--rows", "1", "3", "--repeats", "3", "--calls", "1", "--program-calls", "1",
+                    "--out", str(tmp_path)])
     assert [(r["rows"], r["variant"]) for r in rep["results"]] == [
         (r, v) for r in (1, 3) for v in mls.VARIANTS]
     assert all(len(r["times_s"]) == 3 and r["min_us"] <= r["median_us"] for r in rep["results"])
