@@ -10,6 +10,7 @@ blocks, so the same model is stored both ways: transformers' ``save_pretrained``
 and the released MXFP4 layout (``_blocks`` / ``_scales``, hand-written here).
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -188,15 +189,10 @@ def mutated(target, **changes):
         params = jax.tree_util.tree_map(lambda a: a, params)
         params["layers"]["self_attn"]["sinks"] = jnp.full_like(params["layers"]["self_attn"]["sinks"],
                                                                changes.pop("sinks"))
-    cfg = dataclass_replace(cfg, **changes)
+    cfg = dataclasses.replace(cfg, **changes)
     tokens = probe_tokens()  # the parity test's call (its taps too): a changed sink needs no compile
     return np.asarray(forward(cfg, params, jnp.asarray(tokens, jnp.int32), positions_of(tokens),
                               tap_layer_ids=TAPS)[0])
-
-
-def dataclass_replace(cfg, **changes):
-    import dataclasses
-    return dataclasses.replace(cfg, **changes)
 
 
 def test_a_wrong_sink_or_window_fails_the_parity_test(models, target):
@@ -237,14 +233,17 @@ def test_the_cache_and_verify_blocks_see_exactly_the_window(models, target):
 
 # ---------------------------------------------------------------------------- checkpoints
 def test_mxfp4_dequantization_equals_transformers_conversion():
+    """float32 (ldexp) and bfloat16 (the loader's table path; with scales near 0 or 255, where
+    values leave bfloat16's normal range, the ldexp path) against transformers' conversion."""
     rng = np.random.default_rng(6)
-    blocks, scales = packed(rng, (3, 5, 64), 100, 150)
-    for torch_dtype, np_dtype in ((torch.float32, np.float32), (torch.bfloat16, jnp.bfloat16)):
-        ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
-                                         dtype=torch_dtype).float().numpy()
-        got = mxfp4.dequantize_mxfp4(blocks, scales, np_dtype).astype(np.float32)
-        assert got.shape == (3, 64, 5)  # [E, in, out]: stored out-major, returned as the model holds it
-        np.testing.assert_array_equal(got, ref)
+    for lo, hi in ((100, 150), (0, 256)):
+        blocks, scales = packed(rng, (3, 5, 64), lo, hi)
+        for torch_dtype, np_dtype in ((torch.float32, np.float32), (torch.bfloat16, jnp.bfloat16)):
+            ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                             dtype=torch_dtype).float().numpy()
+            got = mxfp4.dequantize_mxfp4(blocks, scales, np_dtype).astype(np.float32)
+            assert got.shape == (3, 64, 5)  # [E, in, out]: stored out-major, returned as the model holds it
+            np.testing.assert_array_equal(got, ref)
     b2, s2 = mxfp4.quantize_mxfp4(mxfp4.dequantize_mxfp4(blocks, scales))
     np.testing.assert_array_equal(mxfp4.dequantize_mxfp4(b2, s2), mxfp4.dequantize_mxfp4(blocks, scales))
 

@@ -51,7 +51,6 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dflash_jax.checkpoints import CheckpointError, TensorSpec
 from dflash_jax.config import (TargetConfig, decoder_fields_from_hf, decoder_fields_to_hf,

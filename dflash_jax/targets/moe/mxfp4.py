@@ -16,6 +16,8 @@ while it neither overflows nor underflows) and then cast to the requested dtype.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dflash_jax.checkpoints import CheckpointError
@@ -57,12 +59,41 @@ def check_mxfp4(name: str, blocks: np.ndarray, scales: np.ndarray,
                 f"{list(shape)} ([..., in, out]; in = {BLOCK_VALUES} x groups)")
 
 
+@functools.lru_cache(maxsize=1)
+def _bfloat16_pair_table() -> np.ndarray:
+    """uint32[256 scales, 256 bytes]: the bfloat16 bits of a byte's two values times the scale
+    ``2 ** (u8 - 127)``, the low nibble's in the low half (a uint32 array of looked-up entries
+    viewed as uint16 is the values in order, on a little-endian machine). The scale is added to
+    each nonzero value's exponent field, exact for scales in :data:`_BF16_EXPONENT_ROOM` (the
+    only rows used)."""
+    import ml_dtypes
+
+    bits = FP4_VALUES.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int32)  # [16]
+    shift = (np.arange(256, dtype=np.int32) - SCALE_BIAS) << 7  # [256 scales]
+    scaled = np.where(bits[None] & 0x7FFF, bits[None] + shift[:, None], bits[None]) & 0xFFFF
+    scaled = scaled.astype(np.uint32)  # [256 scales, 16 codes]
+    byte = np.arange(256)
+    return scaled[:, byte & 0x0F] | (scaled[:, byte >> 4] << 16)
+
+
+_BF16_EXPONENT_ROOM = (2, 252)
+"""Scales (u8) for which every code times the scale is a normal bfloat16: the codes' exponent
+fields are 126..129 (0.5 .. 6), the scaled one must stay in 1..254."""
+
+
 def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32,
                      name: str = "weight", shape: tuple[int, ...] | None = None) -> np.ndarray:
     """The weight [..., in, out] in ``dtype`` (a numpy dtype, ``ml_dtypes.bfloat16`` included)
     of MXFP4 ``blocks`` uint8[..., out, G, 16] and ``scales`` uint8[..., out, G] (module
-    docstring); :func:`check_mxfp4` first. Computed one leading index at a time, so the float32
-    temporaries stay one expert's size."""
+    docstring); :func:`check_mxfp4` first. Computed one leading index at a time, so the
+    temporaries stay one expert's size.
+
+    bfloat16 (what the loader asks for) takes a fast exact path when every scale is in
+    2..252: one table lookup per byte gives its two values, scaled, as bfloat16 bits
+    (:func:`_bfloat16_pair_table`); otherwise, and for other dtypes, the values are computed
+    in float32 (``ldexp``) and cast."""
+    import ml_dtypes
+
     check_mxfp4(name, blocks, scales, shape)
     *lead, out_dim, groups, _ = blocks.shape
     dtype = np.dtype(dtype)
@@ -70,14 +101,21 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32,
     flat_blocks = blocks.reshape(-1, out_dim, groups, BLOCK_BYTES)
     flat_scales = scales.reshape(-1, out_dim, groups)
     flat_out = result.reshape(-1, groups * BLOCK_VALUES, out_dim)
+    fast = (dtype == np.dtype(ml_dtypes.bfloat16) and np.little_endian and scales.size
+            and _BF16_EXPONENT_ROOM[0] <= scales.min() and scales.max() <= _BF16_EXPONENT_ROOM[1])
+    table = _bfloat16_pair_table() if fast else None
     for i in range(flat_blocks.shape[0]):
         b = flat_blocks[i]
-        values = np.empty((out_dim, groups, BLOCK_VALUES), np.float32)
-        values[..., 0::2] = FP4_VALUES[b & 0x0F]
-        values[..., 1::2] = FP4_VALUES[b >> 4]
-        exponent = flat_scales[i].astype(np.int32) - SCALE_BIAS
-        values = np.ldexp(values, exponent[..., None])
-        flat_out[i] = values.reshape(out_dim, groups * BLOCK_VALUES).T.astype(dtype)
+        if fast:  # one table lookup per byte: [scale, byte] -> two scaled bfloat16 values
+            index = (flat_scales[i].astype(np.int32) << 8)[..., None] | b
+            values = table.reshape(-1)[index].view(ml_dtypes.bfloat16)
+        else:
+            values = np.empty((out_dim, groups, BLOCK_VALUES), np.float32)
+            values[..., 0::2] = FP4_VALUES[b & 0x0F]
+            values[..., 1::2] = FP4_VALUES[b >> 4]
+            exponent = flat_scales[i].astype(np.int32) - SCALE_BIAS
+            values = np.ldexp(values, exponent[..., None])
+        flat_out[i] = values.reshape(out_dim, groups * BLOCK_VALUES).T.astype(dtype, copy=False)
     return result
 
 
