@@ -11,9 +11,10 @@ falls back to theta 10000 without it, tpu-inference to 1e6) and as transformers 
 spell out full attention (``use_sliding_window: false``, ``sliding_window: null``,
 ``layer_types``). The readers accept either generation's layout, refuse a file whose two
 spellings disagree (the two transformers generations would build different models from it), and
-refuse features this project does not implement (sliding-window or causal drafter attention,
-biases in the drafter, partial or interleaved rotary, ...) with the field named, instead of
-silently ignoring them.
+refuse features this project does not implement (causal drafter attention outside sliding
+layers, biases in the drafter, partial or interleaved rotary, ...) with the field named, instead
+of silently ignoring them. Drafters may have their own attention shapes and sliding-window layers
+(``layer_types`` + ``sliding_window``, SpecForge's layout; ``DrafterConfig``).
 """
 
 from __future__ import annotations
@@ -233,7 +234,9 @@ _DRAFTER_VARIANTS = (
     ("", "attention_bias", _OFF, "the drafter has no attention biases (docs/method.md section 3)"),
     ("", "is_causal", _OFF, "the drafter's block attention is non-causal"),
     ("dflash_config", "causal", _OFF, "the drafter's block attention is non-causal"),
-    ("dflash_config", "use_swa", _OFF, "sliding-window drafter attention is not implemented"),
+    ("dflash_config", "use_swa", _OFF,
+     "DSpark-style sliding-window attention (use_swa / swa_window_size) is not implemented; "
+     "sliding drafter layers are read from layer_types + sliding_window"),
     ("dflash_config", "attention_sink_bias", _OFF, "attention sinks are not implemented"),
     ("", "add_swa_attention_sink_bias", _OFF, "attention sinks are not implemented"),
     ("dflash_config", "attention_value_scale", _ONE, "value scaling is not implemented"),
@@ -246,6 +249,9 @@ _DRAFTER_VARIANTS = (
     ("dflash_config", "conv_group_size", _OFF, "convolutional drafters are not implemented"),
     ("dflash_config", "selector_rank", _OFF, "feature selectors are not implemented"),
     ("dflash_config", "selector_top_k", _OFF, "feature selectors are not implemented"),
+    ("dflash_config", "shift_label", _OFF, "shifted (Domino) labels are not implemented: "
+     "block row k predicts the token at anchor + k"),
+    ("dflash_config", "pure_draft_prefix_len", _OFF, "Domino draft prefixes are not implemented"),
     ("", "has_embed_tokens", _OFF, "the drafter uses the target's embedding, never its own"),
     ("", "has_lm_head", _OFF, "the drafter uses the target's LM head, never its own"),
     ("", "use_aux_hidden_state", _ON, "the drafter is conditioned on the target's taps"),
@@ -256,8 +262,10 @@ _DRAFTER_VARIANTS = (
 
 
 def _unsupported_drafter_features(d: Mapping[str, Any]) -> list[str]:
-    """:func:`unsupported_decoder_features` plus the DFlash-specific variants above."""
-    problems = unsupported_decoder_features(d, qwen3_attention=True)
+    """:func:`unsupported_decoder_features` plus the DFlash-specific variants above and the
+    attention layouts :func:`drafter_attention_layout` refuses."""
+    problems = unsupported_decoder_features(d, qwen3_attention=False)
+    problems += drafter_attention_layout(d)[2]
     dflash = d.get("dflash_config") or {}
     for section, key, fine, why in _DRAFTER_VARIANTS:
         src = dflash if section else d
@@ -269,6 +277,72 @@ def _unsupported_drafter_features(d: Mapping[str, Any]) -> list[str]:
             problems.append(f"{key}={d[key]} differs from {ours}={d.get(ours)}: the drafter works in "
                             "the target's vocabulary and hidden size")
     return problems
+
+
+DRAFTER_LAYER_TYPES = ("full_attention", "sliding_attention")
+"""The drafter layer types implemented (``DrafterConfig.layer_types``)."""
+
+
+def drafter_attention_layout(d: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, int | None,
+                                                            list[str]]:
+    """A drafter config.json's attention layout, read as transformers 5's ``Qwen3Config`` (and
+    the reference's ``model.py``, SpecForge's ``DFlashDraftModel`` and SGLang) read it:
+    ``(layer_types or None for all full, sliding_window or None, problems)``.
+
+    ``sliding_window`` counts only with ``use_sliding_window: true`` (transformers sets it to
+    null otherwise); an explicit ``layer_types`` decides which layers slide, else layers
+    ``>= max_window_layers`` (default 28) slide when a window is set. Problems (each
+    ``"field=value: why"``): a layer type other than full / sliding attention, a ``layer_types``
+    of the wrong length, sliding layers without a window (the reference would run them as full
+    attention, SpecForge refuses them), a window < 1, a ``dflash_config.swa_window_size`` that
+    differs from the window, and explicitly non-causal sliding layers (``is_causal`` /
+    ``dflash_config.causal`` false: SGLang then drops the causal block mask they were trained
+    with).
+    """
+    problems: list[str] = []
+    n = int(d.get("num_hidden_layers") or 0)
+    window = d.get("sliding_window") if d.get("use_sliding_window", False) else None
+    raw_types = d.get("layer_types")
+    if raw_types is not None:
+        types = tuple(str(t) for t in raw_types)
+        other = sorted(set(types) - set(DRAFTER_LAYER_TYPES))
+        if other:
+            problems.append(f"layer_types contains {', '.join(map(repr, other))}: only "
+                            + " and ".join(map(repr, DRAFTER_LAYER_TYPES)) + " drafter layers are "
+                            "implemented")
+        if len(types) != n:
+            problems.append(f"layer_types has {len(types)} entries for {n} layers "
+                            "(num_hidden_layers)")
+    else:
+        first = int(d.get("max_window_layers", QWEN3_DEFAULT_MAX_WINDOW_LAYERS))
+        types = tuple("sliding_attention" if window is not None and i >= first
+                      else "full_attention" for i in range(n))
+    sliding = "sliding_attention" in types
+    if sliding and window is None:
+        problems.append(
+            f"layer_types contains 'sliding_attention' but the config sets no window "
+            f"(use_sliding_window={json.dumps(d.get('use_sliding_window'))}, "
+            f"sliding_window={json.dumps(d.get('sliding_window'))}): transformers and the "
+            "reference would run those layers as full attention, SpecForge refuses them; set "
+            "use_sliding_window true and the window the drafter was trained with, or make them "
+            "'full_attention'")
+    if sliding and window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            problems.append(f"sliding_window={json.dumps(window)}: a sliding window must be an "
+                            "integer >= 1 (positions a query sees, itself included)")
+        swa = (d.get("dflash_config") or {}).get("swa_window_size")
+        if swa is not None and swa != window:
+            problems.append(f"dflash_config.swa_window_size={json.dumps(swa)} differs from "
+                            f"sliding_window={window}: make them equal")
+        for name, value in (("is_causal", d.get("is_causal")),
+                            ("dflash_config.causal", (d.get("dflash_config") or {}).get("causal"))):
+            if value is False:
+                problems.append(f"{name}=false with sliding_attention layers: non-causal sliding "
+                                "layers are not implemented (the released sliding drafters were "
+                                "trained with a causal block in those layers; remove the field)")
+    if not sliding:
+        return None, None, problems
+    return types, window, problems
 
 
 def refuse(problems: list[str], what: str) -> None:
@@ -558,11 +632,26 @@ def conditioning_from_hf(d: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
-    """A DFlash drafter (docs/method.md section 3): ``num_layers`` = n Qwen3-style layers with the
-    target's attention shapes, conditioned on ``len(target_layer_ids)`` = k target taps.
+    """A DFlash drafter (docs/method.md section 3): ``num_layers`` = n Qwen3-style layers,
+    conditioned on ``len(target_layer_ids)`` = k target taps.
+
+    Its hidden size and vocabulary are the target's (it reads the target's features, embedding
+    and LM head: :meth:`check_target`); its attention shapes (``num_heads``, ``num_kv_heads``,
+    ``head_dim``) and ``intermediate_size`` are its own (:meth:`for_target` copies the
+    target's; released drafters for MoE and hybrid targets differ, e.g. 32 / 4 / 128 on
+    Qwen3.5-35B-A3B's 16 / 2 / 256).
 
     ``block_size`` is the training block size (the default at inference);
     ``mask_token_id`` must be a row of the target's embedding.
+
+    ``layer_types``: None (every layer full attention) or one of ``"full_attention"`` /
+    ``"sliding_attention"`` per layer; sliding layers use ``sliding_window`` = W >= 1 (None
+    without sliding layers). SpecForge's DFlash training mask (``create_dflash_sdpa_mask`` with
+    ``sliding_window``): in a sliding layer the block row at offset o (position ``p = a + o``,
+    anchor a) sees context positions ``p - (W - 1) <= t < a`` and only the block rows at
+    offsets ``<= o`` (causal in the block, not windowed); full layers: every context position
+    ``t < a`` and the whole block (``models.drafter``; docs/proposers.md). Only with conditioning
+    ``"kv"``.
 
     ``conditioning``: how the target's projected features ``c = hidden_norm(fc(taps))`` enter
     the drafter (``models.drafter``):
@@ -593,6 +682,8 @@ class DrafterConfig:
     rope: RopeConfig = RopeConfig()
     max_position_embeddings: int = 4096
     conditioning: str = "kv"
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self):
         check_conditioning(self.conditioning)
@@ -600,21 +691,60 @@ class DrafterConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not self.target_layer_ids:
             raise ValueError("a drafter needs at least one target layer id")
+        for name in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"drafter {name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"drafter head_dim must be even for rotary embeddings, got {self.head_dim}")
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """``layer_types`` / ``sliding_window`` (class docstring); an all-full ``layer_types``
+        is stored as None, so equal drafters compare equal."""
+        types = self.layer_types
+        if types is not None:
+            types = tuple(types)
+            if len(types) != self.num_layers or set(types) - set(DRAFTER_LAYER_TYPES):
+                raise ValueError(
+                    f"layer_types must give one of {', '.join(map(repr, DRAFTER_LAYER_TYPES))} for "
+                    f"each of the {self.num_layers} layers, got {list(types)}")
+            if "sliding_attention" not in types:
+                types = None
+        window = self.sliding_window
+        if types is None:
+            window = None
+        elif isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"sliding_attention layers need sliding_window >= 1 (positions a "
+                             f"query sees, itself included), got {window!r}")
+        elif self.conditioning != "kv":
+            raise ValueError(f"sliding_attention layers are implemented for conditioning 'kv' (the "
+                             f"released drafters), not {self.conditioning!r}")
+        object.__setattr__(self, "layer_types", types)
+        object.__setattr__(self, "sliding_window", window)
 
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def layer_windows(self) -> tuple[int, ...] | None:
+        """Per layer, its sliding window (0 for a full-attention layer); None when no layer
+        slides."""
+        if self.layer_types is None:
+            return None
+        return tuple(self.sliding_window if t == "sliding_attention" else 0 for t in self.layer_types)
 
     @classmethod
     def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int,
                    target_layer_ids: tuple[int, ...] | None = None,
                    intermediate_size: int | None = None,
                    conditioning: str = "kv") -> "DrafterConfig":
-        """A drafter shaped like ``target`` (the released recipe; ``conditioning``: see the
-        class)."""
+        """A drafter shaped like ``target``: its heads, KV heads and head_dim (the released
+        recipe for dense targets; ``dataclasses.replace`` the result for others), full attention
+        in every layer (``conditioning``: see the class)."""
         ids = tuple(target_layer_ids) if target_layer_ids else default_target_layer_ids(
             target.num_layers, num_layers)
         return cls(num_layers=num_layers, hidden_size=target.hidden_size,
@@ -632,9 +762,13 @@ class DrafterConfig:
         and ``dflash_config: {target_layer_ids, mask_token_id}``.
 
         ``block_size`` and ``num_target_layers`` may also sit in ``dflash_config`` (SGLang reads
-        both places; they must agree). Refused with a ValueError naming the field: anything the
-        drafter here does not implement (sliding-window, causal or biased attention, attention
-        sinks, its own embedding or LM head, other projectors; see ``_DRAFTER_VARIANTS``), and a
+        both places; they must agree). The attention shapes are the file's own; the attention
+        layout (``layer_types``, ``use_sliding_window``, ``sliding_window``,
+        ``max_window_layers``) is read as transformers 5 reads it
+        (:func:`drafter_attention_layout`). Refused with a ValueError naming the field: anything
+        the drafter here does not implement (causal full or biased attention, non-causal sliding
+        layers, DSpark's ``use_swa``, attention sinks, its own embedding or LM head, other
+        projectors, Domino's shifted labels; see ``_DRAFTER_VARIANTS``), and a
         config without a RoPE theta (transformers would use 10000, vLLM's and tpu-inference's
         DFlash drafters 1e6). ``dflash_config.conditioning`` (this project's ablations, see the
         class) is ``"kv"`` when absent; another value than ``"kv"``, ``"input"``, ``"none"`` is
@@ -666,9 +800,11 @@ class DrafterConfig:
                 f"drafter config.json has eagle_aux_hidden_state_layer_ids={list(aux)}, which vLLM "
                 f"reads before dflash_config.target_layer_ids={list(ids)} and which must be those "
                 f"ids plus one ({[i + 1 for i in ids]}); fix it or remove it")
+        layer_types, window, _ = drafter_attention_layout(d)
         return cls(**fields, block_size=int(top.get("block_size", 16)), num_target_layers=N,
                    target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]),
-                   conditioning=conditioning_from_hf(d))
+                   conditioning=conditioning_from_hf(d), layer_types=layer_types,
+                   sliding_window=window)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DrafterConfig":
@@ -680,9 +816,13 @@ class DrafterConfig:
 
         Fields: ``architectures: ["DFlashDraftModel"]`` (the class name vLLM and SGLang
         dispatch on), ``model_type: "qwen3"``, the decoder shapes and RoPE as in
-        :meth:`TargetConfig.to_hf_dict`, ``attention_bias: false``, Qwen3's full-attention
-        layout (``use_sliding_window: false``, ``sliding_window: null``, ``layer_types`` all
-        ``"full_attention"``: vLLM and SGLang then build non-causal full attention),
+        :meth:`TargetConfig.to_hf_dict`, ``attention_bias: false``, Qwen3's attention layout:
+        without sliding layers full attention (``use_sliding_window: false``,
+        ``sliding_window: null``, ``layer_types`` all ``"full_attention"``: vLLM and SGLang then
+        build non-causal full attention), with them SpecForge's layout (``use_sliding_window:
+        true``, ``sliding_window``, ``layer_types``, and ``max_window_layers`` = the number of
+        leading full layers when the sliding ones are the last ones, which transformers 4.x
+        versions without ``layer_types`` read, else ``num_hidden_layers`` as SpecForge writes),
         ``tie_word_embeddings: false`` (no embedding or head of its own), top-level
         ``block_size`` (tpu-inference defaults to 8 without it) and ``num_target_layers``, and
         ``dflash_config: {"target_layer_ids", "mask_token_id"}`` (tpu-inference defaults the
@@ -702,21 +842,32 @@ class DrafterConfig:
             "model_type": "qwen3",
             **decoder_fields_to_hf(self),
             "attention_bias": False,
-            **qwen3_full_attention_to_hf(self.num_layers),
+            **self._attention_layout_to_hf(),
             "tie_word_embeddings": False,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
             "dflash_config": dflash_config,
         }
 
+    def _attention_layout_to_hf(self) -> dict:
+        """``use_sliding_window``, ``sliding_window``, ``max_window_layers``, ``layer_types``
+        (:meth:`to_hf_dict`)."""
+        if self.layer_types is None:
+            return qwen3_full_attention_to_hf(self.num_layers)
+        types = list(self.layer_types)
+        first = types.index("sliding_attention")
+        suffix = all(t == "sliding_attention" for t in types[first:])
+        return {"use_sliding_window": True, "sliding_window": self.sliding_window,
+                "max_window_layers": first if suffix else self.num_layers, "layer_types": types}
+
     def check_target(self, target: TargetConfig) -> None:
-        """Raises ValueError naming every way this drafter disagrees with ``target``."""
+        """Raises ValueError naming every way this drafter disagrees with ``target``: what the
+        drafter reads from it must fit (hidden size, vocabulary, the number of target layers,
+        the mask token as a row of its embedding, the taps as its layers). The attention shapes
+        and MLP width are the drafter's own and need not equal the target's."""
         problems = []
         for mine, theirs, label in (
                 (self.hidden_size, target.hidden_size, "hidden_size"),
-                (self.num_heads, target.num_heads, "num_attention_heads"),
-                (self.num_kv_heads, target.num_kv_heads, "num_key_value_heads"),
-                (self.head_dim, target.head_dim, "head_dim"),
                 (self.vocab_size, target.vocab_size, "vocab_size"),
                 (self.num_target_layers, target.num_layers, "num_target_layers vs the target's num_hidden_layers")):
             if mine != theirs:

@@ -47,6 +47,21 @@ The embedding and LM head are the target's (``nn.head.embed`` / ``lm_head``, thr
   "none"   no target features: block rows attend only to their own block; ``project_context``
            only sets the context length, ``train_blocks`` ignores the taps; no ``fc`` or
            ``hidden_norm`` parameters.
+
+Attention shapes (heads, KV heads, head_dim) and the MLP width are the drafter's own
+(``cfg``), independent of the target's: only the hidden size and vocabulary are shared.
+
+Sliding-window layers (``cfg.layer_types``, conditioning "kv"): a ``"sliding_attention"`` layer
+with window W masks exactly as SpecForge trained the released sliding drafters
+(``create_dflash_sdpa_mask`` / ``create_dflash_block_mask`` with ``sliding_window``): the block
+row at position ``p`` (offset o from the anchor / block start a) sees the context positions
+``p - (W - 1) <= t < a`` (the window counts the row itself) and the block rows at offsets
+``<= o`` (causal within the block; those rows are not windowed, which matters only for
+W < block size). Full layers are unchanged. ``draft`` and ``train_blocks`` apply it with the
+same per-layer window (``cfg.layer_windows``, scanned as a traced value: 0 = full); the context
+cache keeps every position (the window is a mask, not a ring buffer), and a sliding drafter
+always drafts with the XLA attention (the kernels have no window; ``attention_impl`` then
+applies to nothing in the drafter).
 """
 
 from __future__ import annotations
@@ -100,17 +115,30 @@ class DrafterAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x_BxTxD).reshape(heads)), *rope)
         return k, self.v_proj(x_BxTxD).reshape(heads)
 
-    def over_cache(self, x_BxTxD: jax.Array, rope, cache: KVCache, layer: jax.Array) -> jax.Array:
+    def over_cache(self, x_BxTxD: jax.Array, rope, cache: KVCache, layer: jax.Array,
+                   positions_BxT: jax.Array | None = None, window: jax.Array | None = None
+                   ) -> jax.Array:
         """Inference: the block's rows see context slots ``< cache.lengths[b]`` of this layer's
         cache ``cache.k[layer], cache.v[layer]`` [B, S, Hkv, Dh] and every block row
         (conditioning "none": only the block rows; the cache is not read).
 
-        Returns [B, T, D]."""
+        ``window`` (int32 scalar, a drafter with sliding layers; 0 = this layer is full): a
+        sliding layer's row at ``positions[b, t]`` sees only the slots ``>= position - (W - 1)``
+        and the block rows ``<= t`` (module docstring). Returns [B, T, D]."""
         B, T, _ = x_BxTxD.shape
         q_BxTxHxDh = self.queries(x_BxTxD, rope)
         k_blk, v_blk = self.keys_values(x_BxTxD, rope)  # never stored in the cache
         if self.cfg.conditioning == "none":  # no context: XLA attention over the block alone
             out = segmented_attention(q_BxTxHxDh, [(k_blk, v_blk, jnp.ones((1, 1, T), bool))])
+        elif window is not None:  # sliding layers: XLA attention with the window's masks
+            slots = jnp.arange(cache.max_len, dtype=jnp.int32)[None, None, :]
+            full = window <= 0
+            ctx_BxTxS = (slots < cache.lengths[:, None, None]) & (
+                full | (slots >= positions_BxT[:, :, None] - (window - 1)))
+            rows = jnp.arange(T, dtype=jnp.int32)
+            blk_1xTxT = (full | (rows[None, :] <= rows[:, None]))[None]
+            out = segmented_attention(q_BxTxHxDh, [(cache.k[layer], cache.v[layer], ctx_BxTxS),
+                                                   (k_blk, v_blk, blk_1xTxT)])
         elif self.attention_impl in BLOCK_ATTENTION:  # a kernel ("pallas" or "triton")
             out = BLOCK_ATTENTION[self.attention_impl](q_BxTxHxDh, cache.k, cache.v, cache.lengths,
                                                        causal=False, layer=layer, k_blk=k_blk,
@@ -122,7 +150,8 @@ class DrafterAttention(nn.Module):
         return self.o_proj(out.reshape(B, T, -1))
 
     def over_blocks(self, x_BxNTxD: jax.Array, rope, ctx_BxSxD: jax.Array | None, ctx_rope,
-                    anchors_BxN: jax.Array, valid_BxN: jax.Array, ctx_kv=None) -> jax.Array:
+                    anchors_BxN: jax.Array, valid_BxN: jax.Array, ctx_kv=None,
+                    window: jax.Array | None = None) -> jax.Array:
         """Training: N blocks of T rows each (``x`` [B, N*T, D]); block j sees the context rows
         at positions ``< anchors[b, j]`` and its own rows (``nn.attention.training_block_attention``:
         dense when one chunk covers all blocks and context positions, else chunked with an
@@ -131,6 +160,7 @@ class DrafterAttention(nn.Module):
         The context keys/values are this layer's projections of the rows ``ctx`` [B, S, D]
         (conditioning "kv"), or given as ``ctx_kv`` = (k, v) [B, S, Hkv, Dh] ("input"); with
         neither ("none") each block sees only its own rows (a padding block: nothing).
+        ``window``: as in :meth:`over_cache` (``training_block_attention``'s ``window``).
 
         Returns [B, N*T, D]."""
         B, NT, _ = x_BxNTxD.shape
@@ -146,7 +176,7 @@ class DrafterAttention(nn.Module):
         k_ctx, v_ctx = ctx_kv if ctx_kv is not None else self.keys_values(ctx_BxSxD, ctx_rope)
         out = training_block_attention(blocks(q), k_ctx, v_ctx, blocks(k_blk), blocks(v_blk),
                                        anchors_BxN, valid_BxN, anchor_chunk=self.anchor_chunk,
-                                       context_chunk=self.context_chunk)
+                                       context_chunk=self.context_chunk, window=window)
         return self.o_proj(out.reshape(B, NT, -1))
 
     def context_through_cache(self, x_BxCxD: jax.Array, rope, cache: KVCache, layer: jax.Array,
@@ -203,6 +233,11 @@ class DrafterLayer(nn.Module):
     def _mlp_residual(self, h: jax.Array) -> jax.Array:
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def _window(self, layer: jax.Array) -> jax.Array | None:
+        """Layer ``layer``'s sliding window (int32; 0 = full), None when no layer slides."""
+        windows = self.cfg.layer_windows
+        return None if windows is None else jnp.asarray(windows, jnp.int32)[layer]
+
     def project_context(self, carry, ctx_BxCxD, ctx_rope, ctx_positions_BxC):
         """carry = (cache, layer index): writes this layer's K/V of the context rows at slots
         ``ctx_positions`` (positions outside the cache are dropped)."""
@@ -219,18 +254,21 @@ class DrafterLayer(nn.Module):
                                                           layer, ctx_positions_BxC, ctx_len_B)
         return (cache, layer + 1, self._mlp_residual(h + out)), None
 
-    def draft(self, carry, rope, cache: KVCache):
-        """carry = (h [B, T, D], layer index); the block attends to this layer's cached context."""
+    def draft(self, carry, rope, cache: KVCache, positions_BxT):
+        """carry = (h [B, T, D], layer index); the block (rows at ``positions``) attends to this
+        layer's cached context."""
         h, layer = carry
-        h = self._residual(h, lambda x: self.self_attn.over_cache(x, rope, cache, layer))
+        h = self._residual(h, lambda x: self.self_attn.over_cache(
+            x, rope, cache, layer, positions_BxT, self._window(layer)))
         return (h, layer + 1), None
 
-    def train_blocks(self, h_BxNTxD, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN):
-        """carry = h [B, N*T, D]; every block attends to its own context prefix (``ctx`` None,
-        conditioning "none": to nothing but itself)."""
-        h = self._residual(h_BxNTxD, lambda x: self.self_attn.over_blocks(
-            x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN))
-        return h, None
+    def train_blocks(self, carry, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN):
+        """carry = (h [B, N*T, D], layer index); every block attends to its own context prefix
+        (``ctx`` None, conditioning "none": to nothing but itself)."""
+        h, layer = carry
+        h = self._residual(h, lambda x: self.self_attn.over_blocks(
+            x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN, window=self._window(layer)))
+        return (h, layer + 1), None
 
     def train_blocks_input(self, carry, rope, ctx_rope, anchors_BxN, valid_BxN):
         """Conditioning "input": carry = (h [B, N*T, D] of the blocks, h [B, S, D] of the
@@ -252,7 +290,8 @@ class DrafterModel(nn.Module):
 
     ``attention_impl``: "xla", "pallas" or "triton" for the block attention over the context
     cache in ``draft`` (``train_blocks`` always uses the XLA block-sparse path; so do
-    ``project_context`` with conditioning "input" and ``draft`` with "none").
+    ``project_context`` with conditioning "input", ``draft`` with "none", and ``draft`` of a
+    drafter with sliding layers).
 
     ``cfg.conditioning`` ("kv", "input", "none") selects how the taps enter (module docstring).
 
@@ -339,7 +378,8 @@ class DrafterModel(nn.Module):
           hidden [B, T, D] after the final norm (the target's ``lm_head`` gives the logits).
         """
         rope = rope_cos_sin(block_positions, self.cfg.head_dim, self.cfg.rope)
-        (h, _), _ = self.layers.draft((block_embeds, jnp.int32(0)), rope, cache)
+        (h, _), _ = self.layers.draft((block_embeds, jnp.int32(0)), rope, cache,
+                                      jnp.asarray(block_positions, jnp.int32))
         return self.norm(h)
 
     def train_blocks(self, block_embeds: jax.Array, block_positions: jax.Array, taps: jax.Array,
@@ -358,7 +398,8 @@ class DrafterModel(nn.Module):
         cfg = self.cfg
         if cfg.conditioning == "none":
             rope = rope_cos_sin(block_positions, cfg.head_dim, cfg.rope)
-            h, _ = self.layers.train_blocks(block_embeds, rope, None, None, anchors, valid)
+            (h, _), _ = self.layers.train_blocks((block_embeds, jnp.int32(0)), rope, None, None,
+                                                 anchors, valid)
             return self.norm(h)
         S = taps.shape[1]
         ctx_rope = rope_cos_sin(jnp.broadcast_to(jnp.arange(S), taps.shape[:2]), cfg.head_dim, cfg.rope)
@@ -367,8 +408,8 @@ class DrafterModel(nn.Module):
             (h, _), _ = self.layers.train_blocks_input((block_embeds, self.context_rows(taps)), rope,
                                                        ctx_rope, anchors, valid)
             return self.norm(h)
-        h, _ = self.layers.train_blocks(block_embeds, rope, self.context_rows(taps), ctx_rope,
-                                        anchors, valid)
+        (h, _), _ = self.layers.train_blocks((block_embeds, jnp.int32(0)), rope,
+                                             self.context_rows(taps), ctx_rope, anchors, valid)
         return self.norm(h)
 
 

@@ -99,15 +99,35 @@ def causal_mask(query_positions: jax.Array, key_positions: jax.Array,
     return visible
 
 
+def sliding_masks(window, anchors: jax.Array, T: int, ctx_positions: jax.Array):
+    """The extra visibility of a sliding drafter layer (SpecForge's DFlash mask with
+    ``sliding_window`` = W): block row o of the block anchored at ``a`` (position ``a + o``)
+    sees context positions ``t >= a + o - (W - 1)`` and the block rows at offsets ``<= o``.
+
+    ``window``: W (int or int32 scalar, may be traced); W <= 0 is a full-attention layer
+    (everything True). ``anchors`` int32[B, N]; ``ctx_positions`` int32[K]. Returns
+    (ctx bool[B, N, T, K], blk bool[T, T]), to be and-ed with the full layer's masks."""
+    window = jnp.asarray(window, jnp.int32)
+    full = window <= 0
+    offsets = jnp.arange(T, dtype=jnp.int32)
+    low = anchors[:, :, None] + offsets[None, None, :] - (window - 1)  # [B, N, T]
+    ctx = full | (ctx_positions[None, None, None, :] >= low[..., None])
+    blk = full | (offsets[None, :] <= offsets[:, None])  # [query row, key row]
+    return ctx, blk
+
+
 def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_blk: jax.Array,
                            v_blk: jax.Array, anchors: jax.Array, valid: jax.Array,
-                           scale: float | None = None) -> jax.Array:
+                           scale: float | None = None, window=None) -> jax.Array:
     """Training attention of many drafter blocks of one sequence (docs/method.md section 5).
 
     Block j (anchor ``a_j``) sees context rows at positions ``t < a_j`` (strictly) and every row
     of its own block, nothing of other blocks; a padding block (``valid`` False) sees nothing
     and returns zeros. Visibility is derived from ``anchors`` inside the attention: no
-    [N*bs, S + N*bs] mask is built.
+    [N*bs, S + N*bs] mask is built. ``window`` (None: full attention): a sliding layer's W,
+    which further restricts row o to context positions ``>= a_j + o - (W - 1)`` and to its
+    block's rows ``<= o`` (:func:`sliding_masks`; W <= 0 means full, so a traced per-layer
+    value may select either).
 
     Args:
       q: [B, N, T, H, Dh] block queries (N blocks of T rows).
@@ -128,6 +148,10 @@ def block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k_b
     m_ctx = ((jnp.arange(S)[None, None, :] < anchors[:, :, None]) & valid[:, :, None])
     m_ctx = m_ctx[:, None, None, :, None, :]  # [B, 1, 1, N, 1, S]
     m_blk = valid[:, None, None, :, None, None]  # [B, 1, 1, N, 1, 1]
+    if window is not None:
+        w_ctx, w_blk = sliding_masks(window, anchors, T, jnp.arange(S, dtype=jnp.int32))
+        m_ctx = m_ctx & w_ctx[:, None, None]  # [B, 1, 1, N, T, S]
+        m_blk = m_blk & w_blk  # [B, 1, 1, N, T, T]
     p_ctx, p_blk = joint_softmax([jnp.where(m_ctx, s_ctx, -jnp.inf), jnp.where(m_blk, s_blk, -jnp.inf)],
                                  [m_ctx, m_blk])
     out = (jnp.einsum("bkgnts,bskd->bntkgd", p_ctx.astype(v_ctx.dtype), v_ctx,
@@ -185,9 +209,11 @@ def chunked_block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Ar
                                    k_blk: jax.Array, v_blk: jax.Array, anchors: jax.Array,
                                    valid: jax.Array, scale: float | None = None, *,
                                    anchor_chunk: int = DEFAULT_ANCHOR_CHUNK,
-                                   context_chunk: int = DEFAULT_CONTEXT_CHUNK) -> jax.Array:
+                                   context_chunk: int = DEFAULT_CONTEXT_CHUNK,
+                                   window=None) -> jax.Array:
     """:func:`block_sparse_attention` without its [B, H, N, T, S] scores: the same visibility
-    and result (up to float rounding), in memory that does not grow with N * S.
+    (``window`` included) and result (up to float rounding), in memory that does not grow with
+    N * S.
 
     The N blocks are cut into chunks of ``anchor_chunk`` blocks (``lax.map``); each chunk first
     attends to its own blocks' rows, then walks the context in chunks of ``context_chunk``
@@ -246,6 +272,8 @@ def chunked_block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Ar
             pos = start + jnp.arange(cc, dtype=jnp.int32)
             m = ((pos[None, None, :] < anchors_c[:, :, None]) & (pos < S)[None, None, :]
                  & valid_c[:, :, None])[:, None, None, :, None, :]  # [B, 1, 1, ca, 1, cc]
+            if window is not None:  # [B, 1, 1, ca, T, cc]
+                m = m & sliding_masks(window, anchors_c, T, pos)[0][:, None, None]
             return _online_update(state, s, m, v, "bkgnts,bskd->bkgntd")
 
         # a chunk starting at or past every valid anchor of the anchor chunk is wholly masked
@@ -261,8 +289,10 @@ def chunked_block_sparse_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Ar
         state = (jnp.full(shape, -jnp.inf, acc_dtype), jnp.zeros(shape, acc_dtype),
                  jnp.zeros((*shape, Dh), acc_dtype))
         s = jnp.einsum("bntkgd,bnskd->bkgnts", qg, kb, preferred_element_type=acc_dtype) * scale
-        state = _online_update(state, s, valid_c[:, None, None, :, None, None], vb,
-                               "bkgnts,bnskd->bkgntd")
+        m_blk = valid_c[:, None, None, :, None, None]
+        if window is not None:  # causal in the block
+            m_blk = m_blk & sliding_masks(window, anchors_c, T, jnp.zeros((0,), jnp.int32))[1]
+        state = _online_update(state, s, m_blk, vb, "bkgnts,bnskd->bkgntd")
         (_, l, acc), _ = jax.lax.scan(
             lambda st, c: context_step(st, c, qg, anchors_c, valid_c), state, ctx)
         out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # a padding block: 0 / 1
@@ -277,17 +307,21 @@ def training_block_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, k
                              v_blk: jax.Array, anchors: jax.Array, valid: jax.Array,
                              scale: float | None = None, *,
                              anchor_chunk: int = DEFAULT_ANCHOR_CHUNK,
-                             context_chunk: int = DEFAULT_CONTEXT_CHUNK) -> jax.Array:
+                             context_chunk: int = DEFAULT_CONTEXT_CHUNK,
+                             window=None) -> jax.Array:
     """The drafter's training attention (arguments as :func:`chunked_block_sparse_attention`):
     the dense :func:`block_sparse_attention` when one chunk covers everything (N <=
     ``anchor_chunk`` and S <= ``context_chunk``: the same program, bitwise, as before the
-    chunked path existed), else :func:`chunked_block_sparse_attention`."""
+    chunked path existed), else :func:`chunked_block_sparse_attention`. ``window``: None for
+    full attention, else a sliding layer's W (:func:`block_sparse_attention`)."""
     anchor_chunk = check_chunk("anchor_chunk", anchor_chunk)
     context_chunk = check_chunk("context_chunk", context_chunk)
     if q.shape[1] <= anchor_chunk and k_ctx.shape[1] <= context_chunk:
-        return block_sparse_attention(q, k_ctx, v_ctx, k_blk, v_blk, anchors, valid, scale)
+        return block_sparse_attention(q, k_ctx, v_ctx, k_blk, v_blk, anchors, valid, scale,
+                                      window=window)
     return chunked_block_sparse_attention(q, k_ctx, v_ctx, k_blk, v_blk, anchors, valid, scale,
-                                          anchor_chunk=anchor_chunk, context_chunk=context_chunk)
+                                          anchor_chunk=anchor_chunk, context_chunk=context_chunk,
+                                          window=window)
 
 
 ATTENTION_IMPLS = ("xla", "pallas", "triton")
