@@ -468,7 +468,8 @@ def decode(tparams, pparams, state: DecodeState, max_new, stop_ids, max_iteratio
 
     One call with a large ``max_iterations`` is the whole generation on device; streaming calls
     it repeatedly with a small one and reads the state in between. On a mesh, each data shard
-    runs the loop until its own rows are done (the loop's collectives are over ``model`` only).
+    runs the loop until its own rows are done (the loop's collectives are over ``model``, and
+    ``expert`` for an MoE target, whose devices all hold the same rows).
     ``pparams``: the proposer's parameters.
     """
     args = (tparams, pparams, state, max_new, stop_ids, max_iterations)

@@ -56,6 +56,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("mlp", MODEL),
     ("vocab", MODEL),
     ("expert", EXPERT),
+    ("router", None),
     ("embed", None),
     ("layers", None),
     ("slots", None),
