@@ -97,6 +97,8 @@ def moe_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, *, down: ja
     Returns [..., D] in ``x``'s dtype (the weighted sum accumulated in float32)."""
     if (gate_up is None) == (gate is None and up is None) or (gate is None) != (up is None):
         raise ValueError("moe_ffn takes either gate_up [E, D, 2F] or both gate and up [E, D, F]")
+    if impl not in ("auto", "ragged", "gather"):
+        raise ValueError(f"moe_ffn impl must be 'auto', 'ragged' or 'gather', not {impl!r}")
     lead, d = x.shape[:-1], x.shape[-1]
     k = expert_ids.shape[-1]
     xf = x.reshape(-1, d)
@@ -110,11 +112,9 @@ def moe_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, *, down: ja
     if impl == "gather":
         out = _pairs_gather(xf, local, valid, k, gate_up, gate, up, gate_up_bias, down,
                             down_bias, activation)
-    elif impl == "ragged":
+    else:
         out = _pairs_ragged(xf, local, valid, k, gate_up, gate, up, gate_up_bias, down,
                             down_bias, activation)
-    else:
-        raise ValueError(f"moe_ffn impl must be 'auto', 'ragged' or 'gather', not {impl!r}")
     out = jnp.where(valid[:, None], out.astype(jnp.float32), 0.0) * w[:, None]
     return jnp.sum(out.reshape(n, k, d), axis=1).astype(x.dtype).reshape(*lead, d)
 
