@@ -11,7 +11,8 @@ from dflash_jax.tools import gpu_suite
 
 def test_smoke_suite_runs_every_stage(tmp_path):
     summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
-    assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench"]
+    assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench",
+                                                      "moe", "moe_layer"]
     assert all(s["status"] == "ok" for s in summary["stages"]), summary["stages"]
     on_disk = json.loads((tmp_path / "suite.json").read_text())
     assert on_disk["stages"] == json.loads(json.dumps(summary["stages"]))
@@ -28,6 +29,14 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernel["results"])
     bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert bench["command"].startswith("python -m dflash_jax bench --max-samples 1")
+    # each MoE family: logits equal to the host CPU's, greedy DFlash == AR in float32; the MoE
+    # layer benchmark timed every variant at 1 and 4 rows
+    moe = summary["stages"][5]["result"]
+    assert set(moe) == {"qwen3_moe", "gpt_oss"}
+    assert all(r["dflash_equals_ar"] and r["rows_equal"] == "2/2" for r in moe.values())
+    layer = json.loads((tmp_path / "moe_layer" / "moe_layer.json").read_text())
+    assert {(r["rows"], r["variant"]) for r in layer["results"]} == {
+        (r, v) for r in (1, 4) for v in ("moe gather", "moe ragged", "dense active", "dense all")}
 
 
 def test_refusals(tmp_path):

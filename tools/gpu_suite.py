@@ -20,6 +20,14 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    5-layer drafter, per attention implementation (``dflash_jax.bench.spec_speed``).
 5. ``bench``: the end-to-end benchmark of the embedded target + drafter on the prompt sets
    (``python -m dflash_jax bench``).
+6. ``moe``: each mixture-of-experts family (``qwen3_moe``, ``gpt_oss``) on a small random
+   target (:data:`MOE_TINY`, saved and loaded back): its logits on the device against the same
+   forward on the host CPU (float32, full precision), greedy DFlash == AR in float32 on a
+   ragged batch with a random drafter (a difference fails the stage), and (not ``--smoke``)
+   the iteration's cost against an AR step (``spec_speed``).
+7. ``moe_layer``: one MoE layer (gather and ragged_dot paths) against dense layers with the
+   active and with all experts' parameters, decode (1 row) and verify (16 rows), at
+   Qwen3-Coder-30B-A3B's layer shapes in bf16 (``dflash_jax.tools.moe_layer_speed``).
 
 A stage that fails is recorded with its error and the suite goes on; the exit status is 1
 when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
@@ -42,7 +50,28 @@ from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment
 from dflash_jax.nn.attention import ATTENTION_IMPLS
 from dflash_jax.bench import decode_speed, harness, spec_speed
-from dflash_jax.tools import kernel_speed
+from dflash_jax.tools import kernel_speed, moe_layer_speed
+
+MOE_TINY = {
+    "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
+                  "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                  "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [1], "norm_topk_prob": True, "max_position_embeddings": 512,
+                  "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False},
+    "gpt_oss": {"model_type": "gpt_oss", "vocab_size": 256, "hidden_size": 64,
+                "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "max_position_embeddings": 512, "rope_theta": 150000.0,
+                "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                                 "truncate": False},
+                "attention_bias": True, "rms_norm_eps": 1e-5, "swiglu_limit": 7.0,
+                "tie_word_embeddings": False},
+}
+"""Small random targets of the MoE families (``config.json`` dicts) for the ``moe`` stage."""
 
 
 def available_impls() -> list[str]:
@@ -56,6 +85,52 @@ def available_impls() -> list[str]:
         except ImportError:
             pass
     return impls
+
+
+def moe_family_check(model_type: str, out: str, smoke: bool) -> dict:
+    """One MoE family on the device: a random target of :data:`MOE_TINY` saved to
+    ``out/<type>_target`` and loaded back, its float32 logits on a fixed prompt against the
+    same forward on the host CPU, greedy DFlash == AR in float32 on a ragged batch (a random
+    1-layer drafter, block 8), and off ``smoke`` the iteration's cost (``spec_speed``)."""
+    import numpy as np
+
+    from dflash_jax.config import TargetConfig
+    from dflash_jax.decoding.generation import generate
+    from dflash_jax.models.handles import Drafter, Target, load_target
+    from dflash_jax.targets import target_forward
+
+    path = os.path.join(out, f"{model_type}_target")
+    Target.random(TargetConfig.from_hf_dict(MOE_TINY[model_type]), seed=1).save(path)
+    target = load_target(path, dtype=jax.numpy.float32)
+    tokens = jax.numpy.asarray(np.random.default_rng(0).integers(0, 256, size=(2, 24)), jax.numpy.int32)
+    positions = jax.numpy.broadcast_to(jax.numpy.arange(24, dtype=jax.numpy.int32), (2, 24))
+    fwd = jax.jit(lambda p, t, q: target_forward(target.config, p, t, q)[0])
+    with jax.default_matmul_precision("highest"):
+        here = np.asarray(fwd(target.params, tokens, positions))
+        cpu = jax.devices("cpu")[0]
+        host = np.asarray(fwd(*jax.device_put((target.params, tokens, positions), cpu)))
+    diff = float(np.max(np.abs(here - host)))
+    if not diff < 1e-3:
+        raise RuntimeError(f"{model_type}: logits on {jax.default_backend()} differ from the host "
+                           f"CPU's by {diff:.3g} (float32, full precision)")
+    # greedy DFlash against AR on a ragged batch, float32, full precision: must be equal
+    prompts = [list(range(3, 19)), list(range(40, 51))]
+    new = 16 if smoke else 64
+    drafter = Drafter.random(target, num_layers=1, block_size=8, seed=2)
+    with jax.default_matmul_precision("highest"):
+        ar = generate(target, prompts, new)
+        df = generate(target, prompts, new, drafter=drafter, block_size=8)
+    agreement = spec_speed.sequence_agreement(ar.sequences, df.sequences)
+    if not agreement["dflash_equals_ar"]:
+        raise RuntimeError(f"{model_type}: greedy DFlash differs from AR in float32: {agreement}")
+    row = {"logits_max_abs_diff_vs_host_cpu": diff, "dflash_equals_ar": True,
+           "rows_equal": f"{agreement['rows_equal']}/{len(prompts)}"}
+    if not smoke:  # the iteration's cost against an AR step (spec_speed: its own exactness check)
+        r = spec_speed.main(["--target", path, "--dtype", "float32", "--drafter-layers", "1",
+                             "--block-size", "8", "--prompt-len", "16", "--new-tokens", "64",
+                             "--repeats", "2", "--out", out])["result"]
+        row["iteration_over_ar_step"] = round(r["iteration_over_ar_step"], 3)
+    return row
 
 
 def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
@@ -122,8 +197,19 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
         avg = rep.get("average", {})
         return {k: avg[k] for k in avg if isinstance(avg[k], (int, float))}
 
+    def moe():
+        return {t: moe_family_check(t, d("moe"), smoke) for t in MOE_TINY}
+
+    def moe_layer():
+        argv = (["--hidden", "64", "--experts", "8", "--top-k", "2", "--expert-width", "32",
+                 "--rows", "1", "4", "--repeats", "1", "--calls", "2", "--program-calls", "1"] if smoke else
+                ["--hidden", "2048", "--experts", "128", "--top-k", "8", "--expert-width", "768",
+                 "--rows", "1", "16", "--dtype", "bfloat16"])
+        rep = moe_layer_speed.main(argv + ["--out", d("moe_layer")])
+        return {f"{r['rows']} rows, {r['variant']}": round(r["median_us"], 1) for r in rep["results"]}
+
     return [("exactness", exactness), ("kernel", kernel), ("decode", decode), ("spec", spec),
-            ("bench", bench)]
+            ("bench", bench), ("moe", moe), ("moe_layer", moe_layer)]
 
 
 def markdown(summary: dict) -> str:

@@ -204,16 +204,18 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict):
-    """Median time per call (bars, min as a tick) per variant and row count."""
+    """Median time per call (bars; the min as a tick, the in-program median as a cross) per
+    variant and row count."""
     rows = report["settings"]["rows"]
     fig, axes = new_figure(1, len(rows), figsize=(5.5 * len(rows), 4), squeeze=False)
     for ax, r in zip(axes[0], rows):
         res = [x for x in report["results"] if x["rows"] == r]
         pos = np.arange(len(res))
-        ax.bar(pos, [x["median_us"] for x in res], color=["C0", "C1", "C2", "C3"][:len(res)])
-        ax.plot(pos, [x["min_us"] for x in res], "k_", ms=20, label="min")
+        ax.bar(pos, [x["median_us"] / 1e3 for x in res], color=["C0", "C1", "C2", "C3"][:len(res)])
+        ax.plot(pos, [x["min_us"] / 1e3 for x in res], "k_", ms=20, label="min")
+        ax.plot(pos, [x["in_program_median_us"] / 1e3 for x in res], "kx", label="in one program")
         ax.set_xticks(pos, [x["variant"] for x in res], fontsize=8)
-        ax.set(ylabel="us per call (median)", title=f"{r} row{'s' if r > 1 else ''}")
+        ax.set(yscale="log", ylabel="ms per call (median; log scale)", title=f"{r} row{'s' if r > 1 else ''}")
         ax.legend(fontsize=7)
     s = report["settings"]
     fig.suptitle(f"MoE layer D {s['hidden']}, E {s['experts']} x F {s['expert_width']}, top-{s['top_k']}, "
