@@ -339,6 +339,8 @@ class GptOssFamily(TargetFamily):
         sliding layer without a window, ``experts_per_token`` disagreeing with
         ``num_experts_per_tok``, and the decoder features no family implements."""
         d = dict(d)
+        if "num_local_experts" not in d and "num_experts" in d:  # GptOssConfig's attribute_map
+            d["num_local_experts"] = d["num_experts"]
         for key, value in DEFAULTS.items():
             if key not in d:
                 d[key] = value
