@@ -44,12 +44,13 @@ from transformers import AutoConfig
 import dflash_jax as dj
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
 from dflash_jax.models.drafter import DrafterModel, init_drafter_params
+from dflash_jax.targets import init_target_params
 from dflash_jax.nn.attention import (block_sparse_attention, chunked_block_sparse_attention,
                                      training_block_attention)
 from dflash_jax.nn.cache import KVCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from test_drafter_proposals import (MARGIN, RecordingProposer, _randomise_norms, attention,
+from test_drafter_proposals import (MARGIN, RecordingProposer, attention,
                                     layer_params, lm_head_kernel, rms_norm, swiglu, target_taps,
                                     top2_margin)
 
@@ -71,13 +72,11 @@ def pairs(tmp_path_factory):
     """name -> (target, drafter loaded back from its save_drafter directory, (inverse
     frequencies, cos/sin scale) of its RoPE as transformers computes them from that directory's
     config.json, the directory)."""
-    target = dj.Target.random(TARGET, seed=0, init_scale=0.35)
-    target = dataclasses.replace(target, params=_randomise_norms(target.params, jax.random.key(10)))
+    target = dj.Target(TARGET, random_params(lambda: init_target_params(TARGET, jax.random.key(0)), 10))
     out = {}
     for i, (name, cfg) in enumerate(DRAFTERS.items()):
         cfg.check_target(TARGET)  # own attention shapes are fine
-        params = _randomise_norms(init_drafter_params(cfg, jax.random.key(20 + i), jnp.float32, 0.35),
-                                  jax.random.key(30 + i))
+        params = random_params(lambda: init_drafter_params(cfg, jax.random.key(0)), 20 + i)
         path = str(tmp_path_factory.mktemp(name))
         dj.save_drafter(dj.Drafter(cfg, params), path)
         loaded = dj.load_drafter(path, target)
@@ -86,6 +85,18 @@ def pairs(tmp_path_factory):
                                loaded.params, params)
         out[name] = (target, loaded, transformers_rope(path), path)
     return out
+
+
+def random_params(init, seed: int):
+    """The parameter tree ``init()`` builds (shapes only, nothing compiled), filled from numpy:
+    kernels and embeddings N(0, 0.35^2), every RMSNorm weight 1 + N(0, 0.2^2) (unit weights
+    would hide a swapped or missing norm)."""
+    rng = np.random.default_rng(seed)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, s: jnp.asarray((1.0 + 0.2 * rng.normal(size=s.shape))
+                                    if "weight" in jax.tree_util.keystr(path)
+                                    else 0.35 * rng.normal(size=s.shape), jnp.float32),
+        jax.eval_shape(init))
 
 
 def transformers_rope(path):
@@ -204,7 +215,7 @@ def test_full_drafter_with_own_shapes_drafts_as_reference(pairs):
     transformers' reading of its config.json) at several block starts."""
     target, drafter, rope_tables, path = pairs["own-shapes"]
     assert AutoConfig.from_pretrained(path).rope_parameters["rope_type"] == "yarn"
-    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 63, size=32), jnp.int32)
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 63, size=64), jnp.int32)
     taps = target_taps(target.config, target.params, tokens, drafter.config.target_layer_ids)
     for start in (1, 9, 20):
         block = jnp.asarray([int(tokens[start])] + [63] * (BS - 1), jnp.int32)
