@@ -31,6 +31,8 @@ COMMANDS = {
                      "block-attention kernels (Pallas, Triton, XLA, cuDNN): microseconds and GB/s"),
     "moe-layer-speed": ("dflash_jax.tools.moe_layer_speed",
                         "one MoE layer (gather / ragged_dot) vs dense layers: decode and verify times"),
+    "load-report": ("dflash_jax.tools.load_report",
+                    "load time and peak host memory of tiny and mid-size MoE checkpoints (random weights)"),
     "roofline": ("dflash_jax.tools.roofline",
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
     "iteration-profile": ("dflash_jax.bench.iteration_profile",
@@ -61,7 +63,7 @@ COMMANDS = {
 EXPERIMENTS = "experiments"
 GROUPS = {
     "run and benchmark": ["generate", "bench", "spec-speed", "decode-speed", "iteration-profile",
-                          "train-speed"],
+                          "train-speed", "load-report"],
     "train a drafter": ["train-data", "features", "train", "export"],
     EXPERIMENTS: [],
     "embedded-model recipe (how the shipped default pair was made)":
