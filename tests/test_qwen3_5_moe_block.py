@@ -122,7 +122,7 @@ def test_block_equals_transformers(hf, impl):
     y, weights, ids = jax.jit(lambda p, x: q.moe_block(cfg, p, x, impl=impl, return_routing=True))(
         params, jnp.asarray(hf["x"]))
     np.testing.assert_array_equal(np.asarray(ids).reshape(-1, K), hf["ids"])
-    np.testing.assert_allclose(np.asarray(weights).reshape(-1, K), hf["weights"], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(weights).reshape(-1, K), hf["weights"], atol=5e-6)
     np.testing.assert_allclose(np.asarray(y), hf["y"], atol=1e-5, rtol=1e-5)
     # the shared expert and its gate matter: without them the output is far off
     no_shared = jax.tree_util.tree_map(lambda v: v, params)
