@@ -101,7 +101,7 @@ def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, attention_impl, 
     return h, cache, taps, layer + 1
 
 
-def _run_params(layers, is_moe: bool, first: int, end: int, sub: int, num_layers: int):
+def _run_params(layers, is_moe: bool, first: int, end: int, sub: int):
     """The stacked parameters of layers ``first .. end - 1`` (all of one kind)."""
     n = end - first
     take = lambda tree, lo: jax.tree_util.tree_map(lambda x: x if (lo == 0 and x.shape[0] == n)
@@ -176,7 +176,7 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     carry = (h, cache, taps, jnp.int32(0))
     if "layers" in params:
         for is_moe, first, end, sub in layer_runs(cfg):
-            lp = _run_params(params["layers"], is_moe, first, end, sub, cfg.num_layers)
+            lp = _run_params(params["layers"], is_moe, first, end, sub)
 
             def step(c, p, is_moe=is_moe):
                 return _layer(cfg, p, is_moe, c, shared, *opts), None
