@@ -61,7 +61,7 @@ TARGET = TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=
 BS, MAX_NEW, WINDOW = 8, 16, 3
 OWN_SHAPES = dict(num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=40)
 _SHAPED = dataclasses.replace(DrafterConfig.for_target(TARGET, 2, BS, 63, (1, 3)), **OWN_SHAPES)
-YARN = RopeConfig(theta=1e6, rope_type="yarn", factor=4.0, original_max_position_embeddings=16)
+YARN = RopeConfig(theta=1e6, rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
 DRAFTERS = {"own-shapes": dataclasses.replace(_SHAPED, rope=YARN),  # and its own RoPE: YaRN
             "sliding": dataclasses.replace(_SHAPED, sliding_window=WINDOW,
                                            layer_types=("sliding_attention", "full_attention"))}
