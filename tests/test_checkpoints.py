@@ -178,7 +178,7 @@ def test_num_params_matches_qwen3_8b():
 @pytest.mark.parametrize("edit, match", [
     ({"model_type": "mistral"}, "unknown model_type 'mistral'.*qwen3, llama"),
     ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope scaling type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "unsupported rope scaling type 'dynamic'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "missing field"),
     ({"mlp_bias": True}, "mlp_bias"),
 ])
