@@ -3,8 +3,10 @@ hand; the dense layers against a plain jnp SwiGLU; the command on a smoke size w
 files with the machine and load recorded and the gather and ragged paths agreeing. No timing
 is asserted."""
 
+import functools
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,21 +35,24 @@ def test_layers_match_plain_references():
     h = np.asarray(x) @ np.asarray(w["all"]["gate_up"])
     g, u = np.split(h, 2, axis=-1)
     ref = (g / (1 + np.exp(-g)) * u) @ np.asarray(w["all"]["down"])
-    np.testing.assert_allclose(mls.dense_layer(x, w["all"]), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(mls.dense_layer)(x, w["all"]), ref, rtol=1e-5, atol=1e-6)
     # input column 0 set to 1 and a router reading only it: logits 50 for experts 1 and 3, 0
     # for the others, on every row (softmax top-2, renormalised: weights 1/2 and 1/2)
     xb = x.at[:, 0].set(1.0)
     router = jnp.zeros((8, 4)).at[0, 1].set(50.0).at[0, 3].set(50.0)
+    gu, down, xn = (np.asarray(a) for a in (w["experts"]["gate_up"], w["experts"]["down"], xb))
+    ex = []
+    for e in (1, 3):
+        g, u = np.split(xn @ gu[e], 2, axis=-1)
+        ex.append((g / (1 + np.exp(-g)) * u) @ down[e])
     for impl in ("gather", "ragged"):
-        out = mls.moe_layer(xb, router, w["experts"], k=2, impl=impl)
-        ex = [np.asarray(mls.moe.swiglu(xb @ w["experts"]["gate_up"][e]) @ w["experts"]["down"][e])
-              for e in (1, 3)]
+        out = jax.jit(functools.partial(mls.moe_layer, k=2, impl=impl))(xb, router, w["experts"])
         np.testing.assert_allclose(out, (ex[0] + ex[1]) / 2, rtol=1e-4, atol=1e-6)
 
 
 def test_command_writes_its_files(tmp_path):
-    rep = mls.main(["--hidden", "16", "--experts", "4", "--top-k", "2", "--expert-width", "8",
-                    "--rows", "1", "3", "--repeats", "3", "--calls", "1", "--program-calls", "1",
+    rep = mls.main(["--hidden", "16", "--experts", "4", "--experts-per-token", "2", "--expert-width", "8",
+                    "--rows", "1", "3", "--repeats", "3", "--dispatch-calls", "1", "--program-calls", "1",
                     "--out", str(tmp_path)])
     assert [(r["rows"], r["variant"]) for r in rep["results"]] == [
         (r, v) for r in (1, 3) for v in mls.VARIANTS]
@@ -59,5 +64,5 @@ def test_command_writes_its_files(tmp_path):
     assert on_disk["command"].startswith("python -m dflash_jax moe-layer-speed --hidden 16")
     assert "load average" in (tmp_path / "moe_layer.md").read_text()
     assert (tmp_path / "moe_layer.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="--top-k 5 exceeds --experts 4"):
-        mls.main(["--experts", "4", "--top-k", "5", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--experts-per-token 5 exceeds --experts 4"):
+        mls.main(["--experts", "4", "--experts-per-token", "5", "--out", str(tmp_path)])

@@ -201,9 +201,9 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
         return {t: moe_family_check(t, d("moe"), smoke) for t in MOE_TINY}
 
     def moe_layer():
-        argv = (["--hidden", "64", "--experts", "8", "--top-k", "2", "--expert-width", "32",
-                 "--rows", "1", "4", "--repeats", "1", "--calls", "2", "--program-calls", "1"] if smoke else
-                ["--hidden", "2048", "--experts", "128", "--top-k", "8", "--expert-width", "768",
+        argv = (["--hidden", "64", "--experts", "8", "--experts-per-token", "2", "--expert-width", "32",
+                 "--rows", "1", "4", "--repeats", "1", "--dispatch-calls", "2", "--program-calls", "1"] if smoke else
+                ["--hidden", "2048", "--experts", "128", "--experts-per-token", "8", "--expert-width", "768",
                  "--rows", "1", "16", "--dtype", "bfloat16"])
         rep = moe_layer_speed.main(argv + ["--out", d("moe_layer")])
         return {f"{r['rows']} rows, {r['variant']}": round(r["median_us"], 1) for r in rep["results"]}

@@ -1,8 +1,8 @@
 """One MoE layer against dense SwiGLU layers: decode (1 row) and verify (16 rows) times.
 
     python -m dflash_jax moe-layer-speed --out results/moe_layer       # D 1024, E 32, k 4, F 256
-    python -m dflash_jax moe-layer-speed --hidden 64 --experts 8 --top-k 2 --expert-width 32 \\
-        --rows 1 4 --repeats 1 --calls 2 --out runs/moe_layer       # smoke size
+    python -m dflash_jax moe-layer-speed --hidden 64 --experts 8 --experts-per-token 2 --expert-width 32 \\
+        --rows 1 4 --repeats 1 --dispatch-calls 2 --out runs/moe_layer       # smoke size
 
 For each row count it times, on this machine's default device:
 
@@ -16,7 +16,7 @@ For each row count it times, on this machine's default device:
                (what the MoE layer would cost if it read only one token's k experts);
   dense all    a dense SwiGLU of width E F: all the experts' parameters.
 
-Timing: ``--repeats`` runs (after a warm-up that compiles) of ``--calls`` calls of the compiled
+Timing: ``--repeats`` runs (after a warm-up that compiles) of ``--dispatch-calls`` calls of the compiled
 layer dispatched back to back with one wait at the end: min and median seconds per call (the
 host dispatch, tens of microseconds, is included). A second timing runs ``--program-calls``
 calls inside ONE compiled program (each on a differently scaled input, the outputs summed; the
@@ -144,7 +144,7 @@ def time_in_program(fn, x, w, *, calls: int, repeats: int) -> list[float]:
 
 def measure(args) -> list[dict]:
     """One row per (rows, variant): times (every repeat, min, median), bytes, GB/s."""
-    D, E, F, k = args.hidden, args.experts, args.expert_width, args.top_k
+    D, E, F, k = args.hidden, args.experts, args.expert_width, args.experts_per_token
     dtype = jnp.dtype(args.dtype)
     weights = init_weights(D, E, F, k, dtype, args.seed)
     fns = layer_fns(weights, k)
@@ -157,7 +157,7 @@ def measure(args) -> list[dict]:
         a = jax.jit(functools.partial(fns["moe ragged"]))(xs[r], weights)
         check[r] = float(jnp.max(jnp.abs(g.astype(jnp.float32) - a.astype(jnp.float32))))
     for r, variant in progress(cases, desc="moe layer (rows, variant)", unit="case"):
-        times = time_dispatched(fns[variant], xs[r], weights, calls=args.calls, repeats=args.repeats)
+        times = time_dispatched(fns[variant], xs[r], weights, calls=args.dispatch_calls, repeats=args.repeats)
         inside = time_in_program(fns[variant], xs[r], weights, calls=args.program_calls,
                                  repeats=args.repeats)
         nbytes = weight_bytes(variant, D, E, F, k, r, dtype.itemsize)
@@ -226,13 +226,13 @@ def plot(report: dict):
 def add_arguments(p) -> None:
     p.add_argument("--hidden", type=int, default=1024, help="hidden size D")
     p.add_argument("--experts", type=int, default=32, help="routed experts E")
-    p.add_argument("--top-k", type=int, default=4, help="experts per token k")
+    p.add_argument("--experts-per-token", type=int, default=4, help="experts per token k")
     p.add_argument("--expert-width", type=int, default=256, help="an expert's SwiGLU width F")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16],
                    help="rows per call: 1 (a decode step), 16 (a verify block)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="weights and activations")
-    p.add_argument("--calls", type=int, default=16,
+                   help="compute dtype of the weights and activations")
+    p.add_argument("--dispatch-calls", type=int, default=16,
                    help="compiled calls dispatched back to back per timed run")
     p.add_argument("--program-calls", type=int, default=4,
                    help="calls inside one compiled program (the second timing)")
@@ -242,11 +242,12 @@ def add_arguments(p) -> None:
 
 
 def check_args(args) -> None:
-    for name in ("hidden", "experts", "top_k", "expert_width", "calls", "program_calls", "repeats"):
+    for name in ("hidden", "experts", "experts_per_token", "expert_width", "dispatch_calls",
+                 "program_calls", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.top_k > args.experts:
-        raise ValueError(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+    if args.experts_per_token > args.experts:
+        raise ValueError(f"--experts-per-token {args.experts_per_token} exceeds --experts {args.experts}")
     if any(r < 1 for r in args.rows):
         raise ValueError(f"--rows must be >= 1, got {args.rows}")
 
@@ -263,9 +264,9 @@ def run(args) -> dict:
     report = {
         "benchmark": "moe_layer_speed",
         "command": command_line("dflash_jax", invocation(args)),
-        "settings": {"hidden": args.hidden, "experts": args.experts, "top_k": args.top_k,
+        "settings": {"hidden": args.hidden, "experts": args.experts, "top_k": args.experts_per_token,
                      "expert_width": args.expert_width, "rows": list(args.rows), "dtype": args.dtype,
-                     "calls": args.calls, "program_calls": args.program_calls,
+                     "calls": args.dispatch_calls, "program_calls": args.program_calls,
                      "repeats": args.repeats, "seed": args.seed},
         "results": results,
         "gather_vs_ragged": {str(r["rows"]): r["gather_vs_ragged_max_abs_diff"]

@@ -635,7 +635,8 @@ def at_latency(s: MoeShape, drafter: DrafterConfig, bs: int, context: int, sc: S
     return {k: r[k] for k in ("t_ar_us", "t_iter_us", "ratio")}
 
 
-def dense_reference(context: int, devices: Sequence[str], taus: Mapping[str, float]) -> list[dict]:
+def dense_reference(context: int, devices: Sequence[str], taus: Mapping[str, float],
+                    batch: int = 1) -> list[dict]:
     """The dense Qwen3-8B pair of the dense roofline (5-layer drafter, block 16), per device."""
     from dflash_jax.bench.decode_speed import PRESETS
 
@@ -643,8 +644,8 @@ def dense_reference(context: int, devices: Sequence[str], taus: Mapping[str, flo
     drafter = DrafterConfig.for_target(target, 5, block_size=16, mask_token_id=dense.QWEN3_MASK_TOKEN_ID)
     out = []
     for dev in devices:
-        r = dense.step_times(target, drafter, 16, context, DEVICES[dev])
-        ratios = {bs: dense.step_times(target, drafter, bs, context, DEVICES[dev])["ratio"]
+        r = dense.step_times(target, drafter, 16, context, DEVICES[dev], batch=batch)
+        ratios = {bs: dense.step_times(target, drafter, bs, context, DEVICES[dev], batch=batch)["ratio"]
                   for bs in MOE_BLOCK_SIZES}
         out.append({"model": "qwen3-8b (dense)", "device": dev, "device_name": DEVICES[dev].name,
                     "label": f"qwen3-8b (dense), {DEVICES[dev].name.split(' (')[0]} x 1 GPU",
@@ -669,8 +670,10 @@ def run_moe(args) -> dict:
         if args.block_size:
             drafter = dataclasses.replace(drafter, block_size=args.block_size)
         shapes[name] = (s, drafter)
-        scenarios = [sc for sc in SCENARIOS if sc.model == name] if target in MODELS and not args.moe_devices else [
-            Scenario(name, dev, Layout(1), TAUS.get(name, {"tau 4": 4.0})) for dev in (args.moe_devices or ["h100"])]
+        scenarios = [sc for sc in SCENARIOS if sc.model == name and not args.moe_devices]
+        if not scenarios:  # a config.json, a named model without scenarios, or --moe-devices
+            scenarios = [Scenario(name, dev, Layout(1), TAUS.get(name, {"tau 4": 4.0}))
+                         for dev in (args.moe_devices or ["h100"])]
         for sc in scenarios:
             rows.append(analyse_scenario(sc, s, drafter, context, batch=args.batch))
     report = {
@@ -686,7 +689,8 @@ def run_moe(args) -> dict:
                    for name, (s, drafter) in shapes.items()},
         "device_profiles": {k: dataclasses.asdict(v) for k, v in DEVICES.items()},
         "scenarios": rows,
-        "dense_reference": dense_reference(context, ["h100", "b200"], {"tau 4": 4.0, "paper": dense.PAPER["tau"]}),
+        "dense_reference": dense_reference(context, ["h100", "b200"], {"tau 4": 4.0, "paper": dense.PAPER["tau"]},
+                                           batch=args.batch),
         "env": environment(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
