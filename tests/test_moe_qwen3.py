@@ -119,7 +119,7 @@ def clamped_interleaved(h):
 
 
 @pytest.mark.parametrize("layout", ["separate", "fused-biases-custom-activation"])
-def test_moe_ffn_both_paths_equal_the_dense_loop(layout):
+def test_moe_ffn_paths_equal_the_dense_loop(layout):
     rng = np.random.default_rng(0)
     N, D, F, E, k = 11, 16, 8, 6, 2
     f32 = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
@@ -141,7 +141,7 @@ def test_moe_ffn_both_paths_equal_the_dense_loop(layout):
         """The dense reference, then per path: all experts, the two expert-parallel shards of 3
         local experts each (summed: the caller's psum), and the input with a leading axis."""
         out = [dense_moe_reference(x, w, i, **a, **act)]
-        for impl in ("ragged", "gather"):
+        for impl in ("ragged", "gather", "dense"):
             out.append(moe.moe_ffn(x, w, i, impl=impl, **a, **act))
             shards = [moe.moe_ffn(x, w, i, impl=impl, expert_offset=jnp.int32(3 * s),
                                   **{n: v[3 * s:3 * s + 3] for n, v in a.items()}, **act)
@@ -152,12 +152,13 @@ def test_moe_ffn_both_paths_equal_the_dense_loop(layout):
 
     ref, *got = everything(x, weights, ids, arrays)
     assert float(jnp.abs(ref).max()) > 1.0
-    for full, ep, smallest, leading in (got[:4], got[4:]):
+    assert len(got) == 12
+    for full, ep, smallest, leading in (got[:4], got[4:8], got[8:]):
         for y in (full, ep, leading):
             np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=1e-4, rtol=1e-5)
         assert float(smallest) > 0  # both shards contribute
     with pytest.raises(ValueError, match="impl must be"):
-        moe.moe_ffn(x, weights, ids, impl="dense", **kw)
+        moe.moe_ffn(x, weights, ids, impl="sparse", **kw)
     with pytest.raises(ValueError, match="either gate_up"):
         moe.moe_ffn(x, weights, ids, down=down)
 

@@ -12,6 +12,9 @@ For each row count it times, on this machine's default device:
   moe ragged   the same router and ``moe_ffn(impl="ragged")``: the pairs sorted by expert and
                one ``jax.lax.ragged_dot`` per projection (on CPU it lowers to a masked dense
                product over all E experts);
+  moe dense    the same router and ``moe_ffn(impl="dense")``: every row through every expert,
+               each expert read once, combined with the routing weights (what ``impl="auto"``
+               runs on CPU once the pairs ``rows * k`` reach E);
   dense active a dense SwiGLU of width k F: the same parameters a token multiplies with
                (what the MoE layer would cost if it read only one token's k experts);
   dense all    a dense SwiGLU of width E F: all the experts' parameters.
@@ -27,7 +30,7 @@ call (gather: every pair's expert, duplicates included, ``rows * k`` experts; ra
 all E experts; dense: its matrices; the router in the MoE variants) and the expected distinct
 experts the rows route to under uniform routing, E (1 - (1 - k/E)^rows), the floor an
 implementation reading each active expert once would reach.
-The gather and ragged outputs are compared (max abs difference) before timing.
+The gather output is compared with the ragged and dense ones (the larger max abs difference) before timing.
 
 Recorded: the machine (CPU model, family, vector extensions such as AVX-512; load averages
 before and after, with the busy warning of ``reporting.busy_warning``), versions, the command.
@@ -51,7 +54,7 @@ from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info,
                                   environment, load_average, new_figure, write_report)
 
-VARIANTS = ("moe gather", "moe ragged", "dense active", "dense all")
+VARIANTS = ("moe gather", "moe ragged", "moe dense", "dense active", "dense all")
 
 
 # ---------------------------------------------------------------------------- the layers
@@ -83,6 +86,7 @@ def layer_fns(weights: dict, k: int) -> dict:
     """{variant: fn(x) -> [N, D]} over ``weights`` (closed over: arguments of the program)."""
     return {"moe gather": lambda x, w: moe_layer(x, w["router"], w["experts"], k=k, impl="gather"),
             "moe ragged": lambda x, w: moe_layer(x, w["router"], w["experts"], k=k, impl="ragged"),
+            "moe dense": lambda x, w: moe_layer(x, w["router"], w["experts"], k=k, impl="dense"),
             "dense active": lambda x, w: dense_layer(x, w["active"]),
             "dense all": lambda x, w: dense_layer(x, w["all"])}
 
@@ -100,6 +104,7 @@ def weight_bytes(variant: str, D: int, E: int, F: int, k: int, rows: int, itemsi
     router = D * E
     params = {"moe gather": router + rows * k * expert,
               "moe ragged": router + E * expert,
+              "moe dense": router + E * expert,
               "dense active": k * expert,
               "dense all": E * expert}[variant]
     return float(params * itemsize)
@@ -152,10 +157,10 @@ def measure(args) -> list[dict]:
     cases = [(r, v) for r in args.rows for v in VARIANTS]
     xs = {r: jax.random.normal(jax.random.key(args.seed + r), (r, D), dtype) for r in args.rows}
     check = {}
-    for r in args.rows:  # the two MoE paths must agree before they are timed
-        g = jax.jit(functools.partial(fns["moe gather"]))(xs[r], weights)
-        a = jax.jit(functools.partial(fns["moe ragged"]))(xs[r], weights)
-        check[r] = float(jnp.max(jnp.abs(g.astype(jnp.float32) - a.astype(jnp.float32))))
+    for r in args.rows:  # the MoE paths must agree before they are timed
+        g = jax.jit(functools.partial(fns["moe gather"]))(xs[r], weights).astype(jnp.float32)
+        check[r] = max(float(jnp.max(jnp.abs(g - jax.jit(fns[v])(xs[r], weights).astype(jnp.float32))))
+                       for v in ("moe ragged", "moe dense"))
     for r, variant in progress(cases, desc="moe layer (rows, variant)", unit="case"):
         times = time_dispatched(fns[variant], xs[r], weights, calls=args.dispatch_calls, repeats=args.repeats)
         inside = time_in_program(fns[variant], xs[r], weights, calls=args.program_calls,

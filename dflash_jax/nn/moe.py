@@ -19,9 +19,16 @@ implementations give the same result:
 - ``"ragged"``: the token-expert pairs sorted by expert and one grouped matmul
   (``jax.lax.ragged_dot``) per projection over all local experts (prefill, long blocks);
 - ``"gather"``: the pairs' expert matrices gathered (``w[ids]``) and batched matmuls: reads only
-  the active experts' weights, for few rows (decode, verify).
+  the active experts' weights, for few rows (decode);
+- ``"dense"``: every row through every local expert, each expert's weights read once, the
+  outputs combined with the routing weights (zero for experts a row does not route to). Once the
+  pairs outnumber the experts (a verify block: 16 rows x k = 4 of 32 experts already reach
+  28 of them), gathering copies experts several times over, and on CPU ``ragged_dot`` lowers to
+  a masked product over every expert for every pair anyway.
 
-``impl="auto"`` takes ``"gather"`` while ``N * k <= gather_max_pairs``.
+``impl="auto"``: ``"gather"`` while the pairs ``N * k`` are fewer than the local experts and at
+most ``gather_max_pairs``; otherwise ``"dense"`` on CPU and ``"ragged"`` (a grouped GEMM) on an
+accelerator.
 
 Expert parallelism: under ``shard_map`` with the expert dimension split over a mesh axis, call
 :func:`moe_ffn` with the LOCAL experts' weights ``[E_local, ...]`` and
@@ -91,14 +98,13 @@ def moe_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, *, down: ja
     order; with separate gate / up: ``[gate bias | up bias]``) and ``down_bias`` [E, D].
     ``activation``: ``act(h[..., 2F]) -> [..., F]`` (default :func:`swiglu`).
     ``expert_offset``: global id of local expert 0 (expert parallelism; module docstring).
-    ``impl``: ``"ragged"``, ``"gather"`` or ``"auto"`` (gather while ``N * k <=
-    gather_max_pairs``).
+    ``impl``: ``"ragged"``, ``"gather"``, ``"dense"`` or ``"auto"`` (module docstring).
 
     Returns [..., D] in ``x``'s dtype (the weighted sum accumulated in float32)."""
     if (gate_up is None) == (gate is None and up is None) or (gate is None) != (up is None):
         raise ValueError("moe_ffn takes either gate_up [E, D, 2F] or both gate and up [E, D, F]")
-    if impl not in ("auto", "ragged", "gather"):
-        raise ValueError(f"moe_ffn impl must be 'auto', 'ragged' or 'gather', not {impl!r}")
+    if impl not in ("auto", "ragged", "gather", "dense"):
+        raise ValueError(f"moe_ffn impl must be 'auto', 'ragged', 'gather' or 'dense', not {impl!r}")
     lead, d = x.shape[:-1], x.shape[-1]
     k = expert_ids.shape[-1]
     xf = x.reshape(-1, d)
@@ -108,7 +114,10 @@ def moe_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, *, down: ja
     valid = (local >= 0) & (local < num_local)
     w = weights.reshape(n * k).astype(jnp.float32)
     if impl == "auto":
-        impl = "gather" if n * k <= gather_max_pairs else "ragged"
+        impl = auto_impl(n * k, num_local, gather_max_pairs)
+    if impl == "dense":
+        return _rows_dense(xf, local, valid, w, k, gate_up, gate, up, gate_up_bias, down,
+                           down_bias, activation).astype(x.dtype).reshape(*lead, d)
     if impl == "gather":
         out = _pairs_gather(xf, local, valid, k, gate_up, gate, up, gate_up_bias, down,
                             down_bias, activation)
@@ -117,6 +126,37 @@ def moe_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, *, down: ja
                             down_bias, activation)
     out = jnp.where(valid[:, None], out.astype(jnp.float32), 0.0) * w[:, None]
     return jnp.sum(out.reshape(n, k, d), axis=1).astype(x.dtype).reshape(*lead, d)
+
+
+def auto_impl(pairs: int, num_local: int, gather_max_pairs: int = 64,
+              backend: str | None = None) -> str:
+    """What ``impl="auto"`` runs for ``pairs`` token-expert pairs over ``num_local`` experts:
+    ``"gather"`` while ``pairs < num_local`` and ``pairs <= gather_max_pairs`` (reads at most
+    ``pairs`` experts), else ``"dense"`` on CPU and ``"ragged"`` elsewhere."""
+    if pairs < num_local and pairs <= gather_max_pairs:
+        return "gather"
+    return "dense" if (backend or jax.default_backend()) == "cpu" else "ragged"
+
+
+def _rows_dense(xf, local, valid, w, k, gate_up, gate, up, gate_up_bias, down, down_bias, act):
+    """Every row through every local expert (each expert's matrices read once), combined with
+    ``combine[n, e]`` = the routing weight of row n for local expert e (0 when it does not route
+    there or the expert is not local). Returns float32[N, D]."""
+    n = xf.shape[0]
+    num_local = down.shape[0]
+    onehot = (local[:, None] == jnp.arange(num_local)[None, :]) & valid[:, None]   # [P, E]
+    combine = jnp.sum((onehot * w[:, None]).reshape(n, k, num_local), axis=1)      # [N, E]
+    if gate_up is not None:
+        h = jnp.einsum("nd,edf->enf", xf, gate_up.astype(xf.dtype))
+    else:
+        h = jnp.concatenate([jnp.einsum("nd,edf->enf", xf, gate.astype(xf.dtype)),
+                             jnp.einsum("nd,edf->enf", xf, up.astype(xf.dtype))], axis=-1)
+    if gate_up_bias is not None:
+        h = h + gate_up_bias[:, None, :].astype(h.dtype)
+    y = jnp.einsum("enf,efd->end", act(h), down.astype(h.dtype))
+    if down_bias is not None:
+        y = y + down_bias[:, None, :].astype(y.dtype)
+    return jnp.einsum("ne,end->nd", combine, y.astype(jnp.float32))
 
 
 def _pairs_gather(xf, local, valid, k, gate_up, gate, up, gate_up_bias, down, down_bias, act):
