@@ -165,3 +165,18 @@ def test_command_writes_json_markdown_and_plot(tmp_path):
 def test_command_refuses_bad_settings(argv, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         roofline.main(argv + ["--out", str(tmp_path)])
+
+
+def test_one_layer_of_a_drafter_with_sliding_layers():
+    """The 1-layer pair of XLA's cost check keeps a drafter with its own attention shapes and
+    sliding-window layers valid (its first layer's type)."""
+    t = TargetConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=4, num_heads=2, num_kv_heads=1, head_dim=16)
+    d = DrafterConfig(num_layers=2, hidden_size=32, intermediate_size=48, num_heads=4,
+                      num_kv_heads=2, head_dim=8, vocab_size=64, block_size=8, num_target_layers=4,
+                      target_layer_ids=(1, 2), mask_token_id=3,
+                      layer_types=("sliding_attention", "full_attention"), sliding_window=3)
+    t1, d1 = roofline.one_layer(t, d)
+    assert (t1.num_layers, d1.num_layers, d1.num_taps) == (1, 1, 2)
+    assert d1.layer_types == ("sliding_attention",) and d1.sliding_window == 3
+    assert (d1.num_heads, d1.head_dim) == (4, 8)

@@ -353,8 +353,10 @@ def one_layer(target: TargetConfig, drafter: DrafterConfig):
     cost analysis counts a while-loop body once, not per trip, and both models scan their
     layers (a length-1 scan is inlined, so every layer is counted)."""
     t1 = dataclasses.replace(target, num_layers=1)
+    kinds = drafter.layer_types
     d1 = dataclasses.replace(drafter, num_layers=1, num_target_layers=1,
-                             target_layer_ids=(0,) * drafter.num_taps)
+                             target_layer_ids=(0,) * drafter.num_taps,
+                             layer_types=None if kinds is None else tuple(kinds[:1]))
     return t1, d1
 
 
