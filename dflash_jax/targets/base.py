@@ -50,6 +50,13 @@ class TargetFamily:
         in both directions (names, parameter paths, shapes, transposes, layer stacking)."""
         raise NotImplementedError(self._missing("tensor_specs"))
 
+    convert_checkpoint_tensors = None
+    """Optional: ``convert_checkpoint_tensors(cfg, tensors, what) -> tensors``, for a family
+    whose checkpoints may store other layouts than :meth:`tensor_specs` names (experts fused into
+    one tensor per layer, MXFP4 blocks): maps the tensors as read to the ``tensor_specs`` names,
+    raising ``checkpoints.CheckpointError`` naming a bad tensor. ``load_target_params`` calls it
+    when a checkpoint holds names outside the specs; None (the default): no other layout."""
+
     # ------------------------------------------------------------------ the model
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
         """Random parameters of ``cfg`` (normal(init_scale) matrices, unit norms)."""
