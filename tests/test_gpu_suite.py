@@ -6,7 +6,7 @@ import json
 import jax
 import pytest
 
-from dflash_jax.tools import gpu_suite
+from dflash_jax.tools import gpu_suite, moe_layer_speed
 
 
 def test_smoke_suite_runs_every_stage(tmp_path):
@@ -36,7 +36,9 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     assert all(r["dflash_equals_ar"] and r["rows_equal"] == "2/2" for r in moe.values())
     layer = json.loads((tmp_path / "moe_layer" / "moe_layer.json").read_text())
     assert {(r["rows"], r["variant"]) for r in layer["results"]} == {
-        (r, v) for r in (1, 4) for v in ("moe gather", "moe ragged", "dense active", "dense all")}
+        (r, v) for r in (1, 4) for v in moe_layer_speed.VARIANTS}
+    assert {"moe gather", "moe ragged", "moe dense", "dense active", "dense all"} == set(
+        moe_layer_speed.VARIANTS)
 
 
 def test_refusals(tmp_path):
