@@ -4,10 +4,12 @@ inside each expert) and data parallelism (``data``), on 8 host CPU devices in ON
 (``tests/multidevice.py``).
 
 Oracle: the single-device engine on the same weights (itself checked against transformers and
-against AR decoding in ``tests/test_moe_qwen3.py``). On meshes (data, expert, model) = (2, 2, 2),
-(1, 4, 2) and (1, 8, 1), a tiny Qwen3-MoE (two MoE layers around a dense one, 8 experts, top 2)
-must give greedy AR and greedy DFlash tokens and acceptance lengths equal to one device, logits
-within float32 tolerance, and expert weights held E / e per device. The compiled decode loop's
+against AR decoding in ``tests/test_moe_qwen3.py`` and ``tests/test_gpt_oss.py``). A tiny
+Qwen3-MoE (two MoE layers around a dense one, 8 experts, top 2) on meshes (data, expert, model)
+= (2, 2, 2), (1, 4, 2) and (1, 8, 1), and a tiny gpt-oss (biases nonzero, so the experts' down
+bias must be added once) on (2, 2, 2), must give greedy DFlash tokens and acceptance lengths
+equal to one device (and greedy AR on (2, 2, 2)), logits within float32 tolerance, and expert
+weights held E / e per device with F / m of each expert's width. The compiled decode loop's
 collectives over the expert axis must be exactly the stated pattern: one all-reduce per MoE
 layer per target forward, over the expert x model group, of the [rows, block, D] output; none
 of any other kind. Bad meshes: an expert count the axis does not divide, and an expert axis for
@@ -31,8 +33,9 @@ import jax
 import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax import targets
-from dflash_jax.config import TargetConfig
+from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
+from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.targets.moe import Qwen3MoeConfig
 from multidevice import emit
@@ -40,12 +43,12 @@ from multidevice import emit
 assert jax.device_count() == 8, jax.devices()
 BLOCK = 4
 prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3]]  # ragged
-qwen = Qwen3MoeConfig(model_type="qwen3_moe", vocab_size=256, hidden_size=32, intermediate_size=48,
+qwen = Qwen3MoeConfig(model_type="qwen3_moe", vocab_size=32, hidden_size=32, intermediate_size=48,
                       num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
                       max_position_embeddings=128, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=(1,))
 gpt = targets.family("gpt_oss").config_from_hf(dict(
-    model_type="gpt_oss", vocab_size=256, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+    model_type="gpt_oss", vocab_size=32, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=8,
     num_experts_per_tok=2, sliding_window=4, max_position_embeddings=128, rms_norm_eps=1e-5,
     layer_types=["sliding_attention", "full_attention"], attention_bias=True,
@@ -65,6 +68,9 @@ def gpt_params(params):
         lambda path, x: (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
         if "bias" in jax.tree_util.keystr(path) else x, params)
 
+# random drafters whose greedy runs accept drafts (a small vocabulary makes that likely; these
+# seeds give 16 and 3 accepted tokens): a run that accepts nothing would not test the rollback
+DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9}
 # model -> (config, parameter edit, its MoE layers, the scans over runs of them when stacked,
 #           {mesh (data, expert, model): runs})
 MODELS = {
@@ -99,8 +105,21 @@ def collectives(hlo, mesh):
                     "spans": spans, "group": len(gs[0])})
     return out
 
-def runs(target, which, mesh=None):
-    drafter = dj.Drafter.random(target, num_layers=1, block_size=BLOCK, seed=2, init_scale=0.15)
+def host_random(shapes, seed):
+    # the project's random init (nn.layers.random_init: norms 1, biases 0, the rest
+    # normal(0.15)) drawn on the host from the shapes alone: no init program to compile
+    rng = np.random.default_rng(seed)
+    def leaf(path, x):
+        name = jax.tree_util.keystr(path)
+        if "weight" in name:
+            return np.ones(x.shape, x.dtype)
+        if "bias" in name:
+            return np.zeros(x.shape, x.dtype)
+        return (0.15 * rng.standard_normal(x.shape)).astype(x.dtype)
+    return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+def runs(target, which, drafter_params, mesh=None):
+    drafter = dj.Drafter(dcfg, drafter_params, mesh=mesh)
     out = {}
     for run in which:
         d = drafter if run == "dflash" else None
@@ -116,18 +135,21 @@ def runs(target, which, mesh=None):
 shard = lambda x: list(x.sharding.shard_shape(x.shape))
 result = {}
 for name, (cfg, edit, moe_layers, moe_scans, meshes) in MODELS.items():
-    params = edit(jax.tree_util.tree_map(np.array, dj.Target.random(cfg, seed=1, init_scale=0.15).params))
+    params = edit(host_random(jax.eval_shape(lambda: targets.init_target_params(cfg, jax.random.key(0))), 1))
     single = dj.Target(cfg, params)
+    dcfg = DrafterConfig.for_target(cfg, 1, BLOCK, cfg.vocab_size - 1)
+    dparams = host_random(jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0))),
+                          DRAFTER_SEED[name])
     ref_logits = np.asarray(parallel.target_logits(single, [p[:2] for p in prompts]))
     which = sorted({r for rs in meshes.values() for r in rs} | ({"ar"} if name == "qwen3_moe" else set()))
-    result[name] = {"single": runs(single, which), "moe_layers": moe_layers, "moe_scans": moe_scans,
+    result[name] = {"single": runs(single, which, dparams), "moe_layers": moe_layers, "moe_scans": moe_scans,
                     "meshes": {}}
     for (data, expert, model), which in meshes.items():
         mesh = parallel.make_mesh(data=data, expert=expert, model=model)
         target = dj.Target(cfg, params, mesh=mesh)
         experts = target.params["layers"]["moe" if name == "qwen3_moe" else "mlp"]["experts"]
         down = experts["down_proj"]
-        res = {**runs(target, which, mesh), "down_shard": shard(down), "down_full": list(down.shape),
+        res = {**runs(target, which, dparams, mesh), "down_shard": shard(down), "down_full": list(down.shape),
                # the decode loop's layout: one tree per layer (an instruction per MoE layer in
                # the compiled loop) or stacked (one per scan over a run of MoE layers)
                "loop_split": "layers" not in targets.family_of(cfg).loop_params(target.params)}
@@ -148,9 +170,9 @@ import dataclasses
 six = dataclasses.replace(qwen, num_experts=6)
 dense = TargetConfig(model_type="qwen3", vocab_size=256, hidden_size=32, intermediate_size=64,
                      num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
-result["errors"] = {
-    "indivisible": error(lambda: dj.Target.random(six, mesh=parallel.make_mesh(data=2, expert=4, model=1))),
-    "dense": error(lambda: dj.Target.random(dense, mesh=parallel.make_mesh(data=2, expert=2, model=2))),
+result["errors"] = {  # refused before any weight is placed (no parameters needed)
+    "indivisible": error(lambda: dj.Target(six, None, mesh=parallel.make_mesh(data=2, expert=4, model=1))),
+    "dense": error(lambda: dj.Target(dense, None, mesh=parallel.make_mesh(data=2, expert=2, model=2))),
     "too_many": error(lambda: parallel.make_mesh(data=2, expert=4, model=2)),
     "parse": error(lambda: parallel.parse_mesh("data=2,experts=4")),
 }
