@@ -398,3 +398,12 @@ def test_size_model_and_partition_rules(models, target):
     with pytest.raises(ValueError, match="attention_impl='xla' only"):
         targets.target_forward(cfg, target.params, jnp.zeros((1, 2), jnp.int32),
                                jnp.zeros((1, 2), jnp.int32), attention_impl="pallas")
+
+
+def test_bad_forward_inputs_are_named(target):
+    ok = jnp.zeros((1, 3), jnp.int32)
+    for tokens, positions, taps, match in ((ok[0], ok[0], (), "tokens must have rank 2"),
+                                           (ok, jnp.zeros((1, 4), jnp.int32), (), "must equal tokens shape"),
+                                           (ok, ok, (N_LAYERS,), f"tap layer id {N_LAYERS} is outside")):
+        with pytest.raises(ValueError, match=match):
+            targets.target_forward(target.config, target.params, tokens, positions, tap_layer_ids=taps)

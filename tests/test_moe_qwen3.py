@@ -456,3 +456,16 @@ def test_unimplemented_routing_fields_are_refused(field, value, match):
     d = {**qwen3_moe.QWEN3_MOE.config_to_hf(target("norm").config), "output_router_logits": True,
          "router_aux_loss_coef": 0.01, "num_local_experts": 6}
     assert dj.TargetConfig.from_hf_dict(d) == target("norm").config
+
+
+@pytest.mark.parametrize("tokens, positions, taps, match", [
+    (np.zeros((2,), np.int32), np.zeros((2,), np.int32), (), "tokens must have rank 2"),
+    (np.zeros((1, 3), np.float32), np.zeros((1, 3), np.int32), (), "tokens must be an integer array"),
+    (np.zeros((1, 3), np.int32), np.zeros((1, 4), np.int32), (), "must equal tokens shape"),
+    (np.zeros((1, 3), np.int32), np.zeros((1, 3), np.int32), (7,), "tap layer id 7 is outside"),
+])
+def test_bad_forward_inputs_are_named(tokens, positions, taps, match):
+    t = target()
+    with pytest.raises(ValueError, match=match):
+        targets.target_forward(t.config, t.params, jnp.asarray(tokens), jnp.asarray(positions),
+                               tap_layer_ids=taps)

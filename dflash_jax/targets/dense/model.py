@@ -218,6 +218,19 @@ def check_token_array(x, name: str) -> None:
         raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
 
 
+def check_forward_inputs(cfg, tokens, positions, tap_layer_ids) -> None:
+    """What every target family's forward checks first: ``tokens`` and ``positions`` integer
+    arrays [batch, time] of one shape, and every tap id a decoder layer of ``cfg``."""
+    check_token_array(tokens, "tokens")
+    check_token_array(positions, "positions")
+    if positions.shape != tokens.shape:
+        raise ValueError(f"positions shape {positions.shape} must equal tokens shape {tokens.shape}")
+    for i in tap_layer_ids:
+        if not 0 <= i < cfg.num_layers:
+            raise ValueError(
+                f"tap layer id {i} is outside the target's decoder layers 0..{cfg.num_layers - 1}")
+
+
 def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
                        init_scale: float = 0.02):
     """Random parameters (normal(init_scale) matrices, unit norms) in ``dtype``, built under jit

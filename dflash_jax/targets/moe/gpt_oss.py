@@ -62,6 +62,7 @@ from dflash_jax.nn.head import embed as embed_tokens, lm_head
 from dflash_jax.nn.layers import apply_rope, rope_cos_sin
 from dflash_jax.parallel import experts as experts_mesh
 from dflash_jax.targets.base import TargetFamily
+from dflash_jax.targets.dense.model import check_forward_inputs
 from dflash_jax.targets.moe import mxfp4
 
 MODEL_TYPE = "gpt_oss"
@@ -176,13 +177,6 @@ def experts(cfg: GptOssConfig, p, x: jax.Array, *, model_axis: str | None = None
     return experts_mesh.combine(y, expert_axis, model_axis)
 
 
-def check_token_array(x, name: str) -> None:
-    if x.ndim != 2:
-        raise ValueError(f"{name} must have rank 2 [batch, time], got shape {tuple(x.shape)}")
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
-
-
 def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache | None = None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
                    attention_impl: str = "xla", model_axis: str | None = None,
@@ -198,14 +192,7 @@ def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache 
         raise ValueError(f"the gpt_oss target runs attention_impl='xla' only (got "
                          f"{attention_impl!r}): the block-attention kernels implement neither "
                          "attention sinks nor sliding windows")
-    check_token_array(tokens, "tokens")
-    check_token_array(positions, "positions")
-    if positions.shape != tokens.shape:
-        raise ValueError(f"positions shape {positions.shape} must equal tokens shape {tokens.shape}")
-    for i in tap_layer_ids:
-        if not 0 <= i < cfg.num_layers:
-            raise ValueError(
-                f"tap layer id {i} is outside the target's decoder layers 0..{cfg.num_layers - 1}")
+    check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
     h = embed_tokens(params, tokens, model_axis)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from dflash_jax.nn import MLP, RMSNorm, moe, rope_cos_sin
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.head import embed, lm_head
-from dflash_jax.targets.dense.model import SelfAttention, check_token_array
+from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs
 
 SPLIT_PREFIX = "layers_"
 ATTENTION_KEYS = ("input_layernorm", "post_attention_layernorm", "self_attn")
@@ -150,16 +150,9 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     transformers' ``hidden_states[i + 1]`` (the last layer's after the final norm).
     ``moe_impl``: ``nn.moe.moe_ffn``'s ``impl`` ("auto": gathered active experts for few rows,
     the grouped matmul otherwise)."""
-    check_token_array(tokens, "tokens")
-    check_token_array(positions, "positions")
-    if positions.shape != tokens.shape:
-        raise ValueError(f"positions shape {positions.shape} must equal tokens shape {tokens.shape}")
     check_attention_impl(attention_impl)
     tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
-    for i in tap_layer_ids:
-        if not 0 <= i < cfg.num_layers:
-            raise ValueError(
-                f"tap layer id {i} is outside the target's decoder layers 0..{cfg.num_layers - 1}")
+    check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
     h = embed(params, tokens, model_axis)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
