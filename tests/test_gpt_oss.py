@@ -376,7 +376,9 @@ def test_config_reads_the_hub_layout_and_refuses_what_is_not_implemented(target)
            ({"sliding_window": None}, "sliding_window=null with sliding_attention layers"),
            ({"experts_per_token": 3}, "experts_per_token=3 differs from num_experts_per_tok=2"),
            ({"rope_scaling": {**hub["rope_scaling"], "alpha": 1}}, "yarn rope_scaling has fields .*alpha"),
-           ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5")]
+           ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+           ({"swiglu_alpha": None}, "swiglu_alpha=null: must be a number"),
+           ({"swiglu_limit": "7"}, "swiglu_limit=\"7\": must be a number")]
     for change, match in bad:
         with pytest.raises(ValueError, match=match):
             dj.TargetConfig.from_hf_dict({**hub, **change})

@@ -46,6 +46,7 @@ own window, whatever was rejected before).
 from __future__ import annotations
 
 import dataclasses
+import json
 import functools
 from typing import Any, Mapping, Sequence
 
@@ -354,6 +355,10 @@ class GptOssFamily(TargetFamily):
             problems.append(f"layer_types has {len(types)} entries for {n} layers")
         if SLIDING in types and d.get("sliding_window") is None:
             problems.append("sliding_window=null with sliding_attention layers: give the window")
+        for key in ("swiglu_alpha", "swiglu_limit"):
+            if not isinstance(d.get(key), (int, float)) or isinstance(d.get(key), bool):
+                problems.append(f"{key}={json.dumps(d.get(key))}: must be a number (gpt-oss: "
+                                f"{DEFAULTS[key]}; absent means that default)")
         for key in ("num_local_experts", "num_experts_per_tok"):
             if d.get(key) is None and not (key == "num_experts_per_tok" and d.get("experts_per_token")):
                 problems.append(f"{key} is missing")
