@@ -193,14 +193,7 @@ class TargetModel(nn.Module):
             (h, cache, taps, _), _ = self.layers((h, cache, taps, jnp.int32(0)), shared)
         if cache is not None:
             cache = cache.crop(positions[:, -1] + 1)
-        last = cfg.num_layers - 1
-        if last in self.tap_layer_ids:
-            # transformers' hidden_states[-1] is the last layer's output after the final norm;
-            # the reference, vLLM and SGLang feed that to the drafter (docs/method.md section 2)
-            is_last = (jnp.asarray(self.tap_layer_ids) == last)[:, None, None, None]
-            taps = jnp.where(is_last, self.norm(h)[None].astype(taps.dtype), taps)
-        if taps is not None:
-            taps = jnp.moveaxis(taps, 0, 2).reshape(B, T, K * cfg.hidden_size)
+        taps = collect_taps(taps, lambda: self.norm(h), self.tap_layer_ids, cfg.num_layers)
         if not compute_logits:
             return None, taps, cache
         if logit_index is not None:
@@ -216,6 +209,22 @@ def check_token_array(x, name: str) -> None:
         raise ValueError(f"{name} must have rank 2 [batch, time], got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
+
+
+def collect_taps(taps, final_normed, tap_layer_ids, num_layers: int):
+    """The taps a layer stack collected, ``[K, B, T, D]`` in tap order (or None), as a forward
+    returns them: ``[B, T, K*D]``, the last layer's entry replaced by ``final_normed()`` (its
+    output after the final norm: transformers' ``hidden_states[-1]``, which the reference, vLLM
+    and SGLang feed to the drafter; docs/method.md section 2). ``final_normed`` is called only
+    when the last layer is tapped."""
+    if taps is None:
+        return None
+    last = num_layers - 1
+    if last in tap_layer_ids:
+        is_last = (jnp.asarray(tap_layer_ids) == last)[:, None, None, None]
+        taps = jnp.where(is_last, final_normed()[None].astype(taps.dtype), taps)
+    K, B, T, D = taps.shape
+    return jnp.moveaxis(taps, 0, 2).reshape(B, T, K * D)
 
 
 def check_forward_inputs(cfg, tokens, positions, tap_layer_ids) -> None:

@@ -63,7 +63,7 @@ from dflash_jax.nn.head import embed as embed_tokens, lm_head
 from dflash_jax.nn.layers import apply_rope, rope_cos_sin
 from dflash_jax.parallel import experts as experts_mesh
 from dflash_jax.targets.base import TargetFamily
-from dflash_jax.targets.dense.model import check_forward_inputs
+from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
 from dflash_jax.targets.moe import mxfp4
 
 MODEL_TYPE = "gpt_oss"
@@ -231,12 +231,7 @@ def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache 
     if cache is not None:
         cache = cache.crop(positions[:, -1] + 1)
     h_normed = rms_norm(h, params["norm"]["weight"], cfg.rms_norm_eps)
-    last = cfg.num_layers - 1
-    if K:
-        if last in tap_ids:  # transformers' hidden_states[-1]: after the final norm
-            is_last = (jnp.asarray(tap_ids) == last)[:, None, None, None]
-            taps = jnp.where(is_last, h_normed[None].astype(taps.dtype), taps)
-        taps = jnp.moveaxis(taps, 0, 2).reshape(B, T, K * cfg.hidden_size)
+    taps = collect_taps(taps, lambda: h_normed, tap_ids, cfg.num_layers)
     if not compute_logits:
         return None, taps, cache
     if logit_index is not None:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from dflash_jax.nn import MLP, RMSNorm, moe, rope_cos_sin
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.head import embed, lm_head
-from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs
+from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs, collect_taps
 
 SPLIT_PREFIX = "layers_"
 ATTENTION_KEYS = ("input_layernorm", "post_attention_layernorm", "self_attn")
@@ -181,13 +181,8 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     h, cache, taps, _ = carry
     if cache is not None:
         cache = cache.crop(positions[:, -1] + 1)
-    last = cfg.num_layers - 1
     final_norm = lambda x: _norm(cfg, params["norm"]["weight"], x)
-    if last in tap_layer_ids:
-        is_last = (jnp.asarray(tap_layer_ids) == last)[:, None, None, None]
-        taps = jnp.where(is_last, final_norm(h)[None].astype(taps.dtype), taps)
-    if taps is not None:
-        taps = jnp.moveaxis(taps, 0, 2).reshape(B, T, K * cfg.hidden_size)
+    taps = collect_taps(taps, lambda: final_norm(h), tap_layer_ids, cfg.num_layers)
     if not compute_logits:
         return None, taps, cache
     if logit_index is not None:
