@@ -363,6 +363,9 @@ def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,
     """Saves config.json (:meth:`TargetConfig.to_hf_dict` + dtype) and safetensors in the
     Hugging Face layout that transformers 4.x and 5.x load as the same model."""
     tensors = params_to_tensors(params, target_tensor_specs(cfg))
+    export = getattr(targets.family_of(cfg), "export_checkpoint_tensors", None)
+    if export is not None:  # a stored layout the specs cannot name (packed projections)
+        tensors = export(cfg, tensors)
     write_safetensors(path, tensors, max_shard_bytes)
     config = {**cfg.to_hf_dict(), **_dtype_fields(tensors.values()), **(extra_config or {})}
     write_json(os.path.join(os.fspath(path), "config.json"), config)

@@ -57,6 +57,13 @@ class TargetFamily:
     raising ``checkpoints.CheckpointError`` naming a bad tensor. ``load_target_params`` calls it
     when a checkpoint holds names outside the specs; None (the default): no other layout."""
 
+    export_checkpoint_tensors = None
+    """Optional: ``export_checkpoint_tensors(cfg, tensors) -> tensors``, for a family whose
+    checkpoints store a layout :meth:`tensor_specs` cannot name (projections packed per head,
+    ``qwen3_next``): maps the tensors named as the specs name them to the ones written to disk
+    (the inverse of :attr:`convert_checkpoint_tensors`). ``save_target_params`` calls it; None
+    (the default): the tensors are written as the specs name them."""
+
     # ------------------------------------------------------------------ the model
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
         """Random parameters of ``cfg`` (normal(init_scale) matrices, unit norms)."""
