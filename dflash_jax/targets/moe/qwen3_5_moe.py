@@ -7,7 +7,7 @@ its config fields (:func:`block_config_from_hf`), tensor names (:func:`mlp_tenso
 What the block computes for a row ``x[D]`` (``docs/targets.md``):
 
     p = softmax(x @ W_router)                     over all E experts (float32)
-    ids = top_k(p), w = p[ids] / sum(p[ids])      always renormalised
+    ids = top_k(p), w = p[ids] / sum(p[ids])      renormalised (Qwen3-Next: when norm_topk_prob)
     y = sum_j w_j * down_j(silu(x @ gate_j) * (x @ up_j))          routed experts (nn.moe)
       + sigmoid(x @ w_shared_gate) * down_s(silu(x @ gate_s) * (x @ up_s))   shared expert
 
@@ -60,14 +60,17 @@ class MoeBlockConfig:
 
     ``hidden_size`` = D, ``num_experts`` = E, ``num_experts_per_tok`` = k,
     ``moe_intermediate_size`` = F (one routed expert's SwiGLU width),
-    ``shared_expert_intermediate_size`` = Fs. The top-k weights are always renormalised.
-    A tensor-parallel shard's config has its own widths (:func:`block_local_config`)."""
+    ``shared_expert_intermediate_size`` = Fs. The top-k weights are renormalised (Qwen3.5
+    always; ``norm_topk_prob=False``: not, as a Qwen3-Next config may ask, transformers'
+    ``Qwen2MoeTopKRouter``). A tensor-parallel shard's config has its own widths
+    (:func:`block_local_config`)."""
 
     hidden_size: int
     num_experts: int
     num_experts_per_tok: int
     moe_intermediate_size: int
     shared_expert_intermediate_size: int
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         for name in ("hidden_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
@@ -195,7 +198,7 @@ def moe_block(cfg: MoeBlockConfig, params, x: jax.Array, *, impl: str = "auto",
     on one expert shard only) are then summed with ONE ``psum`` over ``(expert, model)``."""
     k = cfg.num_experts_per_tok
     logits = jnp.dot(x, params["gate"]["kernel"].astype(x.dtype), preferred_element_type=jnp.float32)
-    weights, ids = moe.route_softmax_topk(logits, k, normalize=True)
+    weights, ids = moe.route_softmax_topk(logits, k, normalize=cfg.norm_topk_prob)
     ex = params["experts"]
     offset = expert_parallel.expert_offset(ex["gate_proj"].shape[0], expert_axis)
     routed = moe.moe_ffn(x, weights, ids, gate=ex["gate_proj"], up=ex["up_proj"],
