@@ -6,8 +6,13 @@ from dflash_jax.targets import register
 from dflash_jax.targets import dense
 from dflash_jax.targets.moe import qwen3_moe
 from dflash_jax.targets.moe import gpt_oss
+from dflash_jax.targets.hybrid import qwen3_5
+from dflash_jax.targets.hybrid import qwen3_next
 
 register(dense.QWEN3)
 register(dense.LLAMA)
 register(qwen3_moe.QWEN3_MOE)
 register(gpt_oss.GPT_OSS)
+register(qwen3_5.QWEN3_5)
+register(qwen3_5.QWEN3_5_MOE)
+register(qwen3_next.QWEN3_NEXT)
