@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from dflash_jax.nn import gated_delta
 from dflash_jax.targets.hybrid import qwen3_next_layout as layout
+from moe_oracles import separated_router
 
 pytestmark = pytest.mark.xdist_group("qwen3_next")
 
@@ -115,3 +116,181 @@ def test_gdn_layer_matches_transformers():
                                        cfg.rms_norm_eps)
         y = y.reshape(2, 11, -1) @ w(layer.out_proj)
         np.testing.assert_allclose(np.asarray(y), ref, rtol=TOL, atol=TOL, err_msg=form)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [False, True])
+def test_moe_block_matches_transformers(norm_topk_prob):
+    """transformers' ``Qwen3NextSparseMoeBlock`` (router, top k renormalised or not, shared
+    expert with its sigmoid gate) equals ``qwen3_5_moe.moe_block`` with ``norm_topk_prob``; the
+    routing weights differ between the two settings (the option is not a no-op)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+
+    from dflash_jax.targets.moe import qwen3_5_moe
+
+    cfg = hf_config(norm_topk_prob=norm_topk_prob)
+    torch.manual_seed(2)
+    block = Qwen3NextSparseMoeBlock(cfg).eval()
+    rng = np.random.default_rng(2)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            p.normal_(0.0, 0.2)
+        block.gate.weight.copy_(torch.from_numpy(separated_router(rng, cfg.num_experts, cfg.hidden_size, 2.0)))
+    x = torch.randn(3, 5, cfg.hidden_size)
+    with torch.no_grad():
+        ref = block(x).numpy()
+    tensors = {n: t.detach().numpy() for n, t in block.state_dict().items()}
+    bcfg = qwen3_5_moe.MoeBlockConfig(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                                      cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size,
+                                      norm_topk_prob=norm_topk_prob)
+    params = qwen3_5_moe.mlp_params_from_tensors(tensors, bcfg, "")
+    y, weights, _ = qwen3_5_moe.moe_block(bcfg, params, jnp.asarray(x.numpy()), return_routing=True)
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=TOL, atol=TOL)
+    sums = np.asarray(weights).sum(-1)
+    assert np.allclose(sums, 1.0, atol=1e-6) == norm_topk_prob, sums
+
+
+# ---------------------------------------------------------------------------- the family end to end
+# five layers: a run of two GDN layers (a scan), gated attention, GDN; the MoE block only in
+# layer 3 ((i + 1) % 2 == 0, layer 1 in mlp_only_layers); routing weights not renormalised
+E2E = dict(layer_types=["linear_attention", "linear_attention", "full_attention",
+                        "linear_attention", "linear_attention"], num_hidden_layers=5,
+           decoder_sparse_step=2, mlp_only_layers=[1], norm_topk_prob=False,
+           partial_rotary_factor=0.5, rope_theta=1000.0)
+
+
+def random_hf_model(seed=0, **overrides):
+    """A transformers ``Qwen3NextForCausalLM`` (float32, eager) with random norms, GDN
+    parameters and experts, and routers whose logits are well separated."""
+    from transformers import Qwen3NextForCausalLM
+
+    cfg = hf_config(**{**E2E, **overrides})
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(cfg).eval()
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif "norm" in name:
+                p.copy_(0.2 * torch.randn_like(p))  # zero-centred: the scale is 1 + w
+            elif name.endswith(("A_log", "dt_bias")):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.from_numpy(separated_router(rng, cfg.num_experts, cfg.hidden_size, 2.0)))
+            elif "experts" in name:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """(transformers model, its save_pretrained directory, our loaded Target)."""
+    import dflash_jax as dj
+
+    model = random_hf_model()
+    path = tmp_path_factory.mktemp("qwen3_next") / "ckpt"
+    model.save_pretrained(path)
+    return model, path, dj.load_target(path)
+
+
+def torch_forward(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_hidden_states=True)
+    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
+
+
+def test_config_reads_transformers_layout(hf):
+    """The loaded config: every layer's mixer and MLP kind as transformers built them; the
+    checkpoint's GDN projections are stored packed (no unpacked name on disk)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+
+    from dflash_jax.checkpoints import read_tensors
+    from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
+
+    model, path, t = hf
+    cfg = t.config
+    assert isinstance(cfg, Qwen3NextConfig) and cfg.model_type == "qwen3_next"
+    assert [cfg.mlp_kind(i) for i in range(5)] == [
+        "moe" if isinstance(layer.mlp, Qwen3NextSparseMoeBlock) else "mlp" for layer in model.model.layers]
+    assert [cfg.mlp_kind(i) for i in range(5)] == ["mlp", "mlp", "mlp", "moe", "mlp"]
+    assert cfg.layer_types == tuple(model.config.layer_types)
+    assert cfg.rotary_dim == 4 and cfg.moe.norm_topk_prob is False
+    names = read_tensors(path).keys()
+    assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in names
+    assert not any("in_proj_qkv." in n or "in_proj_z." in n for n in names)
+    assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_logits_and_taps_equal_transformers(hf):
+    """Logits and every layer's tap (``hidden_states[i + 1]``, the last after the final norm)
+    of one pass over a batch equal transformers' ``Qwen3NextForCausalLM``."""
+    import jax
+
+    from dflash_jax import targets
+
+    model, _, t = hf
+    cfg, D = t.config, t.config.hidden_size
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 13))
+    ref_logits, ref_hidden = torch_forward(model, ids)
+    taps_ids = tuple(range(cfg.num_layers))
+    pos = jnp.broadcast_to(jnp.arange(13), (2, 13))
+    logits, taps, _ = jax.jit(lambda p, x, q: targets.target_forward(cfg, p, x, q, tap_layer_ids=taps_ids))(
+        t.params, jnp.asarray(ids), pos)
+    np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=TOL, rtol=0)
+    for j, i in enumerate(taps_ids):
+        np.testing.assert_allclose(np.asarray(taps[..., j * D:(j + 1) * D]), ref_hidden[i + 1],
+                                   atol=TOL, rtol=0, err_msg=f"layer {i}")
+
+
+def test_decode_state_steps_and_ragged_rollback(hf):
+    """Through the decode state: a 7-token prefill, two one-token steps and a 4-row verify
+    block give transformers' one-pass logits; rolled back to a different length per row
+    (1 and 3 of the block's rows kept) and continued by one token, each row's logits equal
+    transformers' over that row's kept tokens."""
+    import jax
+
+    from dflash_jax import targets
+
+    model, _, t = hf
+    cfg = t.config
+    fam = targets.family_of(cfg)
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(2, 14))
+    ref_logits, _ = torch_forward(model, ids[:, :13])
+    fwd = jax.jit(lambda p, x, q, s: targets.target_forward(cfg, p, x, q, s))
+    state = fam.init_state(cfg, 2, 32, jnp.float32)
+    for lo, hi in [(0, 7), (7, 8), (8, 9), (9, 13)]:
+        pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
+        logits, _, state = fwd(t.params, jnp.asarray(ids[:, lo:hi]), pos, state)
+        np.testing.assert_allclose(np.asarray(logits), ref_logits[:, lo:hi], atol=TOL, rtol=0,
+                                   err_msg=f"rows {lo}:{hi}")
+    keep = np.array([1, 3])
+    state = state.rollback(jnp.asarray(9 + keep))
+    nxt = np.array([[5], [17]])
+    logits, _, state = fwd(t.params, jnp.asarray(nxt), jnp.asarray(9 + keep)[:, None], state)
+    for b in range(2):
+        seq = np.concatenate([ids[b, :9 + keep[b]], nxt[b]])[None]
+        ref, _ = torch_forward(model, seq)
+        np.testing.assert_allclose(np.asarray(logits[b, 0]), ref[0, -1], atol=TOL, rtol=0,
+                                   err_msg=f"row {b}")
+
+
+def test_save_writes_the_hub_layout_transformers_loads(hf, tmp_path):
+    """``Target.save`` writes back exactly transformers' tensors (packed projections, experts
+    per expert: same names, bit for bit), and transformers loads the directory as the same
+    model (its logits equal the original's)."""
+    from transformers import Qwen3NextForCausalLM
+
+    from dflash_jax.checkpoints import read_tensors
+
+    model, path, t = hf
+    t.save(tmp_path)
+    ours, theirs = read_tensors(tmp_path), read_tensors(path)
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    back = Qwen3NextForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    for key in ("layer_types", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob",
+                "rope_parameters", "head_dim", "linear_num_value_heads"):
+        assert getattr(back.config, key) == getattr(model.config, key), key
+    ids = np.random.default_rng(2).integers(0, 96, size=(1, 9))
+    np.testing.assert_array_equal(torch_forward(back, ids)[0], torch_forward(model, ids)[0])
