@@ -294,3 +294,95 @@ def test_save_writes_the_hub_layout_transformers_loads(hf, tmp_path):
         assert getattr(back.config, key) == getattr(model.config, key), key
     ids = np.random.default_rng(2).integers(0, 96, size=(1, 9))
     np.testing.assert_array_equal(torch_forward(back, ids)[0], torch_forward(model, ids)[0])
+
+
+def _with_tensors(src, dst, edit):
+    """A copy of checkpoint ``src`` at ``dst`` with its tensors passed through ``edit``."""
+    import shutil
+
+    from dflash_jax.checkpoints import read_tensors, write_safetensors
+
+    tensors = edit(dict(read_tensors(src)))
+    write_safetensors(dst, tensors)
+    shutil.copy(src / "config.json", dst / "config.json")
+    return dst
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("missing", lambda t: {n: v for n, v in t.items() if n != "model.layers.3.linear_attn.in_proj_ba.weight"},
+     "tensor model.layers.3.linear_attn.in_proj_ba.weight is missing"),
+    ("width", lambda t: {**t, "model.layers.0.linear_attn.in_proj_qkvz.weight":
+                         t["model.layers.0.linear_attn.in_proj_qkvz.weight"][:-2]},
+     r"tensor model.layers.0.linear_attn.in_proj_qkvz.weight has shape \[78, 32\], expected \[80, 32\]"),
+    ("both", lambda t: {**t, "model.layers.4.linear_attn.in_proj_z.weight": np.zeros((24, 32), np.float32)},
+     "model.layers.4.linear_attn.in_proj_z.weight is stored beside"),
+    ("dense-experts", lambda t: {**t, "model.layers.0.mlp.experts.0.up_proj.weight": np.zeros((16, 32), np.float32)},
+     "layer 0 stores experts"),
+])
+def test_bad_checkpoints_are_one_line_errors(hf, tmp_path, case, edit, message):
+    import dflash_jax as dj
+    from dflash_jax.checkpoints import CheckpointError
+
+    path = _with_tensors(hf[1], tmp_path, edit)
+    with pytest.raises(CheckpointError, match=message) as err:
+        dj.load_target(path)
+    assert "\n" not in str(err.value)
+
+
+def test_mtp_head_is_ignored_by_name(hf, tmp_path, caplog):
+    """The released checkpoints' multi-token-prediction tensors (``mtp.*``) are dropped with a
+    log line counting them; the rest loads to the same parameters."""
+    import jax
+
+    import dflash_jax as dj
+
+    path = _with_tensors(hf[1], tmp_path, lambda t: {**t, "mtp.fc.weight": np.ones((32, 64), np.float32),
+                                                     "mtp.norm.weight": np.ones(32, np.float32)})
+    with caplog.at_level("WARNING"):
+        t = dj.load_target(path)
+    assert "ignored 2 multi-token-prediction tensors" in caplog.text
+    for a, b in zip(jax.tree_util.tree_leaves(t.params), jax.tree_util.tree_leaves(hf[2].params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(routed_scaling_factor=2.5), "routed_scaling_factor=2.5"),
+    (dict(norm_topk_prob="yes"), "norm_topk_prob must be true or false"),
+    (dict(mlp_only_layers="1"), "mlp_only_layers must be a list of layer indices"),
+    (dict(mlp_only_layers=[7]), r"mlp_only_layers \[7\] are outside layers 0..4"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step must be >= 1"),
+    (dict(num_experts=2.5), "num_experts must be an integer"),
+    (dict(layer_types=["linear_attention", "sliding_attention"] + ["full_attention"] * 3),
+     r"layer_types\[1\]='sliding_attention'"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                           "original_max_position_embeddings": 64}), "rope type 'yarn'"),
+])
+def test_bad_configs_are_refused_naming_the_field(hf, change, message):
+    from dflash_jax.config import TargetConfig
+
+    d = {**hf[0].config.to_dict(), **change}
+    with pytest.raises(ValueError, match=message):
+        TargetConfig.from_hf_dict(d)
+
+
+def test_config_defaults_and_dense_variant():
+    """Fields a config.json leaves out take transformers' ``Qwen3NextConfig`` defaults (the
+    80B-A3B shapes); ``num_experts`` 0 makes every MLP dense, and the written config loads in
+    transformers as the same layer layout."""
+    from transformers import Qwen3NextConfig
+
+    from dflash_jax.config import TargetConfig
+
+    ours = TargetConfig.from_hf_dict({"model_type": "qwen3_next"})
+    ref = Qwen3NextConfig()
+    assert (ours.head_dim, ours.num_kv_heads, ours.num_layers, ours.moe.num_experts,
+            ours.partial_rotary_factor, ours.linear_num_value_heads) == (
+        ref.head_dim, ref.num_key_value_heads, ref.num_hidden_layers, ref.num_experts,
+        ref.rope_parameters["partial_rotary_factor"], ref.linear_num_value_heads)
+    assert ours.layer_types == tuple(ref.layer_types)
+    dense = TargetConfig.from_hf_dict({**hf_config(**E2E).to_dict(), "num_experts": 0})
+    assert dense.moe is None and {dense.mlp_kind(i) for i in range(5)} == {"mlp"}
+    back = Qwen3NextConfig.from_dict(dense.to_hf_dict())
+    assert back.num_experts == 0 and back.layer_types == list(dense.layer_types)
+    assert back.rope_parameters["partial_rotary_factor"] == 0.5
