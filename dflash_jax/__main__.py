@@ -31,6 +31,10 @@ COMMANDS = {
                      "block-attention kernels (Pallas, Triton, XLA, cuDNN): microseconds and GB/s"),
     "moe-layer-speed": ("dflash_jax.tools.moe_layer_speed",
                         "one MoE layer (gather / ragged_dot) vs dense layers: decode and verify times"),
+    "gdn-rollback": ("dflash_jax.tools.gdn_rollback",
+                     "Gated DeltaNet rollback, snapshot vs replay: verify + rollback time and record bytes"),
+    "hybrid-speed": ("dflash_jax.tools.hybrid_speed",
+                     "tiny hybrid (GDN) target against a dense one of the same size: prefill and decode per token"),
     "load-report": ("dflash_jax.tools.load_report",
                     "load time and peak host memory of tiny and mid-size MoE checkpoints (random weights)"),
     "roofline": ("dflash_jax.tools.roofline",
@@ -69,7 +73,7 @@ GROUPS = {
     "embedded-model recipe (how the shipped default pair was made)":
         ["build-corpus", "pretrain", "export-target", "embedded-prompts", "build-embedded"],
     "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "moe-layer-speed",
-                                     "parallel-speed", "parallel-comm", "train-memory"],
+                                     "gdn-rollback", "hybrid-speed", "parallel-speed", "parallel-comm", "train-memory"],
 }
 SCRIPT = "dflash-jax"  # the console script ([project.scripts] in pyproject.toml)
 

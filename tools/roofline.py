@@ -45,9 +45,12 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --target Qwen/Qwen3-8B \\
         --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
     python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
+    python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
 the same components, with the routed experts' bytes counted for the experts the rows route to.
+Hybrid linear-attention targets (``--hybrid``, Qwen3.5) in :mod:`dflash_jax.tools.roofline_hybrid`:
+the GDN layers' fixed state instead of a KV cache, and the bytes of either rollback mode.
 """
 
 from __future__ import annotations
@@ -731,6 +734,11 @@ def add_arguments(p) -> None:
                         "config.json paths (tools/roofline_moe.py); writes moe.{json,md,png}")
     p.add_argument("--moe-devices", nargs="+", choices=list(DEVICES),
                    help="with --moe: single-GPU profiles to predict on instead of the named scenarios")
+    p.add_argument("--hybrid", nargs="+", metavar="MODEL",
+                   help="hybrid linear-attention targets instead of the dense pair: named configs "
+                        "(qwen3.5-27b, qwen3.5-4b) or qwen3_5_text config.json paths, both GDN "
+                        "rollback modes on H100 and B200 (tools/roofline_hybrid.py); writes "
+                        "roofline_hybrid.{json,md,png}")
     p.add_argument("--out", default="runs/roofline", help="output directory")
 
 
@@ -757,6 +765,12 @@ def run(args) -> dict:
         if args.target:
             raise ValueError("--moe names its targets itself: leave out --target")
         return roofline_moe.run_moe(args)
+    if args.hybrid:
+        from dflash_jax.tools import roofline_hybrid
+
+        if args.target or args.moe:
+            raise ValueError("--hybrid names its targets itself: leave out --target and --moe")
+        return roofline_hybrid.run_hybrid(args)
     name, target, drafter = load_pair(args)
     args.block_size = args.block_size or drafter.block_size
     check_args(args)
