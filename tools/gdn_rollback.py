@@ -279,6 +279,7 @@ def measure_model(new_tokens: int, block: int, batch: int, repeats: int, seed: i
         target = Target.random(tiny_hybrid_config(mode), seed=seed + 1, dtype=jnp.float32)
         drafter = Drafter.random(target, num_layers=1, block_size=block, seed=seed + 2)
         with jax.default_matmul_precision("highest"):
+            generate(target, prompts, new_tokens)  # compiles
             ar = generate(target, prompts, new_tokens)
             generate(target, prompts, new_tokens, drafter=drafter, block_size=block)  # compiles
             runs = [generate(target, prompts, new_tokens, drafter=drafter, block_size=block)

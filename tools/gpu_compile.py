@@ -21,6 +21,7 @@ limits exceeded, traps and grids that leave most SMs idle.
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --search   # tile/warp/stage search
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --engine   # the whole engine
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
+    python -m dflash_jax.tools.gpu_compile --engine --hybrid qwen3.5-4b     # a hybrid (GDN) target
 
 ``--impl triton`` makes the before/after tables for ``kernels/triton_block_attention.py`` (the
 same kernel in the Triton language, called through jax-triton) instead: each configuration is
@@ -34,6 +35,14 @@ its grid has one more program per (batch row, KV head) for the drafter's block r
 them. Needs the ``triton`` package (the ``test`` extra) and jaxlib <= 0.10.2, whose Pallas
 lowering emits the uncompiled Triton IR (later jaxlibs compile it while lowering, which needs a
 GPU's compilation handler).
+
+``--engine --hybrid MODEL`` does the same for a hybrid Qwen3.5 target (``qwen3.5-4b``,
+``qwen3.5-27b``: the shapes of ``tools/roofline_hybrid.py``; ``tiny``: the tiny target of
+``tools/gdn_rollback.py``) with its drafter, once per GDN rollback mode (``snapshot``,
+``replay``): the decode loop holds the verify through the GDN layers and the rollback. The GDN
+layers are XLA operations, lowered for CUDA here (the report gives each program's size); the
+Triton kernels in the programs (the attention layers' block attention, the drafter's) are
+compiled per architecture as above.
 """
 
 from __future__ import annotations
@@ -815,6 +824,43 @@ def run_engine(shape: ModelShape, gpus: Sequence[GpuSpec], *, batch: int, prompt
     return rows
 
 
+HYBRID_ROLLBACKS = ("snapshot", "replay")
+
+
+def hybrid_engine_configs(name: str, rollback: str):
+    """(target, drafter) of the hybrid model ``name`` (``--hybrid``) with ``gdn_rollback``
+    ``rollback``."""
+    from dflash_jax.tools import gdn_rollback, roofline_hybrid
+
+    if name == "tiny":
+        target = gdn_rollback.tiny_hybrid_config(rollback)
+        return target, DrafterConfig.for_target(target, 1, 8, target.vocab_size - 1)
+    if name not in roofline_hybrid.MODELS:
+        raise ValueError(f"--hybrid {name!r}: choose one of tiny, {', '.join(roofline_hybrid.MODELS)}")
+    target = dataclasses.replace(TargetConfig.from_hf_dict(roofline_hybrid.MODELS[name]), gdn_rollback=rollback)
+    return target, DrafterConfig(**roofline_hybrid.DRAFTERS[name])
+
+
+def run_hybrid_engine(name: str, gpus: Sequence[GpuSpec], *, batch: int, prompt_len: int,
+                      cache_len: int, dtype) -> list[dict]:
+    """AR and DFlash engines of the hybrid model ``name`` lowered for CUDA, DFlash once per
+    rollback mode; every Triton kernel compiled for every GPU. Each row also gives its
+    program's lowered size (StableHLO characters) and mode (``ar``, ``dflash snapshot``, ...)."""
+    from dflash_jax.progress import progress
+
+    rows = []
+    for mode in ("ar",) + tuple(f"dflash {r}" for r in HYBRID_ROLLBACKS):
+        target, drafter = hybrid_engine_configs(name, mode.split()[-1] if mode != "ar" else "replay")
+        programs = engine_programs(target, None if mode == "ar" else drafter, batch=batch,
+                                   prompt_len=prompt_len, cache_len=cache_len, dtype=dtype)
+        sizes = {stage: len(lowered.as_text()) for stage, lowered in programs.items()}
+        calls = engine_calls(programs)
+        with progress(total=len(calls) * len(gpus), desc=f"hybrid engine {mode}", unit="kernel") as bar:
+            for row in engine_rows(calls, gpus, bar):
+                rows.append({"mode": mode, "lowered_chars": sizes[row["stage"]], **row})
+    return rows
+
+
 def engine_model_configs(shape: ModelShape):
     """A Qwen3 target with ``shape``'s attention (8B-sized MLP and vocabulary) and its drafter."""
     target = TargetConfig(model_type="qwen3", vocab_size=151936, hidden_size=4096,
@@ -847,6 +893,9 @@ def add_arguments(p) -> None:
                    help="block-attention kernel implementation of the before/after tables: the Pallas "
                         "one, or the Triton-language one (kernels/triton_block_attention.py; not with --search, "
                         "--engine)")
+    p.add_argument("--hybrid", metavar="MODEL",
+                   help="with --engine: a hybrid (GDN) Qwen3.5 target instead (qwen3.5-4b, qwen3.5-27b, "
+                        "tiny), AR and DFlash with each GDN rollback mode")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
 
 
@@ -856,7 +905,11 @@ def run(args) -> dict:
             raise ValueError(f"{name} values must be >= 1, got {values}")
     if args.impl != "pallas" and (args.search or args.engine):
         raise ValueError("--search and --engine compile the Pallas kernel; drop --impl triton")
+    if args.hybrid and not args.engine:
+        raise ValueError("--hybrid lowers the engine: add --engine")
     shape = model_shape(args.model, args.block_size, args.drafter_layers)
+    if args.hybrid:
+        shape = dataclasses.replace(shape, name=f"hybrid-{args.hybrid}")
     gpus = [GPUS[g] for g in args.gpus]
     stem = re.sub(r"[^a-z0-9.]+", "-", shape.name.lower())
     base = {"model": dataclasses.asdict(shape), "dtype": args.dtype, "impl": args.impl,
@@ -897,8 +950,9 @@ def _search(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[di
 
 def _engine_report(args, shape: ModelShape, gpus, stem: str, base: dict) -> dict:
     cache_len = max(args.seq)
-    rows = run_engine(shape, gpus, batch=max(args.batch), prompt_len=args.prompt_len,
-                      cache_len=cache_len, dtype=jnp.dtype(args.dtype))
+    run = functools.partial(run_hybrid_engine, args.hybrid) if args.hybrid else functools.partial(run_engine, shape)
+    rows = run(gpus, batch=max(args.batch), prompt_len=args.prompt_len, cache_len=cache_len,
+               dtype=jnp.dtype(args.dtype))
     report = dict(base, benchmark="gpu_compile_engine", rows=rows, prompt_len=args.prompt_len,
                   cache_len=cache_len, batch=max(args.batch),
                   title=f"{shape.name} engine, batch {max(args.batch)}, cache {cache_len}")

@@ -28,6 +28,10 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
 7. ``moe_layer``: one MoE layer (gather and ragged_dot paths) against dense layers with the
    active and with all experts' parameters, decode (1 row) and verify (16 rows), at
    Qwen3-Coder-30B-A3B's layer shapes in bf16 (``dflash_jax.tools.moe_layer_speed``).
+8. ``hybrid``: the hybrid (Gated DeltaNet) family: greedy DFlash == AR in float32 on a ragged
+   batch of the tiny random ``qwen3_5_text`` target with each GDN rollback mode (a difference
+   fails the stage), and the rollback's timing, snapshot against replay, on Qwen3.5-4B's GDN
+   layer (``dflash_jax.tools.gdn_rollback``; ``--smoke``: a tiny layer).
 
 A stage that fails is recorded with its error and the suite goes on; the exit status is 1
 when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
@@ -50,7 +54,7 @@ from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment
 from dflash_jax.nn.attention import ATTENTION_IMPLS
 from dflash_jax.bench import decode_speed, harness, spec_speed
-from dflash_jax.tools import kernel_speed, moe_layer_speed
+from dflash_jax.tools import gdn_rollback, kernel_speed, moe_layer_speed
 
 MOE_TINY = {
     "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
@@ -208,8 +212,24 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
         rep = moe_layer_speed.main(argv + ["--out", d("moe_layer")])
         return {f"{r['rows']} rows, {r['variant']}": round(r["median_us"], 1) for r in rep["results"]}
 
+    def hybrid():
+        argv = (["--layer", "tiny", "--block-size", "4", "--batch", "1", "--repeats", "1",
+                 "--calls-per-run", "1", "--model-new-tokens", "8"] if smoke else
+                ["--block-size", "4", "8", "16", "--batch", "1", "4", "--model-new-tokens", "96"])
+        rep = gdn_rollback.main(argv + ["--out", d("hybrid")])
+        if not isinstance(rep["model"], list):
+            raise RuntimeError(f"the tiny hybrid model was not run: {rep['model']}")
+        bad = [r["mode"] for r in rep["model"] if not r["dflash_equals_ar"]]
+        if bad:
+            raise RuntimeError(f"hybrid target: greedy DFlash differs from AR in float32 with rollback {bad}")
+        row = {f"model {r['mode']}": {"dflash_equals_ar": True, "ms_per_iteration": round(r["median_ms"], 3)}
+               for r in rep["model"]}
+        row |= {f"layer T{r['block']} B{r['batch']} {r['mode']}": round(r["median_ms"], 3)
+                for r in rep["layer"] if r["mode"] in ("snapshot", "replay")}
+        return row
+
     return [("exactness", exactness), ("kernel", kernel), ("decode", decode), ("spec", spec),
-            ("bench", bench), ("moe", moe), ("moe_layer", moe_layer)]
+            ("bench", bench), ("moe", moe), ("moe_layer", moe_layer), ("hybrid", hybrid)]
 
 
 def markdown(summary: dict) -> str:
