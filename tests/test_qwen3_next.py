@@ -1,11 +1,19 @@
 """The ``qwen3_next`` target family (Qwen3-Next, Qwen3-Coder-Next) against transformers'
-``Qwen3NextForCausalLM`` / ``Qwen3NextGatedDeltaNet`` (float32, tiny random configs with
-Hv != Hk):
+PyTorch modules (float32, tiny random configs with Hv = 2 Hk and dv != dk):
 
 * the packed projections (``in_proj_qkvz``, ``in_proj_ba``) converted to the Qwen3.5 layout
-  give the q, k, v, z, b, a transformers' ``fix_query_key_value_ordering`` gives, and the
-  layer's output through ``nn.gated_delta`` equals transformers' layer; packing is the exact
-  inverse;
+  give the q, k, v, z, b, a of transformers' ``fix_query_key_value_ordering`` (r = Hv / Hk of
+  1, 2 and 3), and packing them back is exact;
+* the MoE block with and without ``norm_topk_prob`` equals ``Qwen3NextSparseMoeBlock``;
+* end to end against ``Qwen3NextForCausalLM`` saved by ``save_pretrained`` and loaded by our
+  ``load_target`` (GDN and gated-attention layers, the MoE block in one layer picked by
+  ``decoder_sparse_step`` and ``mlp_only_layers``, unnormalised routing, partial RoPE): the
+  layer layout and parameter count, logits and every layer's tap, the decode state through
+  prefill, one-token steps, a verify block and a ragged rollback, and ``Target.save`` writing
+  back transformers' own tensors bit for bit (transformers loads them as the same model);
+* bad input: a missing or mis-shaped packed tensor and other bad checkpoints, and config
+  fields the family does not implement, are one-line errors naming the tensor or field; the
+  MTP head is ignored by name; transformers' config defaults.
 """
 
 import numpy as np
@@ -14,7 +22,6 @@ import torch
 
 import jax.numpy as jnp
 
-from dflash_jax.nn import gated_delta
 from dflash_jax.targets.hybrid import qwen3_next_layout as layout
 from moe_oracles import separated_router
 
@@ -87,35 +94,6 @@ def test_unpacked_projections_match_transformers(heads):
         np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(layout.pack_qkvz(qkv_w, z_w, d), wqkvz)
     np.testing.assert_array_equal(layout.pack_ba(b_w, a_w, d), wba)
-
-
-def test_gdn_layer_matches_transformers():
-    """transformers' whole ``Qwen3NextGatedDeltaNet`` (packed weights, its chunked rule) equals
-    the unpacked weights through ``gated_delta.mix`` (chunked and recurrent forms), the gated
-    output norm and ``out_proj``."""
-    cfg = hf_config()
-    layer = random_gdn_layer(cfg, seed=1)
-    d = dims_of(cfg)
-    x = torch.randn(2, 11, cfg.hidden_size)
-    with torch.no_grad():
-        ref = layer(x).numpy()
-    w = lambda m: jnp.asarray(m.weight.detach().numpy().T)
-    qkv_w, z_w = layout.unpack_qkvz(layer.in_proj_qkvz.weight.detach().numpy(), d)
-    b_w, a_w = layout.unpack_ba(layer.in_proj_ba.weight.detach().numpy(), d)
-    xj = jnp.asarray(x.numpy())
-    for form in ("chunked", "recurrent"):
-        o, _ = gated_delta.mix(xj @ qkv_w.T, xj @ a_w.T, xj @ b_w.T,
-                               conv_weight=jnp.asarray(layer.conv1d.weight.detach().numpy()[:, 0].T),
-                               A_log=jnp.asarray(layer.A_log.detach().numpy()),
-                               dt_bias=jnp.asarray(layer.dt_bias.detach().numpy()),
-                               num_k_heads=d.num_k_heads, head_k_dim=d.head_k_dim,
-                               num_v_heads=d.num_v_heads, head_v_dim=d.head_v_dim, form=form,
-                               chunk_size=4)
-        z = (xj @ z_w.T).reshape(2, 11, d.num_v_heads, d.head_v_dim)
-        y = gated_delta.gated_rms_norm(o, z, jnp.asarray(layer.norm.weight.detach().numpy()),
-                                       cfg.rms_norm_eps)
-        y = y.reshape(2, 11, -1) @ w(layer.out_proj)
-        np.testing.assert_allclose(np.asarray(y), ref, rtol=TOL, atol=TOL, err_msg=form)
 
 
 @pytest.mark.parametrize("norm_topk_prob", [False, True])
@@ -221,57 +199,74 @@ def test_config_reads_transformers_layout(hf):
     assert cfg.num_params() == sum(p.numel() for p in model.parameters())
 
 
-def test_logits_and_taps_equal_transformers(hf):
-    """Logits and every layer's tap (``hidden_states[i + 1]``, the last after the final norm)
-    of one pass over a batch equal transformers' ``Qwen3NextForCausalLM``."""
+@pytest.fixture(scope="module")
+def run(hf):
+    """(forward(tokens, positions, state) -> (logits, taps of every layer, state), rollback):
+    our target jitted once for the module (two block lengths, 4 and 1, are compiled)."""
     import jax
 
     from dflash_jax import targets
 
-    model, _, t = hf
-    cfg, D = t.config, t.config.hidden_size
-    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 13))
-    ref_logits, ref_hidden = torch_forward(model, ids)
-    taps_ids = tuple(range(cfg.num_layers))
-    pos = jnp.broadcast_to(jnp.arange(13), (2, 13))
-    logits, taps, _ = jax.jit(lambda p, x, q: targets.target_forward(cfg, p, x, q, tap_layer_ids=taps_ids))(
-        t.params, jnp.asarray(ids), pos)
-    np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=TOL, rtol=0)
-    for j, i in enumerate(taps_ids):
-        np.testing.assert_allclose(np.asarray(taps[..., j * D:(j + 1) * D]), ref_hidden[i + 1],
-                                   atol=TOL, rtol=0, err_msg=f"layer {i}")
-
-
-def test_decode_state_steps_and_ragged_rollback(hf):
-    """Through the decode state: a 7-token prefill, two one-token steps and a 4-row verify
-    block give transformers' one-pass logits; rolled back to a different length per row
-    (1 and 3 of the block's rows kept) and continued by one token, each row's logits equal
-    transformers' over that row's kept tokens."""
-    import jax
-
-    from dflash_jax import targets
-
-    model, _, t = hf
+    t = hf[2]
     cfg = t.config
-    fam = targets.family_of(cfg)
-    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(2, 14))
-    ref_logits, _ = torch_forward(model, ids[:, :13])
-    fwd = jax.jit(lambda p, x, q, s: targets.target_forward(cfg, p, x, q, s))
-    state = fam.init_state(cfg, 2, 32, jnp.float32)
-    for lo, hi in [(0, 7), (7, 8), (8, 9), (9, 13)]:
-        pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
-        logits, _, state = fwd(t.params, jnp.asarray(ids[:, lo:hi]), pos, state)
+    taps = tuple(range(cfg.num_layers))
+    fwd = jax.jit(lambda p, x, q, s: targets.target_forward(cfg, p, x, q, s, tap_layer_ids=taps))
+    return (lambda x, q, s: fwd(t.params, jnp.asarray(x), jnp.asarray(q), s),
+            jax.jit(lambda s, n: s.rollback(n)))
+
+
+def new_state(t, batch=2):
+    from dflash_jax import targets
+
+    return targets.family_of(t.config).init_state(t.config, batch, 32, jnp.float32)
+
+
+def test_logits_and_taps_equal_transformers(hf, run):
+    """Logits and every layer's tap (``hidden_states[i + 1]``, the last after the final norm)
+    of a 4-token prefill of a batch of two equal transformers' ``Qwen3NextForCausalLM``."""
+    model, _, t = hf
+    forward, _ = run
+    D = t.config.hidden_size
+    ids = np.random.default_rng(0).integers(0, t.config.vocab_size, size=(2, 4))
+    ref_logits, ref_hidden = torch_forward(model, ids)
+    logits, taps, state = forward(ids, np.broadcast_to(np.arange(4), (2, 4)), new_state(t))
+    np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=TOL, rtol=0)
+    for i in range(t.config.num_layers):
+        np.testing.assert_allclose(np.asarray(taps[..., i * D:(i + 1) * D]), ref_hidden[i + 1],
+                                   atol=TOL, rtol=0, err_msg=f"layer {i}")
+    np.testing.assert_array_equal(np.asarray(state.lengths), [4, 4])
+
+
+def test_decode_state_steps_and_ragged_rollback(hf, run):
+    """Through the decode state, as the engine drives it (each forward followed by a rollback
+    to the lengths it keeps): a 4-token prefill, two one-token steps and a 4-row verify block
+    give transformers' one-pass logits and taps; the block rolled back to a different length
+    per row (1 and 3 of its rows kept) and continued by one token gives, in each row,
+    transformers' logits and taps over that row's kept tokens."""
+    model, _, t = hf
+    forward, rollback = run
+    ids = np.random.default_rng(1).integers(0, t.config.vocab_size, size=(2, 10))
+    ref_logits, ref_hidden = torch_forward(model, ids)
+    state = new_state(t)
+    for lo, hi in [(0, 4), (4, 5), (5, 6), (6, 10)]:
+        if lo:
+            state = rollback(state, jnp.full((2,), lo, jnp.int32))
+        logits, taps, state = forward(ids[:, lo:hi], np.broadcast_to(np.arange(lo, hi), (2, hi - lo)), state)
         np.testing.assert_allclose(np.asarray(logits), ref_logits[:, lo:hi], atol=TOL, rtol=0,
                                    err_msg=f"rows {lo}:{hi}")
+        np.testing.assert_allclose(np.asarray(taps[..., -t.config.hidden_size:]),
+                                   ref_hidden[-1][:, lo:hi], atol=TOL, rtol=0, err_msg=f"rows {lo}:{hi}")
     keep = np.array([1, 3])
-    state = state.rollback(jnp.asarray(9 + keep))
+    state = rollback(state, jnp.asarray(6 + keep))
     nxt = np.array([[5], [17]])
-    logits, _, state = fwd(t.params, jnp.asarray(nxt), jnp.asarray(9 + keep)[:, None], state)
+    logits, taps, state = forward(nxt, (6 + keep)[:, None], state)
     for b in range(2):
-        seq = np.concatenate([ids[b, :9 + keep[b]], nxt[b]])[None]
-        ref, _ = torch_forward(model, seq)
+        ref, hidden = torch_forward(model, np.concatenate([ids[b, :6 + keep[b]], nxt[b]])[None])
         np.testing.assert_allclose(np.asarray(logits[b, 0]), ref[0, -1], atol=TOL, rtol=0,
                                    err_msg=f"row {b}")
+        np.testing.assert_allclose(np.asarray(taps[b, 0, :t.config.hidden_size]), hidden[1][0, -1],
+                                   atol=TOL, rtol=0, err_msg=f"row {b}")
+    np.testing.assert_array_equal(np.asarray(state.lengths), 7 + keep)
 
 
 def test_save_writes_the_hub_layout_transformers_loads(hf, tmp_path):
