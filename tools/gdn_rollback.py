@@ -13,9 +13,7 @@ then each row's state rolled back to a random kept length n in 0..T:
              after every row ([B, T + 1, Hv, dk, dv] per layer); rollback selects row n;
   replay     ``mix(form="chunked", record=True)``: the chunked form keeping the chunk-boundary
              states and the block's prepared k, v, g, beta; rollback re-runs one chunk's state
-             update with the rows from n on masked;
-  verify only  the chunked form without a record and without a rollback (the floor: what a
-             verify costs when nothing is kept).
+             update with the rows from n on masked.
 
 ``qwen3.5-4b`` is Qwen3.5-4B's GDN layer (:data:`LAYERS`: 16 key heads and 32 value heads of 128,
 conv kernel 4; the config.json of ``Qwen/Qwen3.5-4B``, ``text_config``); ``tiny`` a smoke size.
@@ -23,7 +21,8 @@ The layer's projections (in_proj_qkv, in_proj_z, in_proj_a, in_proj_b [D, .], ou
 are timed on the same B T rows for scale ("projections"): the modes differ only in the mixing.
 
 Recorded per (mode, block size, batch): seconds per call (``--repeats`` runs of ``--calls-per-run``
-compiled calls dispatched back to back; median and spread min..max over the runs), the record's
+compiled calls dispatched back to back, the runs of the two modes alternating so that a change
+of the machine's load hits both; median and spread min..max over the runs), the record's
 bytes (from ``jax.eval_shape``: what the mode keeps between the verify and the rollback, per
 layer), and XLA's compiled memory analysis of the verify + rollback program (arguments, outputs
 and temporaries: its peak on this backend). Before timing, the two modes' rolled-back states are
@@ -56,7 +55,7 @@ from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info,
                                   environment, load_average, new_figure, write_report)
 
-MODES = ("snapshot", "replay", "verify only")
+MODES = ("snapshot", "replay")
 
 # Qwen/Qwen3.5-4B config.json, text_config: hidden_size 2560, 32 layers (layer_types
 # 3 x linear_attention + full_attention, repeated: 24 GDN layers), linear_num_key_heads 16,
@@ -113,10 +112,7 @@ def record_bytes(shape: Shape, mode: str, batch: int, block: int, chunk: int = g
 
     snapshot: the conv window and block inputs B (K-1+T) C and B (T+1) states;
     replay: the same inputs, B (N+1) chunk-boundary states (N = ceil(T / Cs), Cs = min(chunk, T))
-    and the block's k, v, g, beta padded to N Cs rows: B N Cs Hv (dk + dv + 2) floats;
-    verify only: nothing."""
-    if mode == "verify only":
-        return 0
+    and the block's k, v, g, beta padded to N Cs rows: B N Cs Hv (dk + dv + 2) floats."""
     inputs = batch * (shape.conv_kernel - 1 + block) * shape.channels * itemsize
     if mode == "snapshot":
         return inputs + batch * (block + 1) * shape.state_elems * 4
@@ -142,8 +138,8 @@ def layer_inputs(shape: Shape, batch: int, block: int, seed: int = 0) -> dict:
 
 def verify_rollback(shape: Shape, mode: str, chunk: int = gd.DEFAULT_CHUNK):
     """fn(inputs) -> (o [B, T, Hv, dv], conv [B, K-1, C], ssm [B, Hv, dk, dv]): the layer's
-    verify of the block and (not ``verify only``) each row's state rolled back to ``keep``
-    through ``GatedDeltaState`` (one layer, start 0)."""
+    verify of the block and each row's state rolled back to ``keep`` through
+    ``GatedDeltaState`` (one layer, start 0)."""
     dims = dict(num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim,
                 num_v_heads=shape.num_v_heads, head_v_dim=shape.head_v_dim)
 
@@ -151,9 +147,7 @@ def verify_rollback(shape: Shape, mode: str, chunk: int = gd.DEFAULT_CHUNK):
         form = "recurrent" if mode == "snapshot" else "chunked"
         o, rec = gd.mix(x["qkv"], x["a"], x["b"], conv_weight=x["conv_weight"], A_log=x["A_log"],
                         dt_bias=x["dt_bias"], window=x["window"], state0=x["state0"], form=form,
-                        record=mode != "verify only", chunk_size=chunk, **dims)
-        if rec is None:
-            return o, x["window"], x["state0"]
+                        record=True, chunk_size=chunk, **dims)
         B, T = x["qkv"].shape[:2]
         zero = jnp.zeros((B,), jnp.int32)
         state = gd.GatedDeltaState(x["window"][None], x["state0"][None], zero, zero)
@@ -174,16 +168,19 @@ def projections(shape: Shape, batch: int, block: int, seed: int = 1):
     return (lambda x, w: (x @ w["in"])[:, :vd] @ w["out"]), x, w
 
 
-def time_calls(fn, args, *, calls: int, repeats: int) -> list[float]:
-    """Seconds per call of the compiled ``fn(*args)``: ``repeats`` runs (after a compiling
-    warm-up) of ``calls`` calls dispatched back to back with one wait at the end."""
-    prog = jax.jit(fn)
-    jax.block_until_ready(prog(*args))
-    out = []
+def time_calls(fns: dict, args, *, calls: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each compiled ``fns[name](*args)``: ``repeats`` runs (after a
+    compiling warm-up) of ``calls`` calls dispatched back to back with one wait at the end, the
+    functions' runs alternating. Returns {name: [seconds per call of each run]}."""
+    progs = {k: jax.jit(f) for k, f in fns.items()}
+    for prog in progs.values():
+        jax.block_until_ready(prog(*args))
+    out = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready([prog(*args) for _ in range(calls)])
-        out.append((time.perf_counter() - t0) / calls)
+        for k, prog in progs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready([prog(*args) for _ in range(calls)])
+            out[k].append((time.perf_counter() - t0) / calls)
     return out
 
 
@@ -217,24 +214,22 @@ def measure_layer(shape: Shape, blocks, batches, *, calls: int, repeats: int, ch
         with jax.default_matmul_precision("highest"):
             ssm = {m: jax.jit(fns[m])(x)[2] for m in ("snapshot", "replay")}
         diff = float(jnp.max(jnp.abs(ssm["snapshot"] - ssm["replay"])))
+        times = time_calls(fns, (x,), calls=calls, repeats=repeats)
         for m in MODES:
-            times = time_calls(fns[m], (x,), calls=calls, repeats=repeats)
-            rows.append({"block": t, "batch": b, "mode": m, **summary(times),
+            rows.append({"block": t, "batch": b, "mode": m, **summary(times[m]),
                          "record_bytes": record_bytes(shape, m, b, t, chunk),
                          "record_bytes_eval_shape": _record_nbytes(shape, m, x, chunk),
                          "memory": compiled_memory(fns[m], x),
                          "snapshot_vs_replay_max_abs_diff": diff})
         pf, px, pw = projections(shape, b, t)
         rows.append({"block": t, "batch": b, "mode": "projections",
-                     **summary(time_calls(pf, (px, pw), calls=calls, repeats=repeats)),
+                     **summary(time_calls({"p": pf}, (px, pw), calls=calls, repeats=repeats)["p"]),
                      "weight_bytes": int(sum(v.nbytes for v in pw.values()))})
     return rows
 
 
 def _record_nbytes(shape: Shape, mode: str, x: dict, chunk: int) -> int:
     """Bytes of the record ``mix`` returns for ``mode``, from ``jax.eval_shape`` (nothing runs)."""
-    if mode == "verify only":
-        return 0
     dims = dict(num_k_heads=shape.num_k_heads, head_k_dim=shape.head_k_dim,
                 num_v_heads=shape.num_v_heads, head_v_dim=shape.head_v_dim)
     form = "recurrent" if mode == "snapshot" else "chunked"
@@ -274,20 +269,24 @@ def measure_model(new_tokens: int, block: int, batch: int, repeats: int, seed: i
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, TINY_HYBRID["vocab_size"], size=16 - 3 * i).tolist() for i in range(batch)]
-    rows = []
-    for mode in progress(("snapshot", "replay"), desc="tiny hybrid model (mode)", unit="mode"):
-        target = Target.random(tiny_hybrid_config(mode), seed=seed + 1, dtype=jnp.float32)
-        drafter = Drafter.random(target, num_layers=1, block_size=block, seed=seed + 2)
-        with jax.default_matmul_precision("highest"):
+    pairs, ar, runs = {}, {}, {m: [] for m in MODES}
+    with jax.default_matmul_precision("highest"):
+        for mode in MODES:  # the same random weights: the mode changes no parameter
+            target = Target.random(tiny_hybrid_config(mode), seed=seed + 1, dtype=jnp.float32)
+            drafter = Drafter.random(target, num_layers=1, block_size=block, seed=seed + 2)
+            pairs[mode] = (target, drafter)
             generate(target, prompts, new_tokens)  # compiles
-            ar = generate(target, prompts, new_tokens)
+            ar[mode] = generate(target, prompts, new_tokens)
             generate(target, prompts, new_tokens, drafter=drafter, block_size=block)  # compiles
-            runs = [generate(target, prompts, new_tokens, drafter=drafter, block_size=block)
-                    for _ in range(repeats)]
-        per_iter = [r.decode_time_s / r.num_steps for r in runs]
-        rows.append({"mode": mode, **summary(per_iter), "iterations": runs[0].num_steps,
-                     "dflash_equals_ar": runs[0].sequences == ar.sequences,
-                     "ar_ms_per_step": 1e3 * ar.decode_time_s / ar.num_steps})
+        for _ in progress(range(repeats), desc="tiny hybrid model (runs of both modes)", unit="run"):
+            for mode, (target, drafter) in pairs.items():
+                runs[mode].append(generate(target, prompts, new_tokens, drafter=drafter, block_size=block))
+    rows = []
+    for mode in MODES:
+        per_iter = [r.decode_time_s / r.num_steps for r in runs[mode]]
+        rows.append({"mode": mode, **summary(per_iter), "iterations": runs[mode][0].num_steps,
+                     "dflash_equals_ar": all(r.sequences == ar[mode].sequences for r in runs[mode]),
+                     "ar_ms_per_step": 1e3 * ar[mode].decode_time_s / ar[mode].num_steps})
     return rows
 
 
@@ -311,9 +310,9 @@ def markdown(report: dict) -> str:
              f"{_load(m['load_average_before'])} (1, 5, 15 min) before, "
              f"{_load(m['load_average_after'])} after." + (f" {m['busy_warning']}." if m.get("busy_warning") else ""),
              "", "| block | batch | mode | median ms | spread ms | record MB / layer | record MB / "
-             f"model ({sh.gdn_layers} GDN layers) | peak MB (XLA) | vs verify only |",
+             f"model ({sh.gdn_layers} GDN layers) | peak MB (XLA) | median / replay's |",
              "|---|---|---|---|---|---|---|---|---|"]
-    base = {(r["block"], r["batch"]): r["median_ms"] for r in report["layer"] if r["mode"] == "verify only"}
+    base = {(r["block"], r["batch"]): r["median_ms"] for r in report["layer"] if r["mode"] == "replay"}
     for r in report["layer"]:
         if r["mode"] == "projections":
             continue
@@ -351,15 +350,14 @@ def plot(report: dict):
     size, one line per (mode, batch)."""
     fig, (a, b) = new_figure(1, 2, figsize=(11, 4))
     rows = [r for r in report["layer"] if r["mode"] != "projections"]
-    for mode, style in zip(MODES, ("o-", "s-", "^--")):
+    for mode, style in zip(MODES, ("o-", "s--")):
         for batch in report["settings"]["batch"]:
             rs = sorted((r for r in rows if r["mode"] == mode and r["batch"] == batch), key=lambda r: r["block"])
             x = [r["block"] for r in rs]
             a.errorbar(x, [r["median_ms"] for r in rs],
                        yerr=[[r["median_ms"] - r["min_ms"] for r in rs], [r["max_ms"] - r["median_ms"] for r in rs]],
                        fmt=style, ms=4, capsize=2, label=f"{mode}, batch {batch}")
-            if mode != "verify only":
-                b.plot(x, [r["record_bytes"] / 1e6 for r in rs], style, ms=4, label=f"{mode}, batch {batch}")
+            b.plot(x, [r["record_bytes"] / 1e6 for r in rs], style, ms=4, label=f"{mode}, batch {batch}")
     a.set(xlabel="block size T", ylabel="ms per call (median, min..max)", yscale="log",
           title="verify + rollback, one GDN layer")
     b.set(xlabel="block size T", ylabel="MB kept per layer", yscale="log", title="rollback record")

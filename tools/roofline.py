@@ -759,18 +759,18 @@ def check_args(args) -> None:
 
 
 def run(args) -> dict:
-    if args.moe:
-        from dflash_jax.tools import roofline_moe
-
-        if args.target:
-            raise ValueError("--moe names its targets itself: leave out --target")
-        return roofline_moe.run_moe(args)
     if args.hybrid:
         from dflash_jax.tools import roofline_hybrid
 
         if args.target or args.moe:
             raise ValueError("--hybrid names its targets itself: leave out --target and --moe")
         return roofline_hybrid.run_hybrid(args)
+    if args.moe:
+        from dflash_jax.tools import roofline_moe
+
+        if args.target:
+            raise ValueError("--moe names its targets itself: leave out --target")
+        return roofline_moe.run_moe(args)
     name, target, drafter = load_pair(args)
     args.block_size = args.block_size or drafter.block_size
     check_args(args)
