@@ -12,7 +12,7 @@ from dflash_jax.tools import gpu_suite, moe_layer_speed
 def test_smoke_suite_runs_every_stage(tmp_path):
     summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
     assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench",
-                                                      "moe", "moe_layer"]
+                                                      "moe", "moe_layer", "hybrid"]
     assert all(s["status"] == "ok" for s in summary["stages"]), summary["stages"]
     on_disk = json.loads((tmp_path / "suite.json").read_text())
     assert on_disk["stages"] == json.loads(json.dumps(summary["stages"]))
@@ -39,6 +39,10 @@ def test_smoke_suite_runs_every_stage(tmp_path):
         (r, v) for r in (1, 4) for v in moe_layer_speed.VARIANTS}
     assert {"moe gather", "moe ragged", "moe dense", "dense active", "dense all"} == set(
         moe_layer_speed.VARIANTS)
+    # the hybrid (GDN) target: greedy DFlash == AR in float32 with each rollback mode
+    hybrid = summary["stages"][7]["result"]
+    assert {k: v["dflash_equals_ar"] for k, v in hybrid.items() if k.startswith("model")} == {
+        "model snapshot": True, "model replay": True}
 
 
 def test_refusals(tmp_path):
