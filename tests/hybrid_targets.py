@@ -3,9 +3,10 @@ and a test-only family with the rollback bug those tests must catch.
 
 The configs: Gated DeltaNet (GDN) and full-attention layers mixed (``layer_types``), value
 heads Hv = 2 Hk (a key-head tiling bug changes the output), partial RoPE, float32.
-:func:`long_memory` sets every GDN layer's decay close to 1 (``A_log`` small), so that a state
-left wrong by a rollback is still read many tokens later (transformers' init, ``A_log`` in
-``log [1, 16]``, forgets within a token or two).
+:func:`random_target` draws every GDN layer's decay close to 1 (``A_log`` small), so that a
+state left wrong by a rollback is still read many tokens later (transformers' init, ``A_log``
+in ``log [1, 16]``, forgets within a token or two). Weights are drawn on the host (numpy): the
+jitted ``Target.random`` / ``Drafter.random`` init programs cost 5-10 s each to compile on CPU.
 
 ``WRONG_ROLLBACK`` (model type ``test_qwen3_5_wrong_rollback``) is the ``qwen3_5_text`` family
 (``dflash_jax/targets/hybrid``) with :class:`WholeBlockState`: after a verified block its
@@ -20,9 +21,13 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import dflash_jax as dj
 from dflash_jax import targets
+from dflash_jax.config import DrafterConfig
+from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.targets.hybrid import model as hybrid_model
 from dflash_jax.targets.hybrid import HybridConfig, HybridState
 from dflash_jax.targets.hybrid.config import FULL, LINEAR
 from dflash_jax.targets.hybrid.qwen3_5 import Qwen3_5Family
@@ -47,25 +52,58 @@ def hybrid_config(model_type: str = "qwen3_5_text", *, vocab_size: int = 48, hid
     return HybridConfig(model_type, **fields)
 
 
-def long_memory(params, seed: int = 0, decay=(0.85, 0.98)):
-    """``params`` with every GDN layer's per-token decay ``exp(g)`` at ``a = 0`` drawn in
-    ``decay`` (``g = -exp(A_log) softplus(dt_bias)``, ``dt_bias`` kept): a memory of tens of
-    tokens."""
-    lin = params["gdn"]["linear_attn"]
-    lo, hi = decay
-    u = jax.random.uniform(jax.random.key(seed), lin["A_log"].shape, jnp.float32, lo, hi)
-    rate = -jnp.log(u) / jax.nn.softplus(lin["dt_bias"].astype(jnp.float32))  # exp(A_log)
-    lin = {**lin, "A_log": jnp.log(rate).astype(lin["A_log"].dtype)}
-    return {**params, "gdn": {**params["gdn"], "linear_attn": lin}}
+def draw(shapes, seed: int, rule):
+    """A parameter tree of float32 arrays drawn on the host (numpy; no init program to
+    compile): ``shapes`` a tree of shape tuples or ``jax.ShapeDtypeStruct`` s, ``rule(name,
+    shape, rng)`` the array of the leaf at path ``name`` (``jax.tree_util.keystr``)."""
+    rng = np.random.default_rng(seed)
+    is_leaf = lambda v: isinstance(v, tuple)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_leaf)
+    return jax.tree_util.tree_unflatten(tree, [
+        jnp.asarray(rule(jax.tree_util.keystr(path), tuple(getattr(leaf, "shape", leaf)), rng), jnp.float32)
+        for path, leaf in leaves])
 
 
 def random_target(cfg: HybridConfig, seed: int, init_scale: float = 0.35, max_len=None,
-                  memory_seed: int | None = 0) -> dj.Target:
-    """A random target of ``cfg`` (with :func:`long_memory` unless ``memory_seed`` is None);
-    the same weights for the same seed whatever the family of ``cfg`` (correct or not)."""
-    t = dj.Target.random(cfg, seed=seed, init_scale=init_scale)
-    params = t.params if memory_seed is None else long_memory(t.params, memory_seed)
-    return dj.Target(cfg, params, max_len=max_len)
+                  decay=(0.85, 0.98)) -> dj.Target:
+    """A random target of ``cfg`` (any family with the qwen3_5_text parameter tree), drawn as
+    the family's ``init_params`` draws (matrices normal(``init_scale``), conv filters
+    normal(``K ** -0.5``), zero-centred norms 0, the GDN output norm 1, ``dt_bias`` 1) except
+    ``A_log``: each GDN head's per-token decay ``exp(g)`` at ``a = 0`` drawn in ``decay`` (a
+    memory of tens of tokens). The same weights for the same seed whatever the family."""
+    K = cfg.linear_conv_kernel_dim
+    lo, hi = decay
+
+    def rule(name, shape, rng):
+        if "linear_attn']['norm" in name or "dt_bias" in name:
+            return np.ones(shape)
+        if name.endswith("['weight']") or name.endswith("['bias']"):
+            return np.zeros(shape)
+        if "A_log" in name:  # exp(A_log) softplus(dt_bias = 1) = -log(decay)
+            return np.log(-np.log(rng.uniform(lo, hi, shape)) / np.log1p(np.e))
+        scale = K ** -0.5 if "conv1d" in name else init_scale
+        return scale * rng.standard_normal(shape)
+
+    return dj.Target(cfg, draw(hybrid_model.param_shapes(cfg), seed, rule), max_len=max_len)
+
+
+def random_drafter(target: dj.Target, block_size: int, seed: int, init_scale: float = 0.35,
+                   target_layer_ids=None) -> dj.Drafter:
+    """A one-layer DFlash drafter for ``target`` drawn as ``Drafter.random`` draws (kernels
+    normal(``init_scale``), norms 1), on the host."""
+    cfg = DrafterConfig.for_target(target.config, 1, block_size, target.config.vocab_size - 1,
+                                   target_layer_ids)
+    cfg.check_target(target.config)
+    shapes = jax.eval_shape(lambda: init_drafter_params(cfg, jax.random.key(0)))
+
+    def rule(name, shape, rng):
+        if "weight" in name:
+            return np.ones(shape)
+        if "bias" in name:
+            return np.zeros(shape)
+        return init_scale * rng.standard_normal(shape)
+
+    return dj.Drafter(cfg, draw(shapes, seed, rule))
 
 
 @flax.struct.dataclass

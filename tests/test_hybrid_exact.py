@@ -97,7 +97,7 @@ def scheduled_proposer(bs: int, seed: int):
 
 def run_scheduled(t: dj.Target, bs: int):
     proposer, plans = scheduled_proposer(bs, seed=bs)
-    drafter = dj.Drafter.random(t, num_layers=1, block_size=bs, seed=6)
+    drafter = ht.random_drafter(t, bs, seed=6)
     return dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, proposer=proposer), plans
 
 
@@ -139,8 +139,7 @@ def test_dflash_drafter_on_hybrid_taps_equals_autoregressive():
     """A random DFlash drafter conditioned on the taps of the GDN layer 0 and the attention
     layer 1 (the last, after the final norm)."""
     t = target()
-    drafter = dj.Drafter.random(t, num_layers=1, block_size=16, target_layer_ids=(0, 1), seed=7,
-                                init_scale=0.35)
+    drafter = ht.random_drafter(t, 16, seed=7, target_layer_ids=(0, 1))
     assert drafter.config.target_layer_ids == (0, 1)
     r = dj.generate(t, PROMPTS, 64, drafter=drafter)  # greedy: a prefix of the reference
     print(f"DFlash drafter: tau {r.tau:.2f}, {r.num_steps} iterations")
@@ -153,7 +152,7 @@ def test_dflash_drafter_on_hybrid_taps_equals_autoregressive():
 # proposer sampling from the exact next-token distribution at another temperature (q close to
 # p: full blocks and every partial acceptance occur). Token 1.. come from the first iteration,
 # the rest from the next, which starts from the rolled-back state.
-DEPTH, BLOCK, ROWS, ALPHA, Q_TEMPERATURE = 5, 4, 16384, 1e-4, 1.3
+DEPTH, BLOCK, ROWS, ALPHA, Q_TEMPERATURE = 5, 4, 8192, 1e-4, 1.3
 SAMPLING_PROMPT = [1, 2, 3]
 
 
@@ -171,7 +170,7 @@ def sampling_setup():
 
 
 def sample(t, prefix_logits):
-    drafter = dj.Drafter.random(t, num_layers=1, block_size=BLOCK, seed=8)
+    drafter = ht.random_drafter(t, BLOCK, seed=8)
     proposer = TableProposer(prefix_logits, q_temperature=Q_TEMPERATURE)
     return dj.generate(t, [SAMPLING_PROMPT] * ROWS, DEPTH, drafter=drafter, proposer=proposer,
                        sampled_draft=True, temperature=1.0, seed=3)
