@@ -21,7 +21,7 @@ limits exceeded, traps and grids that leave most SMs idle.
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --search   # tile/warp/stage search
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --engine   # the whole engine
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
-    python -m dflash_jax.tools.gpu_compile --engine --hybrid qwen3.5-4b     # a hybrid (GDN) target
+    python -m dflash_jax.tools.gpu_compile --engine --hybrid-target qwen3.5-4b   # a hybrid (GDN) target
 
 ``--impl triton`` makes the before/after tables for ``kernels/triton_block_attention.py`` (the
 same kernel in the Triton language, called through jax-triton) instead: each configuration is
@@ -36,7 +36,7 @@ them. Needs the ``triton`` package (the ``test`` extra) and jaxlib <= 0.10.2, wh
 lowering emits the uncompiled Triton IR (later jaxlibs compile it while lowering, which needs a
 GPU's compilation handler).
 
-``--engine --hybrid MODEL`` does the same for a hybrid Qwen3.5 target (``qwen3.5-4b``,
+``--engine --hybrid-target MODEL`` does the same for a hybrid Qwen3.5 target (``qwen3.5-4b``,
 ``qwen3.5-27b``: the shapes of ``tools/roofline_hybrid.py``; ``tiny``: the tiny target of
 ``tools/gdn_rollback.py``) with its drafter, once per GDN rollback mode (``snapshot``,
 ``replay``): the decode loop holds the verify through the GDN layers and the rollback. The GDN
@@ -828,7 +828,7 @@ HYBRID_ROLLBACKS = ("snapshot", "replay")
 
 
 def hybrid_engine_configs(name: str, rollback: str):
-    """(target, drafter) of the hybrid model ``name`` (``--hybrid``) with ``gdn_rollback``
+    """(target, drafter) of the hybrid model ``name`` (``--hybrid-target``) with ``gdn_rollback``
     ``rollback``."""
     from dflash_jax.tools import gdn_rollback, roofline_hybrid
 
@@ -836,7 +836,7 @@ def hybrid_engine_configs(name: str, rollback: str):
         target = gdn_rollback.tiny_hybrid_config(rollback)
         return target, DrafterConfig.for_target(target, 1, 8, target.vocab_size - 1)
     if name not in roofline_hybrid.MODELS:
-        raise ValueError(f"--hybrid {name!r}: choose one of tiny, {', '.join(roofline_hybrid.MODELS)}")
+        raise ValueError(f"--hybrid-target {name!r}: choose one of tiny, {', '.join(roofline_hybrid.MODELS)}")
     target = dataclasses.replace(TargetConfig.from_hf_dict(roofline_hybrid.MODELS[name]), gdn_rollback=rollback)
     return target, DrafterConfig(**roofline_hybrid.DRAFTERS[name])
 
@@ -893,7 +893,7 @@ def add_arguments(p) -> None:
                    help="block-attention kernel implementation of the before/after tables: the Pallas "
                         "one, or the Triton-language one (kernels/triton_block_attention.py; not with --search, "
                         "--engine)")
-    p.add_argument("--hybrid", metavar="MODEL",
+    p.add_argument("--hybrid-target", metavar="MODEL",
                    help="with --engine: a hybrid (GDN) Qwen3.5 target instead (qwen3.5-4b, qwen3.5-27b, "
                         "tiny), AR and DFlash with each GDN rollback mode")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
@@ -905,11 +905,11 @@ def run(args) -> dict:
             raise ValueError(f"{name} values must be >= 1, got {values}")
     if args.impl != "pallas" and (args.search or args.engine):
         raise ValueError("--search and --engine compile the Pallas kernel; drop --impl triton")
-    if args.hybrid and not args.engine:
-        raise ValueError("--hybrid lowers the engine: add --engine")
+    if args.hybrid_target and not args.engine:
+        raise ValueError("--hybrid-target lowers the engine: add --engine")
     shape = model_shape(args.model, args.block_size, args.drafter_layers)
-    if args.hybrid:
-        shape = dataclasses.replace(shape, name=f"hybrid-{args.hybrid}")
+    if args.hybrid_target:
+        shape = dataclasses.replace(shape, name=f"hybrid-{args.hybrid_target}")
     gpus = [GPUS[g] for g in args.gpus]
     stem = re.sub(r"[^a-z0-9.]+", "-", shape.name.lower())
     base = {"model": dataclasses.asdict(shape), "dtype": args.dtype, "impl": args.impl,
@@ -950,7 +950,7 @@ def _search(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[di
 
 def _engine_report(args, shape: ModelShape, gpus, stem: str, base: dict) -> dict:
     cache_len = max(args.seq)
-    run = functools.partial(run_hybrid_engine, args.hybrid) if args.hybrid else functools.partial(run_engine, shape)
+    run = functools.partial(run_hybrid_engine, args.hybrid_target) if args.hybrid_target else functools.partial(run_engine, shape)
     rows = run(gpus, batch=max(args.batch), prompt_len=args.prompt_len, cache_len=cache_len,
                dtype=jnp.dtype(args.dtype))
     report = dict(base, benchmark="gpu_compile_engine", rows=rows, prompt_len=args.prompt_len,
