@@ -153,3 +153,20 @@ def test_hybrid_speed_command_smoke(tmp_path):
     assert "Hybrid / dense" in (tmp_path / "hybrid_speed_tiny.md").read_text()
     assert (tmp_path / "hybrid_speed_tiny.png").stat().st_size > 0
     assert hybrid_speed.dense_twin(TargetConfig.from_hf_dict(TINY)).num_heads == 2
+
+
+def test_gpu_compile_hybrid_configs_and_refusals(tmp_path):
+    """``gpu-compile --engine --hybrid-target``: the target of each mode is the named model with
+    that rollback, its drafter fits it; without --engine, or with an unknown name, refused."""
+    from dflash_jax.tools import gpu_compile
+
+    for mode in gpu_compile.HYBRID_ROLLBACKS:
+        target, drafter = gpu_compile.hybrid_engine_configs("qwen3.5-4b", mode)
+        assert target.gdn_rollback == mode and len(target.gdn_layers) == 24
+        drafter.check_target(target)
+        tiny, tiny_drafter = gpu_compile.hybrid_engine_configs("tiny", mode)
+        assert tiny.gdn_rollback == mode and tiny_drafter.block_size == 8
+    with pytest.raises(ValueError, match="add --engine"):
+        gpu_compile.main(["--hybrid-target", "tiny", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="choose one of"):
+        gpu_compile.hybrid_engine_configs("qwen3.5-9000b", "replay")
