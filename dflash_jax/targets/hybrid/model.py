@@ -36,9 +36,10 @@ La attention layers, each stack in layer order; Ld / Lm layers with the dense / 
   norm/weight                                     [D]
   lm_head/kernel                                  [D, V]     (absent when tied)
 
-The layers run as one ``lax.scan`` per maximal run of consecutive layers of one kind (mixer
-and MLP; Qwen3.5's three GDN layers between attention layers are one scan), a run of one layer
-as a plain call.
+The layers run as one ``lax.scan`` over the repeats of the layer pattern's period
+(:func:`layer_period`: Qwen3.5's three GDN layers and one attention layer), and inside one
+period a scan per run of consecutive layers of one kind (mixer and MLP), a run of one layer as
+a plain call: the compile time is that of one period whatever the depth.
 
 Decode state (:class:`HybridState`): ``kv``, a ``KVCache`` of the La attention layers, and
 ``gdn``, a ``GatedDeltaState`` of the Lg GDN layers (conv windows, float32 recurrent states and
@@ -194,17 +195,35 @@ def attention_mixer(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None,
 
 
 # ---------------------------------------------------------------------------- layer runs
-def layer_runs(cfg) -> list[tuple[tuple[str, str], int, int]]:
+def layer_runs(cfg, num_layers: int | None = None) -> list[tuple[tuple[str, str], int, int]]:
     """``((mixer kind, MLP kind), first layer, end layer)`` of every maximal run of consecutive
-    layers of one kind, in order."""
+    layers of one kind among the first ``num_layers`` (default all), in order."""
     runs: list[tuple[tuple[str, str], int, int]] = []
-    for i in range(cfg.num_layers):
+    for i in range(cfg.num_layers if num_layers is None else num_layers):
         kinds = cfg.layer_kinds(i)
         if runs and runs[-1][0] == kinds:
             runs[-1] = (kinds, runs[-1][1], i + 1)
         else:
             runs.append((kinds, i, i + 1))
     return runs
+
+
+def layer_period(cfg) -> int:
+    """The smallest p dividing N such that layer i has the kinds of layer ``i % p`` (4 for
+    Qwen3.5's three GDN layers and one attention layer; N when the pattern does not repeat):
+    the forward scans over the N / p periods, so its compile time is that of one period."""
+    kinds = [cfg.layer_kinds(i) for i in range(cfg.num_layers)]
+    return next(p for p in range(1, cfg.num_layers + 1)
+                if cfg.num_layers % p == 0 and all(kinds[i] == kinds[i % p] for i in range(cfg.num_layers)))
+
+
+def stack_sizes(cfg, period: int) -> dict[str, int]:
+    """{parameter stack (``gdn``, ``attn``, ``mlp``, ``moe``): its layers in one period}."""
+    sizes: dict[str, int] = {}
+    for i in range(period):
+        for kind in cfg.layer_kinds(i):
+            sizes[kind] = sizes.get(kind, 0) + 1
+    return sizes
 
 
 def _take(tree, lo: int, n: int):
@@ -274,39 +293,52 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
         h = finish(lp, mlp_kind, mp, h, y)
         return (h, cache, tap(taps, h, layer), layer + 1, index + 1), None
 
-    records = []
     gdn = None if state is None else state.gdn
-    for (mixer, mlp_kind), first, end in layer_runs(cfg):
-        n = end - first
-        g0, m0 = cfg.stack_index(first)
-        lp = _take(params[mixer], g0, n)
-        mp = _take(params[mlp_kind], m0, n)
-        if mixer == "gdn":
-            win = None if gdn is None else gdn.conv[g0:g0 + n]
-            s0 = None if gdn is None else gdn.ssm[g0:g0 + n]
-            step = lambda c, xs, k=mlp_kind: gdn_layer(c, xs, k)
-            carry = (h, taps, jnp.int32(first))
-            if n == 1:
-                carry, rec = step(carry, (_index(lp, 0), _index(mp, 0), None if win is None else win[0],
-                                          None if s0 is None else s0[0]))
-                rec = None if rec is None else jax.tree_util.tree_map(lambda x: x[None], rec)
+    period = layer_period(cfg)
+    R = cfg.num_layers // period
+    sizes = stack_sizes(cfg, period)  # stack name -> its layers in one period
+    per_period = lambda x, n: x.reshape((R, n) + x.shape[1:])
+    xs = ({k: jax.tree_util.tree_map(lambda x, n=n: per_period(x, n), params[k]) for k, n in sizes.items()},
+          None if gdn is None else per_period(gdn.conv, sizes["gdn"]),
+          None if gdn is None else per_period(gdn.ssm, sizes["gdn"]))
+
+    def one_period(carry, xs):
+        """The layers of one period (runs of one kind: a scan each, or a call for one layer)."""
+        stacks, conv, ssm = xs
+        h, cache, taps, layer, index = carry
+        records = []
+        for (mixer, mlp_kind), first, end in layer_runs(cfg, period):
+            n = end - first
+            j, m = cfg.stack_index(first)
+            lp, mp = _take(stacks[mixer], j, n), _take(stacks[mlp_kind], m, n)
+            if mixer == "gdn":
+                win = None if conv is None else conv[j:j + n]
+                s0 = None if ssm is None else ssm[j:j + n]
+                step = lambda c, x, k=mlp_kind: gdn_layer(c, x, k)
+                if n == 1:
+                    (h, taps, layer), rec = step((h, taps, layer), _index((lp, mp, win, s0), 0))
+                    rec = jax.tree_util.tree_map(lambda x: x[None], rec)
+                else:
+                    (h, taps, layer), rec = jax.lax.scan(step, (h, taps, layer), (lp, mp, win, s0))
+                records.append(rec)
             else:
-                carry, rec = jax.lax.scan(step, carry, (lp, mp, win, s0))
-            h, taps, _ = carry
-            records.append(rec)
-        else:
-            step = lambda c, xs, k=mlp_kind: attn_layer(c, xs, k)
-            carry = (h, cache, taps, jnp.int32(first), jnp.int32(g0))
-            if n == 1:
-                carry, _ = step(carry, (_index(lp, 0), _index(mp, 0)))
-            else:
-                carry, _ = jax.lax.scan(step, carry, (lp, mp))
-            h, cache, taps, _, _ = carry
+                step = lambda c, x, k=mlp_kind: attn_layer(c, x, k)
+                c = (h, cache, taps, layer, index)
+                if n == 1:
+                    c, _ = step(c, _index((lp, mp), 0))
+                else:
+                    c, _ = jax.lax.scan(step, c, (lp, mp))
+                h, cache, taps, layer, index = c
+        rec = jax.tree_util.tree_map(lambda *r: jnp.concatenate(r), *records) if records else None
+        return (h, cache, taps, layer, index), rec
+
+    carry = (h, cache, taps, jnp.int32(0), jnp.int32(0))
+    (h, cache, taps, _, _), records = jax.lax.scan(one_period, carry, xs)
     if state is not None:
         lengths = positions[:, -1] + 1
         gdn = state.gdn
-        if records:
-            stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *records)
+        if records is not None:  # [R, layers per period, ...] -> [Lg, ...] in layer order
+            stacked = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), records)
             gdn = gdn.after_block(stacked, state.lengths, lengths)
         else:
             gdn = gdn.replace(start=state.lengths, lengths=lengths)
