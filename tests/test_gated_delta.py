@@ -179,3 +179,17 @@ def test_mix_refuses_a_channel_count_that_does_not_match_the_heads():
         gd.mix(jnp.zeros((1, 2, C + 1)), jnp.zeros((1, 2, HV)), jnp.zeros((1, 2, HV)),
                conv_weight=jnp.zeros((K, C + 1)), A_log=jnp.zeros(HV), dt_bias=jnp.zeros(HV),
                num_k_heads=HK, head_k_dim=DK, num_v_heads=HV, head_v_dim=DV)
+
+
+@pytest.mark.parametrize("n", [1, 5, 64])
+def test_unit_lower_inverse_inverts(n):
+    """(I + A)^-1 by forward substitution against numpy's inverse, for random A and for the
+    all-ones strictly lower A (identical keys, beta 1, no decay) whose inverse is bidiagonal:
+    there a power series would cancel catastrophically."""
+    rng = np.random.default_rng(n)
+    A = np.tril(rng.uniform(-1, 1, size=(3, n, n)), -1).astype(np.float32)
+    T = np.asarray(gd.unit_lower_inverse(jnp.asarray(A)))
+    np.testing.assert_allclose(T, np.linalg.inv(np.eye(n) + A.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    ones = np.tril(np.ones((n, n), np.float32), -1)
+    want = np.eye(n) - np.eye(n, k=-1)
+    np.testing.assert_array_equal(np.asarray(gd.unit_lower_inverse(jnp.asarray(ones))), want)
