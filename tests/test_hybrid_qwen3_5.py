@@ -100,8 +100,14 @@ _fwd = jax.jit(lambda cfg, params, tokens, positions, state, taps:
 
 
 def run(cfg, params, tokens, state=None, taps=()):
-    """Our forward (jitted) at positions ``state.lengths + arange(T)`` (0.. without a state)."""
+    """Our forward (jitted) at positions ``state.lengths + arange(T)`` (0.. without a state).
+    Where the GDN form does not depend on ``gdn_rollback`` (no state, one token, a block longer
+    than ``gdn_chunk``: ``model.gdn_form``), the config is compiled as the replay one's, so
+    that the two modes' tests share those compilations."""
     tokens = jnp.asarray(tokens, jnp.int32)
+    T = tokens.shape[1]
+    if state is None or T == 1 or T > cfg.gdn_chunk:
+        cfg = dataclasses.replace(cfg, gdn_rollback="replay")
     start = jnp.zeros(tokens.shape[0], jnp.int32) if state is None else state.lengths
     positions = start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
     return _fwd(cfg, params, tokens, positions, state, tuple(taps))
@@ -196,17 +202,18 @@ def test_multimodal_layout_loads_the_text_model(tmp_path, ids, caplog):
 
 
 # ---------------------------------------------------------------------------- decode state
-MODES = [("replay", 4), ("snapshot", 64)]
-"""(gdn_rollback, gdn_chunk) of the decode-state tests: replay with blocks over chunk boundaries;
-snapshot, where every block here runs the recurrence. Both tests use the same shapes (6 rows;
-blocks of 8, 1, 5 and 3; a 16-token pass), so they share compilations."""
-B, P, T, C = 6, 8, 5, 3
+MODES = [("replay", 4, 5), ("snapshot", 4, 4)]
+"""(gdn_rollback, gdn_chunk, verify block length) of the decode-state tests: replay with a
+block over a chunk boundary; snapshot with a block the recurrence runs (up to gdn_chunk rows).
+The prompt of 8 is chunked in both modes, and the tests share their shapes (6 rows; blocks of
+8, 1, 3 and 5 or 4; a 16-token pass) and so their compilations."""
+B, P, C = 6, 8, 3
 
 
 @pytest.fixture(scope="module")
 def rows():
     rng = np.random.default_rng(5)
-    return rng.integers(0, TEXT_DIMS["vocab_size"], (B, P + T + C))
+    return rng.integers(0, TEXT_DIMS["vocab_size"], (B, P + 5 + C))
 
 
 def test_decode_state_matches_one_pass(text, rows):
@@ -214,7 +221,7 @@ def test_decode_state_matches_one_pass(text, rows):
     through the state: the logits of the one pass. (The snapshot mode's blocks run the
     recurrence: test_rollback_to_every_length checks them against a fresh pass.)"""
     _, _, target = text
-    mode, chunk = MODES[0]
+    mode, chunk, _ = MODES[0]
     cfg = dataclasses.replace(target.config, gdn_rollback=mode, gdn_chunk=chunk)
     fam = targets.family_of(cfg)
     full, _, _ = run(cfg, target.params, rows)
@@ -229,21 +236,23 @@ def test_decode_state_matches_one_pass(text, rows):
     close(jnp.concatenate(got, axis=1), full, f"{mode}: stepped logits vs one pass")
 
 
-@pytest.mark.parametrize("mode,chunk", MODES)
-def test_rollback_to_every_length(text, rows, mode, chunk):
-    """Six rows run a prompt (8) and a block (5), roll back to keep n = 0..5 of the block (row n
-    keeps n) and continue with 3 more tokens: their logits equal a fresh pass over
+@pytest.mark.parametrize("mode,chunk,T", MODES)
+def test_rollback_to_every_length(text, rows, mode, chunk, T):
+    """Six rows run a prompt (8) and a block (T), roll back to keep n = 0..T of the block (row
+    b keeps b % (T + 1)) and continue with 3 more tokens: their logits equal a fresh pass over
     prompt + block[:n] + continuation (right-padded into one batch: causal, so the padding
     after a row's tokens does not change them)."""
     _, _, target = text
     cfg = dataclasses.replace(target.config, gdn_rollback=mode, gdn_chunk=chunk)
     fam = targets.family_of(cfg)
-    prompt, block, cont = rows[:, :P], rows[:, P:P + T], rows[:, P + T:]
+    prompt, block, cont = rows[:, :P], rows[:, P:P + T], rows[:, P + T:P + T + C]
     state = fam.init_state(cfg, B, 32, jnp.float32)
     _, _, state = run(cfg, target.params, prompt, state)
     state = rollback(state, state.lengths)
     _, _, state = run(cfg, target.params, block, state)
-    keep = np.arange(B)
+    rec = state.gdn.record  # the verify block's form: the recurrence keeps every row's state
+    assert (rec.snapshots is not None, rec.bounds is not None) == (mode == "snapshot", mode == "replay")
+    keep = np.arange(B) % (T + 1)
     state = rollback(state, jnp.asarray(P + keep, jnp.int32))
     assert state.gdn.record is None
     logits, _, state = run(cfg, target.params, cont, state)
