@@ -148,6 +148,9 @@ def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
     _, work, depth, _ = smoke
     killed = tmp_path / "work"
     shutil.copytree(os.path.join(work, "data"), killed / "data")  # the same data: skip regenerating
+    # and the cells' measurements: what is tested is the training; the rerun still trains (its
+    # drafter has no train.json) and then reuses the cell instead of measuring it again
+    shutil.copytree(os.path.join(work, "cells"), killed / "cells")
     cmd = [sys.executable, "-m", "experiments.ablate_depth", "--preset", "smoke", "--depths", "1",
            "--work", str(killed), "--out", str(tmp_path / "out")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
