@@ -341,6 +341,12 @@ def test_mrope_fields_are_accepted():
     cfg = TargetConfig.from_hf_dict({"model_type": "qwen3_5", "tie_word_embeddings": True,
                                      "text_config": {**TEXT_DIMS, "rope_parameters": rope}})
     assert cfg.rotary_dim == 8 and cfg.rope.theta == 1e6 and cfg.tie_word_embeddings
+    # the MoE release's layout: the block's fields under text_config too
+    dims = {k: v for k, v in TEXT_DIMS.items() if k != "intermediate_size"}
+    moe = TargetConfig.from_hf_dict({"model_type": "qwen3_5_moe", "text_config": {
+        **dims, **MOE_DIMS, "model_type": "qwen3_5_moe_text", "rope_parameters": rope}})
+    assert moe.model_type == "qwen3_5_moe_text" and moe.moe.shared_expert_intermediate_size == 48
+    assert not moe.tie_word_embeddings and moe.intermediate_size == 48
 
 
 def _multimodal_copy(text, tmp_path):
