@@ -118,6 +118,19 @@ def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) ->
     return out
 
 
+def stored_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a checkpoint directory, from the file headers alone."""
+    by_file: dict[str, list[str]] = {}
+    for name, file in checkpoint_files(path).items():
+        by_file.setdefault(file, []).append(name)
+    shapes = {}
+    for file, names in by_file.items():
+        with open_safetensors(file) as f:
+            for name in names:
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
 def open_safetensors(file: str):
     """``safe_open`` with an error that names the file when it is truncated or not safetensors."""
     if not os.path.exists(file):
@@ -346,6 +359,9 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     convert = getattr(targets.family_of(cfg), "convert_checkpoint_tensors", None)
     stored = set(checkpoint_files(path))
     direct = convert is None or stored <= set(specs) | set(ignore)
+    check = getattr(targets.family_of(cfg), "check_checkpoint_tensors", None)
+    if check is not None and direct:  # the family's one-line messages before the generic listing
+        check(cfg, stored_shapes(path), what)
     if sharding_of is not None and direct:
         return cfg, read_sharded_params(path, specs, sharding_of, dtype, ignore, what)
     tensors = read_tensors(path)

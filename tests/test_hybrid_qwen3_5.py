@@ -378,14 +378,22 @@ def test_bad_checkpoints_name_the_tensor(text, tmp_path):
     with pytest.raises(CheckpointError) as e:
         dj.load_target(tmp_path)
     _one_line(e, "model.layers.0.linear_attn.conv1d.weight has kernel size 4", "linear_conv_kernel_dim is 3")
-    # the text-only layout: the generic listing names the tensor too
+    # the text-only layout: the family's pre-check gives the same one-line messages
     _, path, _ = text
     shutil.copy(os.path.join(path, "config.json"), tmp_path / "config.json")
     plain = {n.replace("model.language_model.", "model."): t for n, t in tensors.items()}
     save_file({n: t for n, t in plain.items() if "layers.3.linear_attn.dt_bias" not in n},
               os.path.join(tmp_path, "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"model\.layers\.3\.linear_attn\.dt_bias"):
+    with pytest.raises(CheckpointError) as e:
         dj.load_target(tmp_path)
+    _one_line(e, "GDN tensor model.layers.3.linear_attn.dt_bias is missing")
+    save_file(plain, os.path.join(tmp_path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        d = json.load(f)
+    _write(tmp_path, plain, {**d, "linear_conv_kernel_dim": 3})
+    with pytest.raises(CheckpointError) as e:
+        dj.load_target(tmp_path)
+    _one_line(e, "model.layers.0.linear_attn.conv1d.weight has kernel size 4", "linear_conv_kernel_dim is 3")
 
 
 def test_state_class_and_forward_checks(text):

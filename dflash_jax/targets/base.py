@@ -64,6 +64,12 @@ class TargetFamily:
     (the inverse of :attr:`convert_checkpoint_tensors`). ``save_target_params`` calls it; None
     (the default): the tensors are written as the specs name them."""
 
+    check_checkpoint_tensors = None
+    """Optional: ``check_checkpoint_tensors(cfg, shapes, what)``, a family's own one-line
+    ``CheckpointError`` for a checkpoint in its ``tensor_specs`` layout ({name: shape} from the
+    file headers) before the loader's generic listing of missing and mis-shaped tensors (e.g.
+    "GDN tensor ... is missing (layer 3 is a linear_attention layer)"). None: no such check."""
+
     # ------------------------------------------------------------------ the model
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
         """Random parameters of ``cfg`` (normal(init_scale) matrices, unit norms)."""

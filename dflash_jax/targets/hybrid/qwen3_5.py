@@ -286,6 +286,12 @@ class Qwen3_5Family(TargetFamily):
                 out = convert_fused_experts(cfg.moe, out, f"model.layers.{i}.mlp.", what)
         return out
 
+    def check_checkpoint_tensors(self, cfg: HybridConfig, shapes: Mapping[str, tuple[int, ...]],
+                                 what: str = "checkpoint") -> None:
+        """The loader's pre-check of a text-only checkpoint (``TargetFamily``):
+        :meth:`check_gdn_tensors`."""
+        self.check_gdn_tensors(cfg, shapes, what)
+
     def check_gdn_tensors(self, cfg: HybridConfig, shapes: Mapping[str, tuple[int, ...]],
                           what: str = "checkpoint") -> None:
         """One-line CheckpointErrors for the GDN layers' tensors among ``shapes`` ({name:
