@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import jax
 
-from dflash_jax.files import atomic_path, write_json
+from dflash_jax.files import atomic_path, write_json, write_text
 
 
 def environment() -> dict:
@@ -211,3 +211,22 @@ def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], A
     if not quiet:
         print(f"wrote {path}.json and {path}.png")
     return path
+
+
+def machine_fields(cpu, load_before, warning) -> dict:
+    """A measurement report's ``machine`` entry: the CPU, the load average before the runs
+    (passed in) and after them (read now), and the busy warning (or None)."""
+    return {"cpu": cpu, "load_average_before": load_before, "load_average_after": load_average(),
+            "busy_warning": warning}
+
+
+def publish_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any],
+                   markdown: Callable[[dict], str]) -> dict:
+    """:func:`write_report` (JSON + PNG) plus ``stem.md`` from ``markdown(report)``, which is
+    also printed; returns the report."""
+    path = write_report(report, out_dir, stem, plot)
+    text = markdown(report)
+    write_text(path + ".md", text)
+    print(text)
+    return report
+

@@ -29,10 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax.files import write_text
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info,
-                                  environment, load_average, new_figure, write_report)
+from dflash_jax.reporting import (machine_fields, publish_report, busy_warning, command_line, cpu_description, cpu_info,
+                                  environment, load_average, new_figure)
 from dflash_jax.tools.gdn_rollback import TINY_HYBRID
 
 PRESETS = {
@@ -167,14 +166,9 @@ def run(args) -> dict:
               "settings": {"preset": args.preset, "batch": args.batch, "prompt_len": args.prompt_len,
                            "new_tokens": args.new_tokens, "repeats": args.repeats, "seed": args.seed},
               "results": results,
-              "machine": {"cpu": cpu, "load_average_before": load_before,
-                          "load_average_after": load_average(), "busy_warning": warning},
+              "machine": machine_fields(cpu, load_before, warning),
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path = write_report(report, args.out, f"hybrid_speed_{args.preset}", plot)
-    text = markdown(report)
-    write_text(path + ".md", text)
-    print(text)
-    return report
+    return publish_report(report, args.out, f"hybrid_speed_{args.preset}", plot, markdown)
 
 
 def main(argv=None) -> dict:

@@ -48,11 +48,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax.files import write_text
 from dflash_jax.nn import moe
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info,
-                                  environment, load_average, new_figure, write_report)
+from dflash_jax.reporting import (machine_fields, publish_report, busy_warning, command_line, cpu_description, cpu_info,
+                                  environment, load_average, new_figure)
 
 VARIANTS = ("moe gather", "moe ragged", "moe dense", "dense active", "dense all")
 
@@ -276,16 +275,11 @@ def run(args) -> dict:
         "results": results,
         "gather_vs_ragged": {str(r["rows"]): r["gather_vs_ragged_max_abs_diff"]
                              for r in results if r["variant"] == "moe gather"},
-        "machine": {"cpu": cpu, "load_average_before": load_before,
-                    "load_average_after": load_average(), "busy_warning": warning},
+        "machine": machine_fields(cpu, load_before, warning),
         "env": environment(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    path = write_report(report, args.out, "moe_layer", plot)
-    text = markdown(report)
-    write_text(path + ".md", text)
-    print(text)
-    return report
+    return publish_report(report, args.out, "moe_layer", plot, markdown)
 
 
 def main(argv=None) -> dict:
