@@ -96,12 +96,12 @@ class Shape:
     @property
     def channels(self) -> int:
         """C: the conv channels (q, k, v concatenated)."""
-        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        return gd.conv_channels(self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim)
 
     @property
     def state_elems(self) -> int:
         """Elements of one row's recurrent state: Hv dk dv."""
-        return self.num_v_heads * self.head_k_dim * self.head_v_dim
+        return gd.state_elems(self.num_v_heads, self.head_k_dim, self.head_v_dim)
 
 
 def record_bytes(shape: Shape, mode: str, batch: int, block: int, chunk: int = gd.DEFAULT_CHUNK,

@@ -57,6 +57,7 @@ import numpy as np
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.files import write_text
+from dflash_jax.nn import gated_delta
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools.roofline import Cost, DEVICES
@@ -153,12 +154,12 @@ class HybridShape:
     @property
     def channels(self) -> int:
         """C = 2 Hk dk + Hv dv, the GDN conv channels."""
-        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        return gated_delta.conv_channels(self.num_k_heads, self.head_k_dim, self.num_v_heads, self.head_v_dim)
 
     @property
     def state_elems(self) -> int:
         """Hv dk dv: one GDN layer's recurrent state per row."""
-        return self.num_v_heads * self.head_k_dim * self.head_v_dim
+        return gated_delta.state_elems(self.num_v_heads, self.head_k_dim, self.head_v_dim)
 
 
 def shape_from_hf(d: Mapping[str, Any]) -> HybridShape:

@@ -53,6 +53,17 @@ def _ein(spec, *xs):
     return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
+# ---------------------------------------------------------------------------- sizes
+def conv_channels(num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int) -> int:
+    """C = 2 Hk dk + Hv dv: the conv runs over q, k and v concatenated."""
+    return 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+
+
+def state_elems(num_v_heads: int, head_k_dim: int, head_v_dim: int) -> int:
+    """Hv dk dv: one GDN layer's recurrent state per row."""
+    return num_v_heads * head_k_dim * head_v_dim
+
+
 # ---------------------------------------------------------------------------- elementwise parts
 def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """``x / sqrt(sum(x^2) + eps)`` over the last axis (float32)."""
@@ -242,10 +253,11 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
     :class:`BlockRecord` (the chunked form records for ``"replay"``, the recurrent one
     ``"snapshot"``). Returns (o float32[B, T, Hv, dv], record or None)."""
     B, T, C = qkv.shape
-    kd, vd = num_k_heads * head_k_dim, num_v_heads * head_v_dim
-    if C != 2 * kd + vd:
+    kd = num_k_heads * head_k_dim
+    want = conv_channels(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    if C != want:
         raise ValueError(f"GDN qkv has {C} channels, expected 2 * {num_k_heads} * {head_k_dim} + "
-                         f"{num_v_heads} * {head_v_dim} = {2 * kd + vd}")
+                         f"{num_v_heads} * {head_v_dim} = {want}")
     x, inputs = causal_conv1d(qkv, window, conv_weight)
     q = x[..., :kd].reshape(B, T, num_k_heads, head_k_dim)
     k = x[..., kd:2 * kd].reshape(B, T, num_k_heads, head_k_dim)

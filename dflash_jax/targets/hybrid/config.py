@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from dflash_jax.config import TargetConfig
+from dflash_jax.nn import gated_delta
 from dflash_jax.nn.gated_delta import RECORD_MODES
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -85,17 +86,14 @@ class HybridConfig(TargetConfig):
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
-    def gdn_key_dim(self) -> int:
-        return self.linear_num_key_heads * self.linear_key_head_dim
-
-    @property
     def gdn_value_dim(self) -> int:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     @property
     def conv_channels(self) -> int:
         """C = 2 Hk dk + Hv dv: the conv runs over q, k and v concatenated."""
-        return 2 * self.gdn_key_dim + self.gdn_value_dim
+        return gated_delta.conv_channels(self.linear_num_key_heads, self.linear_key_head_dim,
+                                         self.linear_num_value_heads, self.linear_value_head_dim)
 
 
 def check_hybrid_config(cfg: HybridConfig) -> None:
