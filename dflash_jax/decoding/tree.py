@@ -1,0 +1,199 @@
+"""Tree drafts and tree verification (``docs/trees.md``).
+
+A tree proposal is N nodes per row: node 0 is the root (the iteration's anchor, the last
+committed token), every other node a drafted token whose parent has a smaller index. The target
+verifies all N nodes in one pass: node i sits in cache slot ``start + i`` (its own slot), is
+rotated to position ``start + depth[i]`` (siblings share a position), and sees the committed
+slots ``< start`` plus the slots of its ancestors and itself (:func:`ancestor_mask`). The
+accepted nodes form one root path; their K/V move to the contiguous slots ``start ..
+start + accepted`` afterwards (:meth:`dflash_jax.nn.cache.KVCache.compact`).
+
+The tree rule (:func:`best_first_tree`): from the proposer's log-probabilities at each draft
+depth, the node budget is spent best-first on the paths of highest product of probabilities,
+each node's children being the ``topk`` most likely tokens of the next depth in rank order.
+Since a drafter's distributions at the depths are independent of the tokens above them (one
+parallel pass), a path's score is the sum of its tokens' log-probabilities, and best-first
+growth keeps the N - 1 highest-scoring paths that are closed under taking prefixes. With
+``topk = 1`` the tree is the chain: the argmax at every depth, the whole block.
+
+Acceptance: greedy (temperature 0) in :func:`accept_greedy`: the longest root path whose every
+token is the target's argmax at its parent, then the target's argmax after its last node.
+Sampling (T > 0) in ``decoding.tree_sampling``: multi-draft verification for deterministic
+(top-k) siblings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dflash_jax.parallel import vocab
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeVerify:
+    """The engine's tree verify policy: ``nodes`` (N) rows verified per iteration, the root
+    (the anchor) included, so N = block size verifies as many rows as the chain; ``topk``:
+    the most children a node gets (the proposer's ``topk`` most likely tokens of the next
+    depth). The depth is bounded by the proposer's block (``block_size - 1`` drafts)."""
+
+    nodes: int
+    topk: int = 4
+
+    def __post_init__(self):
+        for name in ("nodes", "topk"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"TreeVerify.{name} must be an integer, got {v!r}")
+        if self.nodes < 2:
+            raise ValueError(f"a tree needs at least 2 nodes (the root and one draft), got "
+                             f"nodes={self.nodes}")
+        if self.topk < 1:
+            raise ValueError(f"TreeVerify.topk must be >= 1, got {self.topk}")
+
+
+class Tree(NamedTuple):
+    """A tree proposal for B rows of N nodes (node 0 = the root = the anchor).
+
+    tokens: int32[B, N] node tokens (``tokens[:, 0]`` is the anchor).
+    parents: int32[B, N] parent index, smaller than the node's own (``parents[:, 0] = 0``).
+    depth: int32[B, N] edges from the root (the root 0; a node's RoPE position is start + depth).
+    rank: int32[B, N] rank among its siblings (0: the proposer's most likely token there).
+    valid: bool[B, N] False for nodes the proposer could not fill (e.g. ``topk = 1`` and a
+      budget beyond the chain): they are verified like the others but never accepted.
+    score: float32[B, N] the proposer's log-probability of the path root -> node (0 at the root).
+    """
+
+    tokens: jax.Array
+    parents: jax.Array
+    depth: jax.Array
+    rank: jax.Array
+    valid: jax.Array
+    score: jax.Array
+
+    @property
+    def nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+def chain_tree(anchor: jax.Array, draft: jax.Array) -> Tree:
+    """The chain ``[anchor, draft...]`` (anchor int32[B], draft int32[B, n]) as a tree: node i's
+    parent is node i - 1."""
+    B, n = draft.shape
+    idx = jnp.broadcast_to(jnp.arange(n + 1, dtype=jnp.int32), (B, n + 1))
+    return Tree(jnp.concatenate([anchor[:, None], draft], 1).astype(jnp.int32),
+                jnp.maximum(idx - 1, 0), idx, jnp.zeros_like(idx), jnp.ones((B, n + 1), bool),
+                jnp.zeros((B, n + 1), jnp.float32))
+
+
+def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -> Tree:
+    """The best-first tree of ``nodes`` nodes over per-depth log-probabilities.
+
+    Args:
+      anchor: int32[B] the root's token.
+      logp: float32[B, D, V] the proposer's log-probabilities at draft depths 1..D (row d - 1 is
+        depth d), each independent of the tokens above it.
+      nodes: N, the budget (root included); topk: K, children per node at most.
+
+    The rule: a candidate is (parent node, depth d, rank r), scored ``score(parent) + the r-th
+    largest logp at depth d``; N - 1 times the best candidate becomes a node (ties: the
+    candidate found first), and is replaced by its next sibling (rank r + 1, if r + 1 < K) and
+    joined by its first child (depth d + 1, rank 0, if d < D). Children are thus added in rank
+    order, and node indices grow along every path. When fewer than N - 1 candidates exist
+    (K = 1: only the chain) the remaining nodes are invalid (``Tree.valid``).
+
+    Returns a :class:`Tree` with the nodes in the order they were chosen (scores non-increasing).
+    """
+    B, D, _ = logp.shape
+    N, K = int(nodes), int(min(topk, logp.shape[-1]))
+    vals, ids = jax.lax.top_k(logp.astype(jnp.float32), K)  # [B, D, K] descending
+    vals = jnp.pad(vals, ((0, 0), (0, 1), (0, 1)), constant_values=-jnp.inf)  # depth D+1, rank K: none
+    ids = ids.astype(jnp.int32)
+    rows = jnp.arange(B)
+    neg = jnp.float32(-jnp.inf)
+    # candidate slot 0: the root's first child; slot n (n >= 1): node n's pending child or sibling
+    c_parent = jnp.zeros((B, N), jnp.int32)
+    c_depth = jnp.ones((B, N), jnp.int32)
+    c_rank = jnp.zeros((B, N), jnp.int32)
+    c_score = jnp.full((B, N), neg).at[:, 0].set(vals[:, 0, 0])
+    tree = Tree(jnp.zeros((B, N), jnp.int32).at[:, 0].set(anchor.astype(jnp.int32)),
+                jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.int32),
+                jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), bool).at[:, 0].set(True),
+                jnp.zeros((B, N), jnp.float32))
+
+    def add(n, carry):
+        tree, c_parent, c_depth, c_rank, c_score = carry
+        i = jnp.argmax(c_score, axis=1)  # [B] the best candidate (first among equals)
+        s = c_score[rows, i]
+        ok = s > neg
+        p, d, r = c_parent[rows, i], c_depth[rows, i], c_rank[rows, i]
+        tok = ids[rows, d - 1, jnp.minimum(r, K - 1)]
+        tree = Tree(tree.tokens.at[:, n].set(jnp.where(ok, tok, 0)),
+                    tree.parents.at[:, n].set(jnp.where(ok, p, 0)),
+                    tree.depth.at[:, n].set(jnp.where(ok, d, 0)),
+                    tree.rank.at[:, n].set(jnp.where(ok, r, 0)),
+                    tree.valid.at[:, n].set(ok), tree.score.at[:, n].set(jnp.where(ok, s, neg)))
+        # the popped slot takes the next sibling; slot n the first child of the new node
+        sib = tree.score[rows, p] + vals[rows, d - 1, jnp.minimum(r + 1, K)]
+        c_rank = c_rank.at[rows, i].set(r + 1)
+        c_score = c_score.at[rows, i].set(jnp.where(ok & (r + 1 < K), sib, neg))
+        child = s + vals[rows, jnp.minimum(d, D), 0]
+        c_parent = c_parent.at[:, n].set(n)
+        c_depth = c_depth.at[:, n].set(d + 1)
+        c_rank = c_rank.at[:, n].set(0)
+        c_score = c_score.at[:, n].set(jnp.where(ok & (d < D), child, neg))
+        return tree, c_parent, c_depth, c_rank, c_score
+
+    tree, *_ = jax.lax.fori_loop(1, N, add, (tree, c_parent, c_depth, c_rank, c_score))
+    return tree
+
+
+def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
+    """bool[B, N, N]: ``[b, i, j]`` = node j is node i or one of its ancestors (what node i
+    sees of the tree). ``max_depth``: an upper bound of ``tree.depth`` (static)."""
+    B, N = tree.parents.shape
+    node = jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N))
+    cols = jnp.arange(N, dtype=jnp.int32)
+    seen = node[:, :, None] == cols
+    up = node
+    for _ in range(int(max_depth)):
+        up = jnp.take_along_axis(tree.parents, up, axis=1)  # one more generation up (root: 0)
+        seen = seen | (up[:, :, None] == cols)
+    return seen
+
+
+def path_nodes(mask: jax.Array, depth: jax.Array, last: jax.Array, length: int) -> jax.Array:
+    """int32[B, length]: the node at depth k of the root path to node ``last`` int32[B] (k up to
+    its depth; 0, the root, past it). ``mask``: :func:`ancestor_mask`; depth: int32[B, N]."""
+    B, N = depth.shape
+    on_path = jnp.take_along_axis(mask, last[:, None, None], axis=1)[:, 0]  # [B, N]
+    k = jnp.arange(length, dtype=jnp.int32)
+    hit = on_path[:, None, :] & (depth[:, None, :] == k[None, :, None])  # [B, length, N]
+    return jnp.argmax(hit, axis=-1).astype(jnp.int32)  # no hit (k > depth): 0
+
+
+def accept_greedy(tree: Tree, mask: jax.Array, logits: jax.Array,
+                  ops: vocab.VocabOps = vocab.LOCAL):
+    """Greedy tree acceptance: a node is accepted when its token is the target's argmax at its
+    parent and so is every ancestor's; siblings hold distinct tokens, so the accepted nodes are
+    one root path. Its deepest node ``last`` ends the path; the bonus is the target's argmax
+    there.
+
+    Args:
+      tree: the verified tree; mask: its :func:`ancestor_mask`; logits: float32[B, N, V] the
+        target's logits at the nodes (row i predicts the token after node i).
+    Returns:
+      (last int32[B] the deepest accepted node (0: none, the root), accepted int32[B] = its
+       depth (accepted draft tokens), bonus int32[B]).
+    """
+    choice = ops.argmax(logits).astype(jnp.int32)  # [B, N]
+    parent_choice = jnp.take_along_axis(choice, tree.parents, axis=1)
+    node = jnp.arange(tree.nodes)
+    matched = (tree.tokens == parent_choice) & tree.valid | (node == 0)[None]
+    ok = jnp.all(~mask | matched[:, None, :], axis=-1)  # every ancestor-or-self matched
+    last = jnp.argmax(jnp.where(ok, tree.depth, -1), axis=1).astype(jnp.int32)
+    rows = jnp.arange(tree.tokens.shape[0])
+    return last, tree.depth[rows, last], choice[rows, last]
