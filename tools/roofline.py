@@ -46,11 +46,14 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
         --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
     python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
+    python -m dflash_jax.tools.roofline --tree --tau-curve tau.json --no-xla-check   # tree node budgets
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
 the same components, with the routed experts' bytes counted for the experts the rows route to.
 Hybrid linear-attention targets (``--hybrid``, Qwen3.5) in :mod:`dflash_jax.tools.roofline_hybrid`:
 the GDN layers' fixed state instead of a KV cache, and the bytes of either rollback mode.
+Tree verification (``--tree``, docs/trees.md) in :mod:`dflash_jax.tools.roofline_tree`: N tree
+rows verified per iteration, tau(N) from a measured curve scaled to the paper's, the best N.
 """
 
 from __future__ import annotations
@@ -739,6 +742,14 @@ def add_arguments(p) -> None:
                         "(qwen3.5-27b, qwen3.5-4b) or qwen3_5_text config.json paths, both GDN "
                         "rollback modes on H100 and B200 (tools/roofline_hybrid.py); writes "
                         "roofline_hybrid.{json,md,png}")
+    p.add_argument("--tree", nargs="*", type=int, metavar="N",
+                   help="tree verification instead of the chain: predicted speedup at these node budgets "
+                        "(default 16 32 64 128 256) with the best one marked, from a measured tau curve "
+                        "(--tau-curve) scaled to the paper's tau (tools/roofline_tree.py); writes "
+                        "tree_<pair>_....{json,md,png}")
+    p.add_argument("--tau-curve", metavar="FILE",
+                   help='with --tree: JSON {"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16, '
+                        '"source": "..."}, the measured tau of the chain and of trees')
     p.add_argument("--out", default="runs/roofline", help="output directory")
 
 
@@ -759,6 +770,14 @@ def check_args(args) -> None:
 
 
 def run(args) -> dict:
+    if args.tree is not None:
+        from dflash_jax.tools import roofline_tree
+
+        if args.moe or args.hybrid:
+            raise ValueError("--tree models dense targets: leave out --moe and --hybrid")
+        return roofline_tree.run_tree(args)
+    if args.tau_curve:
+        raise ValueError("--tau-curve is the measured tau of trees: it goes with --tree")
     if args.hybrid:
         from dflash_jax.tools import roofline_hybrid
 
