@@ -53,7 +53,10 @@ import jax.numpy as jnp
 
 from dflash_jax import targets
 from dflash_jax.config import TargetConfig
+from dflash_jax.decoding import tree as trees
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
+from dflash_jax.decoding.tree import TreeVerify
+from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.parallel import rules, vocab
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
 
@@ -94,7 +97,9 @@ class EngineSpec:
 
     proposer: the proposer (``dflash_jax.proposers``), or None: autoregressive decoding.
     acceptance: the acceptance rule, :data:`MATCH` or :data:`REJECTION` (a sampled proposer's).
-    verify: :class:`FixedVerify` or :class:`AdaptiveVerify`.
+    verify: :class:`FixedVerify`, :class:`AdaptiveVerify` or ``decoding.tree.TreeVerify`` (a
+      tree of ``nodes`` drafts per iteration from the proposer's ``propose_tree``, depth up to
+      ``block_size - 1``; :func:`_tree_iteration`).
     mesh: a ``(data, model)`` or ``(data, expert, model)`` device mesh (``parallel.make_mesh``)
       to run on, or None (one device). Inside the sharded program the functions see
       :meth:`local` specs: ``mesh`` None, ``shards`` set, the configs of one model (and
@@ -106,7 +111,7 @@ class EngineSpec:
     block_size: int
     sampling: SamplingParams
     acceptance: str = MATCH
-    verify: FixedVerify | AdaptiveVerify = FixedVerify()
+    verify: FixedVerify | AdaptiveVerify | TreeVerify = FixedVerify()
     out_len: int = 64
     attention_impl: str = "xla"
     mesh: Any = None
@@ -119,6 +124,29 @@ class EngineSpec:
         if (self.proposer is None) != (self.block_size == 1):
             raise ValueError(f"block_size={self.block_size} with proposer {self.proposer!r}: "
                              "autoregressive decoding is block size 1 without a proposer")
+        if self.tree:
+            self._check_tree()
+
+    def _check_tree(self):
+        """Raises ValueError when this run cannot verify trees (the reason named)."""
+        if self.proposer is None:
+            raise ValueError("tree verification needs a proposer (a drafter): autoregressive "
+                             "decoding has no drafts")
+        refusal = self.family.tree_refusal
+        if refusal is not None:
+            raise ValueError(f"the {self.target.model_type!r} target cannot verify a tree of "
+                             f"drafts: {refusal}")
+        if self.acceptance != MATCH:
+            raise ValueError("a tree's siblings are the proposer's top-k tokens (deterministic "
+                             "drafts): use a greedy-draft proposer (sampled_draft=False)")
+        if self.attention_impl == "triton":
+            raise ValueError("attention_impl='triton' has no tree mask: verify trees with "
+                             "attention_impl='xla' or 'pallas'")
+
+    @property
+    def tree(self) -> bool:
+        """Whether each iteration verifies a tree of drafts (``decoding.tree``)."""
+        return isinstance(self.verify, TreeVerify)
 
     @property
     def adaptive(self) -> bool:
@@ -405,6 +433,9 @@ def _iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids, s
     bs = spec.block_size
     B = state.bonus.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
+    if spec.tree:
+        return _tree_iteration(spec, tparams, vparams, pparams, max_new, stop_ids, state, k_draft,
+                               k_accept).replace(key=key)
     positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
     pstate = state.proposer
     if spec.proposer is not None:
@@ -427,6 +458,47 @@ def _iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids, s
     if spec.proposer is not None:
         pstate = spec.proposer.observe(spec, pparams, pstate, taps, positions)
     return state.replace(proposer=pstate, key=key)
+
+
+def _tree_iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids,
+                    state: DecodeState, k_draft, k_accept) -> DecodeState:
+    """One iteration with a tree of drafts (``decoding.tree``, ``docs/trees.md``): the
+    proposer's tree of N nodes; the target over all of them in one pass, node i in slot
+    ``start + i`` at RoPE position ``start + depth[i]``, seeing the committed slots and its
+    ancestors; the accepted root path (greedy: :func:`decoding.tree.accept_greedy`; T > 0:
+    ``decoding.tree_sampling.accept_sampled``); its nodes' K/V moved to slots ``start ..
+    start + accepted`` (``compact``), the state rolled back after them; the path's tokens
+    committed as a chain's accepted drafts; the proposer observes the path's taps in order."""
+    policy, bs = spec.verify, spec.block_size
+    N = policy.nodes
+    start = state.tcache.lengths
+    tree, pstate = spec.proposer.propose_tree(spec, tparams, pparams, state.proposer,
+                                              committed(state), k_draft, policy)
+    if tree.tokens.shape != (start.shape[0], N):
+        raise ValueError(f"{type(spec.proposer).__name__}.propose_tree returned a tree of shape "
+                         f"{tree.tokens.shape}; the policy asks for [{start.shape[0]}, {N}]")
+    mask = trees.ancestor_mask(tree, bs - 1)
+    slots = start[:, None] + jnp.arange(N, dtype=jnp.int32)
+    attention = TreeAttention(start[:, None] + tree.depth, mask)
+    logits, taps, tcache = spec.family.forward(
+        spec.target, vparams, tree.tokens, slots, state.tcache, tap_layer_ids=spec.tap_layer_ids,
+        attention_impl=spec.attention_impl, tree=attention, **spec.target_axes)
+    if spec.sampling.greedy:
+        last, accepted, bonus = trees.accept_greedy(tree, mask, logits, spec.ops)
+    else:
+        from dflash_jax.decoding import tree_sampling
+
+        last, accepted, bonus = tree_sampling.accept_sampled(tree, mask, logits, spec.sampling,
+                                                             k_accept, spec.ops)
+    path = trees.path_nodes(mask, tree.depth, last, bs)  # [B, bs]: root, then the accepted nodes
+    tcache = rollback(state, accepted, tcache.compact(start, path))
+    draft = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
+    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, N)
+    if taps is not None:
+        taps = jnp.take_along_axis(taps, path[:, :, None], axis=1)
+    pstate = spec.proposer.observe(spec, pparams, pstate, taps,
+                                   start[:, None] + jnp.arange(bs, dtype=jnp.int32))
+    return state.replace(proposer=pstate)
 
 
 def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions,

@@ -20,6 +20,7 @@ from dflash_jax.decoding import adaptive as adaptive_mod
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.adaptive import ADAPTIVE
 from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.decoding.tree import TreeVerify
 from dflash_jax.models.handles import Drafter, Target
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.proposers import DFlashProposer, Proposer
@@ -49,6 +50,10 @@ class GenerateOptions:
       drafter's DFlash proposer; its block size is ``block_size`` (default: the drafter's).
     attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
       slowly, when not on a GPU) for attention through the KV caches.
+    tree: verify a tree of this many nodes per iteration (root included; ``decoding.tree``)
+      instead of the chain: the proposer's most likely tokens at each depth grown best-first,
+      depth up to ``block_size - 1``. None (default): the chain.
+    tree_topk: with ``tree``: the most children a node gets (default 4).
     pad_to: (prompt width, cache length) to pad to at least, so that calls with different
       prompts reuse one compiled program (benchmarks); default: the smallest bucket.
     """
@@ -66,6 +71,8 @@ class GenerateOptions:
     proposer: Proposer | None = None
     attention_impl: str = "xla"
     pad_to: tuple[int, int] | None = None
+    tree: int | None = None
+    tree_topk: int = 4
 
     @classmethod
     def from_keywords(cls, function: str, options: Mapping[str, Any]) -> "GenerateOptions":
@@ -274,6 +281,11 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
                              f"pass a multiple of {data} prompts (or build the mesh with "
                              f"data dividing {B})")
     verify = engine.FixedVerify()
+    if opt.tree is not None:
+        verify = _tree_policy(opt, bs, adaptive)
+    elif opt.tree_topk != 4:
+        raise ValueError(f"tree_topk={opt.tree_topk!r} belongs to tree verification: pass "
+                         "tree=N (nodes per iteration) with it")
     if adaptive:
         lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
         if opt.cost_table is None:
@@ -283,7 +295,8 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
                              "themselves)")
         verify = engine.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, lengths))
     lens = [len(r) for r in rows]
-    width, cache_len = plan_lengths(target, lens, budgets, extra=bs, pad_to=opt.pad_to)
+    extra = max(bs, verify.nodes) if isinstance(verify, TreeVerify) else bs  # slots one verify writes
+    width, cache_len = plan_lengths(target, lens, budgets, extra=extra, pad_to=opt.pad_to)
     proposer = None
     if bs > 1:
         if opt.proposer is not None:
@@ -311,6 +324,27 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     jax.block_until_ready(state.out)
     return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
                           time.perf_counter() - t0)
+
+
+def _tree_policy(opt: GenerateOptions, bs: int, adaptive: bool) -> TreeVerify:
+    """The tree verify policy of ``opt.tree`` / ``opt.tree_topk``, checked against the rest."""
+    for name in ("tree", "tree_topk"):
+        v = getattr(opt, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
+    if adaptive:
+        raise ValueError(f"tree=N and block_size={ADAPTIVE!r} are two verify policies: choose one "
+                         "(a tree's size is its node budget)")
+    if bs < 2:
+        raise ValueError("tree=N needs a drafter (or a proposer): autoregressive decoding drafts "
+                         "nothing")
+    if opt.tree < 2:
+        raise ValueError(f"tree={opt.tree}: a tree needs at least 2 nodes (the anchor and one "
+                         "draft); the chain is the default (tree=None)")
+    if opt.sampled_draft:
+        raise ValueError("tree=N drafts the drafter's top-k tokens at each depth (deterministic "
+                         "drafts): it cannot be combined with sampled_draft=True")
+    return TreeVerify(int(opt.tree), int(opt.tree_topk))
 
 
 def _on_mesh(mesh, *, seed: int, **rows: np.ndarray) -> dict:

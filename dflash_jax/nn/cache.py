@@ -73,6 +73,21 @@ class KVCache:
         vc = self.v.at[layer, rows, positions].set(v.astype(self.v.dtype), mode="drop")
         return self.replace(k=kc, v=vc)
 
+    def compact(self, start: jax.Array, source: jax.Array) -> "KVCache":
+        """Moves each row's accepted tree nodes to contiguous slots (``decoding.tree``): slot
+        ``start + k`` takes the K/V of slot ``start + source[b, k]`` (source int32[B, M], node
+        indices of the accepted path, ``source[:, 0] = 0``, increasing along the path) in every
+        layer, for k = 0..M-1. Entries past a row's accepted path move garbage into slots past
+        its new length, which are never read before they are written again."""
+        rows = jnp.arange(self.batch)[:, None]
+        start = jnp.asarray(start, jnp.int32)[:, None]
+        src = start + source
+        dst = start + jnp.arange(source.shape[1], dtype=jnp.int32)[None]
+        k = self.k[:, rows, src]  # [L, B, M, Hkv, Dh]
+        v = self.v[:, rows, src]
+        return self.replace(k=self.k.at[:, rows, dst].set(k, mode="drop"),
+                            v=self.v.at[:, rows, dst].set(v, mode="drop"))
+
 
 @flax.struct.dataclass
 class RecurrentState:

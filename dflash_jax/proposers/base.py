@@ -13,7 +13,10 @@ loop:
   observe(spec, params, state, taps, positions) -> state
       the verified block's taps [B, T, k*D] at positions int32[B, T]; of those rows the
       committed ones are the positions below the next ``committed.start`` (the rest are
-      rejected rows, which a proposer must not read).
+      rejected rows, which a proposer must not read);
+  propose_tree(spec, tparams, params, state, committed, key, policy) -> (Tree, state)
+      optional: a tree of drafts (``decoding.tree``) for tree verification; ``observe`` then
+      gets the accepted root path's taps in order.
 
 The state is the proposer's own pytree; the engine carries it without looking inside. Speculative
 decoding is lossless whatever a proposer proposes, so a proposer's bugs show only in the
@@ -73,6 +76,14 @@ class Proposer:
     def propose(self, spec, tparams, params, state, committed: Committed, key,
                 want_logp: bool = False) -> tuple[Proposal, Any]:
         raise NotImplementedError(f"{type(self).__name__} does not define propose()")
+
+    def propose_tree(self, spec, tparams, params, state, committed: Committed, key,
+                     policy) -> tuple[Any, Any]:
+        """A tree of ``policy.nodes`` nodes (``decoding.tree.TreeVerify``) rooted at
+        ``committed.bonus``: ``(decoding.tree.Tree, state)``, for tree verification. Its
+        :meth:`observe` then gets the taps of the accepted root path, in order."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft trees (no propose_tree()): "
+                                  "verify its drafts as a chain")
 
     def observe(self, spec, params, state, taps, positions) -> Any:
         return state

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.decoding.sampling import process_logits
+from dflash_jax.decoding.tree import Tree, best_first_tree
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.nn.partitioning import CACHE_AXES
@@ -77,6 +78,39 @@ class DFlashProposer(Proposer):
                 want_logp: bool = False) -> tuple[Proposal, DFlashState]:
         """The deferred context update, then the drafter over ``[bonus, MASK * (bs-1)]`` at
         ``start .. start+bs-1``: argmax (or, sampled, a draw) at rows 1..bs-1."""
+        logits, fill, filled, state = self._draft(spec, tparams, params, state, committed)
+        ops = spec.ops
+        if self.sample:
+            q_logp = process_logits(logits, spec.sampling, ops)
+            draft = jnp.where(filled, fill, ops.categorical(key, q_logp))
+            return Proposal(draft, q_logp, ops.take(q_logp, draft) if want_logp else None), state
+        draft = jnp.where(filled, fill, ops.argmax(logits))
+        logp = ops.take(ops.log_softmax(logits.astype(jnp.float32)), draft) if want_logp else None
+        return Proposal(draft, None, logp), state
+
+    def propose_tree(self, spec, tparams, params, state: DFlashState, committed: Committed, key,
+                     policy) -> tuple[Tree, DFlashState]:
+        """The drafter's one pass as for :meth:`propose`, then the best-first tree of
+        ``policy.nodes`` nodes over its distributions at block rows 1..bs-1 (depths 1..bs-1;
+        ``decoding.tree.best_first_tree``): the ``policy.topk`` most likely tokens per depth,
+        grown by the product of the drafter's probabilities along the path."""
+        if self.sample:
+            raise ValueError("trees are drafted from the drafter's top-k tokens (deterministic "
+                             "drafts): use the greedy draft (sampled_draft=False) with a tree")
+        if self.num_denoise_steps != 1:
+            raise ValueError("trees are drafted from one drafter pass: num_denoise_steps must be 1 "
+                             f"with a tree (got {self.num_denoise_steps})")
+        if spec.ops.vocab_split:
+            raise ValueError("tree drafting needs each row's top-k tokens over the whole "
+                             "vocabulary, which is split over the mesh's model axis here: run "
+                             "trees without tensor parallelism (model=1), or verify a chain")
+        logits, _, _, state = self._draft(spec, tparams, params, state, committed)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return best_first_tree(committed.bonus, logp, policy.nodes, policy.topk), state
+
+    def _draft(self, spec, tparams, params, state: DFlashState, committed: Committed):
+        """The deferred context update and the drafter's passes: (logits [B, bs-1, V] of the
+        last pass, the tokens fixed by earlier passes and where (multi-step), state)."""
         d, bs, steps = self.config, spec.block_size, self.num_denoise_steps
         start = committed.start
         B = start.shape[0]
@@ -100,14 +134,7 @@ class DFlashProposer(Proposer):
             keep = rank < round((bs - 1) * (step + 1) / steps)
             fill = jnp.where(filled, fill, jnp.where(keep, pred, fill))
             filled = filled | keep
-        state = state.replace(cache=cache)
-        if self.sample:
-            q_logp = process_logits(logits, spec.sampling, ops)
-            draft = jnp.where(filled, fill, ops.categorical(key, q_logp))
-            return Proposal(draft, q_logp, ops.take(q_logp, draft) if want_logp else None), state
-        draft = jnp.where(filled, fill, ops.argmax(logits))
-        logp = ops.take(ops.log_softmax(logits.astype(jnp.float32)), draft) if want_logp else None
-        return Proposal(draft, None, logp), state
+        return logits, fill, filled, state.replace(cache=cache)
 
     def observe(self, spec, params, state: DFlashState, taps, positions) -> DFlashState:
         """The verified block's taps wait for the next :meth:`propose` (module docstring); a

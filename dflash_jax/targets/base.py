@@ -28,6 +28,12 @@ class TargetFamily:
     name: str = ""
     """A short name for messages (default: the first model type)."""
 
+    tree_refusal: str | None = ("its forward takes no tree block (``tree=``, "
+                                "``nn.tree_attention``)")
+    """None when the family verifies trees of drafts (``decoding.tree``: its ``forward`` takes
+    ``tree=TreeAttention(...)`` and its decode state has ``compact(start, source)``); otherwise
+    why not, the reason the engine gives when a tree is asked for."""
+
     # ------------------------------------------------------------------ config
     def config_from_hf(self, d: Mapping[str, Any]):
         """The family's static config (a frozen, hashable dataclass with ``model_type``,

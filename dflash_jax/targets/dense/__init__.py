@@ -31,6 +31,8 @@ split copies them once per decode call and holds both copies while the loop runs
 class DenseFamily(TargetFamily):
     """A pre-norm decoder of GQA attention + SwiGLU MLP layers with a KV cache per layer."""
 
+    tree_refusal = None  # verifies trees (nn.tree_attention)
+
     def __init__(self, model_type: str, architecture: str, qk_norm: bool):
         self.model_types = (model_type,)
         self.name = model_type
@@ -90,11 +92,12 @@ class DenseFamily(TargetFamily):
         return KVCache.for_config(cfg, batch, max_len, dtype)
 
     def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
-                logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None):
+                logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
+                tree=None):
         return model.target_forward(cfg, params, tokens, positions, state,
                                     tap_layer_ids=tap_layer_ids, logit_index=logit_index,
                                     compute_logits=compute_logits, attention_impl=attention_impl,
-                                    model_axis=model_axis)
+                                    model_axis=model_axis, tree=tree)
 
     def loop_params(self, params):
         """On CPU the layers split into one tree each (``model.split_layer_params``): XLA:CPU

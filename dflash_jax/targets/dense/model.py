@@ -35,6 +35,8 @@ from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
 from dflash_jax.nn.head import LMHeadKernel, embed_rows, lm_head
 from dflash_jax.nn.layers import out_projection, random_init
+from dflash_jax.nn import tree_attention
+from dflash_jax.nn.tree_attention import TreeAttention
 
 
 class SelfAttention(nn.Module):
@@ -46,7 +48,10 @@ class SelfAttention(nn.Module):
     model_axis: str | None = None
 
     @nn.compact
-    def __call__(self, x, cos, sin, positions, mask, cache: KVCache | None, layer):
+    def __call__(self, x, cos, sin, positions, mask, cache: KVCache | None, layer, tree_visible=None):
+        """``tree_visible``: bool[B, T, T] when the block is a tree (``nn.tree_attention``):
+        the kernels then see the committed slots ``< positions[:, 0]`` and the block's own rows
+        under that mask; the XLA path's ``mask`` already holds it."""
         cfg = self.cfg
         B, T, _ = x.shape
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -65,8 +70,8 @@ class SelfAttention(nn.Module):
         if cache is not None:
             cache = cache.write(layer, k, v, positions)
             if self.attention_impl in BLOCK_ATTENTION:  # a kernel; positions: start + arange(T)
-                out = BLOCK_ATTENTION[self.attention_impl](q, cache.k, cache.v, positions[:, 0],
-                                                           causal=True, layer=layer)
+                out = kernel_attention(self.attention_impl, q, k, v, cache, positions, layer,
+                                       tree_visible)
                 return o_proj(out.reshape(B, T, H * Dh)), cache
             k, v = cache.k[layer], cache.v[layer]
         out = dot_product_attention(q, k, v, mask)
@@ -85,12 +90,12 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, carry, shared):
         h, cache, taps, layer = carry
-        cos, sin, positions, mask = shared
+        cos, sin, positions, mask, tree_visible = shared
         cfg = self.cfg
         attn_out, cache = SelfAttention(cfg, self.param_dtype, self.attention_impl, self.model_axis,
                                         name="self_attn")(
             RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="input_layernorm")(h),
-            cos, sin, positions, mask, cache, layer)
+            cos, sin, positions, mask, cache, layer, tree_visible)
         h = h + attn_out
         h = h + MLP(cfg.intermediate_size, self.param_dtype, self.model_axis, name="mlp")(
             RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(h))
@@ -146,7 +151,8 @@ class TargetModel(nn.Module):
             self.lm_head = LMHeadKernel(cfg.hidden_size, cfg.vocab_size, self.param_dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None,
-                 logit_index: jax.Array | None = None, compute_logits: bool = True):
+                 logit_index: jax.Array | None = None, compute_logits: bool = True,
+                 tree: TreeAttention | None = None):
         """One forward pass.
 
         Args:
@@ -158,6 +164,9 @@ class TargetModel(nn.Module):
           logit_index: optional int32[B]: compute logits only at ``tokens[b, logit_index[b]]``
             (e.g. the last real prompt token at prefill); logits are then [B, 1, V].
           compute_logits: False skips the LM head (logits returned as None).
+          tree: the block is a tree of drafts (``nn.tree_attention``): ``positions`` are then
+            the nodes' cache slots, ``tree.positions`` their RoPE positions, and node t sees
+            the committed slots and its ancestors' (``tree.visible``). Needs a cache.
 
         Returns:
           logits float32[B, T, V] (or [B, 1, V]), taps [B, T, k*D] in tap order (None when no
@@ -173,17 +182,12 @@ class TargetModel(nn.Module):
             h = self.embed_tokens(tokens)
         else:
             h = embed_rows(self.embed_tokens.embedding, tokens, self.model_axis)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
-        if cache is not None:
-            if cache.batch != B:
-                raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
-            slots = jnp.arange(cache.max_len)
-            mask = slots[None, None, :] <= positions[:, :, None]
-        else:
-            mask = positions[:, None, :] <= positions[:, :, None]
+        if cache is not None and cache.batch != B:
+            raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
+        cos, sin, mask = rope_and_mask(cfg, positions, cache, tree)
         K = len(self.tap_layer_ids)
         taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
-        shared = (cos, sin, positions, mask)
+        shared = (cos, sin, positions, mask, None if tree is None else tree.visible)
         if self.split_layers:  # one call per layer, its own weight buffers (see split_layer_params)
             carry = (h, cache, taps, 0)
             for layer in self.layer_list:
@@ -201,6 +205,36 @@ class TargetModel(nn.Module):
         head = ({"embed_tokens": {"embedding": self.embed_tokens.embedding}}
                 if cfg.tie_word_embeddings else {"lm_head": {"kernel": self.lm_head()}})
         return lm_head(cfg, head, self.norm(h)), taps, cache
+
+
+def rope_and_mask(cfg, positions, cache: KVCache | None, tree: TreeAttention | None = None):
+    """(cos, sin, mask bool[B, T, S]) of a block at ``positions`` int32[B, T]: rotated at its
+    positions and causal by position over the cache slots (``S = cache.max_len``), or over the
+    block alone without a cache; a tree (``nn.tree_attention``) is rotated at
+    ``tree.positions`` and sees its ancestors' slots."""
+    if tree is None:
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
+        if cache is None:
+            return cos, sin, positions[:, None, :] <= positions[:, :, None]
+        slots = jnp.arange(cache.max_len)
+        return cos, sin, slots[None, None, :] <= positions[:, :, None]
+    if cache is None:
+        raise ValueError("a tree block is verified through a decode state (cache): pass one")
+    tree.check(positions)
+    cos, sin = rope_cos_sin(tree.positions, cfg.head_dim, cfg.rope)
+    return cos, sin, tree_attention.cache_mask(positions, tree, cache.max_len)
+
+
+def kernel_attention(impl: str, q, k, v, cache: KVCache, positions, layer, tree_visible=None):
+    """Attention of a block (already written into ``cache`` at ``positions`` = start +
+    arange(T)) through a kernel (``nn.attention.BLOCK_ATTENTION``): causal over the cache, or
+    for a tree the committed slots ``< start`` plus the block's own rows ``k, v`` [B, T, Hkv,
+    Dh] under ``tree_visible`` bool[B, T, T]."""
+    if tree_visible is None:
+        return BLOCK_ATTENTION[impl](q, cache.k, cache.v, positions[:, 0], causal=True, layer=layer)
+    return BLOCK_ATTENTION[impl](q, cache.k, cache.v, positions[:, 0], causal=False, layer=layer,
+                                 k_blk=k.astype(cache.k.dtype), v_blk=v.astype(cache.v.dtype),
+                                 blk_mask=tree_visible)
 
 
 def check_token_array(x, name: str) -> None:
@@ -276,9 +310,9 @@ def split_layer_params(params):
 
 def target_forward(cfg: TargetConfig, params, tokens, positions, cache=None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
-                   attention_impl: str = "xla", model_axis: str | None = None):
+                   attention_impl: str = "xla", model_axis: str | None = None, tree=None):
     """Functional shorthand for ``TargetModel(cfg, taps).apply({"params": params}, ...)``;
     ``params`` stacked (``layers``) or split per layer (:func:`split_layer_params`)."""
     return TargetModel(cfg, tuple(tap_layer_ids), attention_impl=attention_impl,
                        model_axis=model_axis, split_layers="layers" not in params).apply(
-        {"params": params}, tokens, positions, cache, logit_index, compute_logits)
+        {"params": params}, tokens, positions, cache, logit_index, compute_logits, tree)

@@ -64,6 +64,10 @@ class Qwen3_5Family(TargetFamily):
     state_class = model.HybridState
     """The decode state's class (a test may register a family with a subclass)."""
 
+    tree_refusal = ("its Gated DeltaNet layers carry one recurrent state along the sequence, "
+                    "so the nodes of a tree would each need the state of their own branch "
+                    "(not implemented: verify a chain here)")
+
     def __init__(self, moe: bool):
         self.moe = moe
         text = MOE_TEXT if moe else TEXT

@@ -61,6 +61,7 @@ from dflash_jax.nn.attention import causal_mask, dot_product_attention
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.head import embed as embed_tokens, lm_head
 from dflash_jax.nn.layers import apply_rope, rope_cos_sin
+from dflash_jax.nn import tree_attention
 from dflash_jax.parallel import experts as experts_mesh
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
@@ -181,14 +182,16 @@ def experts(cfg: GptOssConfig, p, x: jax.Array, *, model_axis: str | None = None
 def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache | None = None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
                    attention_impl: str = "xla", model_axis: str | None = None,
-                   expert_axis: str | None = None, moe_impl: str = "auto"):
+                   expert_axis: str | None = None, moe_impl: str = "auto", tree=None):
     """One causal pass (``TargetFamily.forward``): tokens, positions int32[B, T] -> (logits
     float32[B, T, V] or [B, 1, V] at ``logit_index``, taps [B, T, k*D] or None, cache).
 
     With a cache, the block's K/V are written at ``positions`` and query p sees slots ``<= p``
     (a sliding layer: ``> p - W`` too); without one, the block's own rows the same way.
     ``attention_impl``: only "xla" (the block-attention kernels have no sinks or window).
-    ``moe_impl``: ``nn.moe.moe_ffn``'s ``impl``."""
+    ``moe_impl``: ``nn.moe.moe_ffn``'s ``impl``. ``tree``: a tree block (``nn.tree_attention``):
+    rotated at ``tree.positions``, each node seeing the committed slots and its ancestors', a
+    sliding layer's window measured in those positions."""
     if attention_impl != "xla":
         raise ValueError(f"the gpt_oss target runs attention_impl='xla' only (got "
                          f"{attention_impl!r}): the block-attention kernels implement neither "
@@ -196,15 +199,22 @@ def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache 
     check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
     h = embed_tokens(params, tokens, model_axis)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
-    if cache is not None:
-        if cache.batch != B:
-            raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
-        keys = jnp.arange(cache.max_len)
+    if cache is not None and cache.batch != B:
+        raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
+    if tree is None:
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
+        keys = jnp.arange(cache.max_len) if cache is not None else positions
+        full = causal_mask(positions, keys)
+        sliding = causal_mask(positions, keys, cfg.sliding_window) if any(cfg.sliding_layers) else full
     else:
-        keys = positions
-    full = causal_mask(positions, keys)
-    sliding = causal_mask(positions, keys, cfg.sliding_window) if any(cfg.sliding_layers) else full
+        if cache is None:
+            raise ValueError("a tree block is verified through a decode state (cache): pass one")
+        tree.check(positions)
+        cos, sin = rope_cos_sin(tree.positions, cfg.head_dim, cfg.rope)
+        full = tree_attention.cache_mask(positions, tree, cache.max_len)
+        keys = tree_attention.slot_positions(positions, tree, cache.max_len)  # [B, S]
+        sliding = (full & (keys[:, None, :] > tree.positions[:, :, None] - cfg.sliding_window)
+                   if any(cfg.sliding_layers) else full)
     tap_ids = tuple(tap_layer_ids)
     K = len(tap_ids)
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
@@ -311,6 +321,7 @@ class GptOssFamily(TargetFamily):
     """gpt-oss: attention with sinks, YaRN and alternating sliding windows + top-k-softmax MoE."""
 
     model_types = (MODEL_TYPE,)
+    tree_refusal = None  # verifies trees (nn.tree_attention; windows in RoPE positions)
     name = MODEL_TYPE
 
     # ------------------------------------------------------------------ config
@@ -483,11 +494,11 @@ class GptOssFamily(TargetFamily):
 
     def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
                 logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
-                expert_axis=None):
+                expert_axis=None, tree=None):
         return target_forward(cfg, params, tokens, positions, state, tap_layer_ids=tap_layer_ids,
                               logit_index=logit_index, compute_logits=compute_logits,
                               attention_impl=attention_impl, model_axis=model_axis,
-                              expert_axis=expert_axis)
+                              expert_axis=expert_axis, tree=tree)
 
     # ------------------------------------------------------------------ partitioning
     def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:

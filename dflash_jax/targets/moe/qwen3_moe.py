@@ -112,6 +112,7 @@ class Qwen3MoeFamily(TargetFamily):
     """The ``qwen3_moe`` family (module docstring)."""
 
     model_types = (MODEL_TYPE,)
+    tree_refusal = None  # verifies trees (nn.tree_attention)
     name = MODEL_TYPE
     architecture = "Qwen3MoeForCausalLM"
     qk_norm = True
@@ -289,13 +290,14 @@ class Qwen3MoeFamily(TargetFamily):
 
     def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
                 logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
-                expert_axis=None, moe_impl="auto"):
+                expert_axis=None, moe_impl="auto", tree=None):
         """``qwen3_moe_model.target_forward``; ``expert_axis``: the mesh axis the experts are
         split over (expert parallelism); ``moe_impl``: ``nn.moe.moe_ffn``'s ``impl``."""
         return model.target_forward(cfg, params, tokens, positions, state,
                                     tap_layer_ids=tap_layer_ids, logit_index=logit_index,
                                     compute_logits=compute_logits, attention_impl=attention_impl,
-                                    model_axis=model_axis, expert_axis=expert_axis, moe_impl=moe_impl)
+                                    model_axis=model_axis, expert_axis=expert_axis, moe_impl=moe_impl,
+                                    tree=tree)
 
     def loop_params(self, params):
         """As the dense family: one tree per layer on CPU (below :data:`SPLIT_MAX_BYTES`)."""

@@ -28,10 +28,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.nn import MLP, RMSNorm, moe, rope_cos_sin
+from dflash_jax.nn import MLP, RMSNorm, moe
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.head import embed, lm_head
-from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs, collect_taps
+from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs, collect_taps, rope_and_mask
 
 SPLIT_PREFIX = "layers_"
 ATTENTION_KEYS = ("input_layernorm", "post_attention_layernorm", "self_attn")
@@ -83,10 +83,10 @@ def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, attention_impl, 
            expert_axis, moe_impl):
     """One decoder layer on carry = (h [B, T, D], cache, taps, layer index)."""
     h, cache, taps, layer = carry
-    cos, sin, positions, mask = shared
+    cos, sin, positions, mask, tree_visible = shared
     attn = SelfAttention(cfg, attention_impl=attention_impl, model_axis=model_axis)
     a, cache = attn.apply({"params": lp["self_attn"]}, _norm(cfg, lp["input_layernorm"]["weight"], h),
-                          cos, sin, positions, mask, cache, layer)
+                          cos, sin, positions, mask, cache, layer, tree_visible)
     h = h + a
     x = _norm(cfg, lp["post_attention_layernorm"]["weight"], h)
     if is_moe:
@@ -144,27 +144,24 @@ def _split_layer(params, cfg, i: int):
 def target_forward(cfg, params, tokens, positions, cache=None, *,
                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
                    attention_impl: str = "xla", model_axis: str | None = None,
-                   expert_axis: str | None = None, moe_impl: str = "auto"):
+                   expert_axis: str | None = None, moe_impl: str = "auto", tree=None):
     """One causal pass (``TargetFamily.forward``): tokens, positions int32[B, T]; returns
     ``(logits float32[B, T, V] | [B, 1, V] | None, taps [B, T, k*D] | None, cache)``; taps are
     transformers' ``hidden_states[i + 1]`` (the last layer's after the final norm).
     ``moe_impl``: ``nn.moe.moe_ffn``'s ``impl`` ("auto": gathered active experts for few rows,
-    the grouped matmul otherwise)."""
+    the grouped matmul otherwise); ``tree``: a tree block (``nn.tree_attention``, as the
+    dense family's)."""
     check_attention_impl(attention_impl)
     tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
     check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
     h = embed(params, tokens, model_axis)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope)
-    if cache is not None:
-        if cache.batch != B:
-            raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
-        mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]
-    else:
-        mask = positions[:, None, :] <= positions[:, :, None]
+    if cache is not None and cache.batch != B:
+        raise ValueError(f"cache batch {cache.batch} != tokens batch {B}")
+    cos, sin, mask = rope_and_mask(cfg, positions, cache, tree)
     K = len(tap_layer_ids)
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
-    shared = (cos, sin, positions, mask)
+    shared = (cos, sin, positions, mask, None if tree is None else tree.visible)
     opts = (tap_layer_ids, attention_impl, model_axis, expert_axis, moe_impl)
     carry = (h, cache, taps, jnp.int32(0))
     if "layers" in params:
