@@ -39,6 +39,8 @@ COMMANDS = {
                     "load time and peak host memory of tiny and mid-size MoE checkpoints (random weights)"),
     "roofline": ("dflash_jax.tools.roofline",
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
+    "tree-verify-cost": ("dflash_jax.tools.tree_verify_cost",
+                         "verify cost of N tree nodes vs N chain rows (tree mask), and of the whole iteration"),
     "iteration-profile": ("dflash_jax.bench.iteration_profile",
                           "where a DFlash iteration's time goes (draft parts, verify 1/4/8/16 rows, accept) vs an AR step"),
     "parallel-speed": ("dflash_jax.tools.parallel_speed", "AR step and DFlash iteration time on every (data, model) mesh of 8 devices"),
@@ -67,7 +69,7 @@ COMMANDS = {
 EXPERIMENTS = "experiments"
 GROUPS = {
     "run and benchmark": ["generate", "bench", "spec-speed", "decode-speed", "iteration-profile",
-                          "train-speed", "load-report"],
+                          "tree-verify-cost", "train-speed", "load-report"],
     "train a drafter": ["train-data", "features", "train", "export"],
     EXPERIMENTS: [],
     "embedded-model recipe (how the shipped default pair was made)":

@@ -119,6 +119,7 @@ MEANINGS = {
     "--batch": ("batch", r"batch size"),
     "--batch-size": ("batch_size", r"(sequences|rows|prompts) per "),
     "--block-size": ("block_size", r"block size"),
+    "--calls": ("calls", r"calls per compiled timing loop"),
     "--checkpoint-every": ("checkpoint_every", r"save a checkpoint every"),
     "--context": ("context", r"cached positions S"),
     "--context-chunk": ("context_chunk", r"context positions per (context )?chunk"),
@@ -162,6 +163,8 @@ MEANINGS = {
     "--thinking": ("thinking", r"thinking switch on"),
     "--top-k": ("top_k", r"k most likely tokens"),
     "--top-p": ("top_p", r"nucleus sampling"),
+    "--tree": ("tree", r"tree of N draft nodes"),
+    "--tree-topk": ("tree_topk", r"children per tree node"),
     "--warmup-fraction": ("warmup_fraction", r"warm the learning rate up"),
     "--weight-decay": ("weight_decay", r"weight decay"),
 }

@@ -4,5 +4,6 @@ hybrid Gated DeltaNet targets), the GDN rollback's two record modes (``gdn_rollb
 hybrid target against a dense one (``hybrid_speed``), the block-attention kernel's
 GPU compile report (``gpu_compile``), the tensor-parallel communication model
 (``parallel_comm``) and multi-device timings (``parallel_speed``), the training-memory model
-(``train_memory``), kernel timings (``kernel_speed``) and the one-command GPU suite
+(``train_memory``), kernel timings (``kernel_speed``), the tree mask's verify cost
+(``tree_verify_cost``) and the one-command GPU suite
 (``gpu_suite``). Each is a command of ``python -m dflash_jax`` under its old name."""

@@ -52,6 +52,7 @@ from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
                                   load_average, new_figure, portable_path, write_report)
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.decoding import tree_args
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.prompts import encode_prompt, has_thinking_switch
@@ -110,7 +111,9 @@ def add_arguments(p) -> None:
                    help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
                         "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "
                         "iteration from the drafter's confidence and this device's cached costs, "
-                        "measured once, ~20 s); on by default, --no-adaptive: the fixed block only")
+                        "measured once, ~20 s); on by default, --no-adaptive: the fixed block only; "
+                        "off with --tree (the tree run is then the DFlash column)")
+    tree_args.add_arguments(p)
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the prompt subset (--subset) and of sampling")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
@@ -138,7 +141,8 @@ class Runner:
         return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
                         stop_token_ids=self.stops, seed=a.seed, block_size=block_size,
                         num_denoise_steps=getattr(a, "num_denoise_steps", 1),
-                        sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to)
+                        sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to,
+                        **(tree_args.options(a) if drafter and not adaptive else {}))
 
 
 def chat(turns, answers):
@@ -155,11 +159,13 @@ def bench_dataset(runner: Runner, samples, bar) -> dict:
     a, tok = runner.args, runner.target.tokenizer
 
     bs = runner.drafter.config.block_size if a.block_size in (None, ADAPTIVE) else a.block_size
-    adaptive = bool(getattr(a, "adaptive", False))
+    adaptive = bool(getattr(a, "adaptive", False)) and getattr(a, "tree", None) is None
     # one (prompt width, cache length) for the whole set: an upper bound over all turns
     bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
                 + (len(s.turns) - 1) * (a.max_new_tokens + 8) for s in samples)
-    pad_to = (round_up(bound, 16), round_up(bound + a.max_new_tokens + bs, 64))
+    # the cache holds a verified block past the committed tokens: bs rows, or a tree's N nodes
+    rows = max(bs, getattr(a, "tree", None) or 0)
+    pad_to = (round_up(bound, 16), round_up(bound + a.max_new_tokens + rows, 64))
     first = runner.encode(chat(samples[0].turns[:1], []))
     bar.write(f"compiling the AR and DFlash programs (prompt width {pad_to[0]}, cache {pad_to[1]}) "
               "and warming up; the timings exclude this", file=sys.stderr)
@@ -257,7 +263,8 @@ def explanation(report: dict) -> str:
     the iteration cost in AR steps measured here, the speedup it implies, and what the same
     acceptance gives at :data:`REFERENCE_ITERATION_COST`."""
     out = []
-    for key, label in (("average", "fixed block"), ("average_adaptive", "adaptive block")):
+    main = main_run_name(report)
+    for key, label in (("average", main), ("average_adaptive", "adaptive block")):
         av = report.get(key) or {}
         cost = av.get("iteration_cost_ar_steps", float("nan"))
         if not np.isfinite(cost):
@@ -302,11 +309,26 @@ def markdown(report: dict) -> str:
     return "\n\n".join(tables)
 
 
+def method_label(report: dict) -> str:
+    """The main DFlash run's name in the outputs: "DFlash", or "DFlash tree N" with ``--tree``
+    (``tree_args.label``; a report written before trees existed: "DFlash")."""
+    st = report["settings"]
+    return tree_args.label(argparse.Namespace(tree=st.get("tree"), tree_topk=st.get("tree_topk")))
+
+
+def main_run_name(report: dict) -> str:
+    """The main DFlash run beside the adaptive one, in legends and the summary: "fixed block",
+    or "tree N" with ``--tree``."""
+    label = method_label(report)
+    return "fixed block" if label == "DFlash" else label.removeprefix("DFlash ")
+
+
 def _table(report: dict, method: str) -> str:
     greedy = report["settings"]["temperature"] == 0
     adaptive = method == "adaptive"
+    who = "DFlash" if adaptive else method_label(report)
     head = ("| dataset | responses | tau [95% CI] | speedup, decode [95% CI] | tau pooled | speedup, end to end "
-            "| AR ms/token | DFlash ms/token | iteration, AR steps |" + (" DFlash == AR |" if greedy else "")
+            f"| AR ms/token | {who} ms/token | iteration, AR steps |" + (f" {who} == AR |" if greedy else "")
             + (" mean verify length |" if adaptive else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, rec in report["datasets"].items():
@@ -343,7 +365,8 @@ def plot(report: dict):
     the bars), the acceptance-length histogram and the per-position acceptance."""
     names = list(report["datasets"])
     fig, ((ax_speed, ax_tau), (ax_hist, ax_pos)) = new_figure(2, 2, figsize=(14, 8.5))
-    methods = [("dflash", "fixed block")]
+    main = main_run_name(report)
+    methods = [("dflash", main)]
     if "average_adaptive" in report:
         methods.append(("adaptive", "adaptive block"))
     groups = names + ["average"]
@@ -377,14 +400,14 @@ def plot(report: dict):
     ax_hist.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
     ax_hist.set_xlabel("acceptance length (accepted drafts + 1)")
     ax_hist.set_ylabel("fraction of iterations")
-    ax_hist.set_title("acceptance-length histogram (all sets, fixed block)")
+    ax_hist.set_title(f"acceptance-length histogram (all sets, {main})")
     for n in names:
         rate = report["datasets"][n]["position_acceptance"]
         ax_pos.plot(np.arange(1, len(rate) + 1), rate, marker=".", label=n)
     ax_pos.set_xlabel("draft position k")
     ax_pos.set_ylabel("P(draft token k accepted)")
     ax_pos.set_ylim(0, 1)
-    ax_pos.set_title("per-position acceptance (fixed block)")
+    ax_pos.set_title(f"per-position acceptance ({main})")
     ax_pos.legend(fontsize=8, loc="upper right")
     return fig
 
@@ -397,6 +420,9 @@ def run(args) -> dict:
 
     if args.max_samples < 1 or args.max_new_tokens < 1:
         raise ValueError("--max-samples and --max-new-tokens must be >= 1")
+    tree_args.check(args)
+    if args.tree is not None:  # the tree run is the DFlash column; no adaptive (chain) table
+        args.adaptive = False
     machine = machine_check()
     target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
     drafter_dir = (expand_embedded(args.drafter, "drafter") if args.drafter else
@@ -435,7 +461,7 @@ def run(args) -> dict:
     }
     t0 = time.perf_counter()
     total = sum(len(s.turns) for v in sets.values() for s in v)
-    with progress(total=total, desc="bench (AR + DFlash)", unit="prompt") as bar:
+    with progress(total=total, desc=f"bench (AR + {tree_args.label(args)})", unit="prompt") as bar:
         for name, samples in sets.items():
             try:
                 bar.set_postfix(dataset=name)

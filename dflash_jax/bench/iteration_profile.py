@@ -51,6 +51,13 @@ def in_loop(fn, args, n: int, repeats: int, carried: int | None = None) -> float
     ``args``), ``fn`` returns ``(outputs, new_value)`` and ``new_value`` is that argument of the
     next call, as the decode loop carries its caches (their in-place updates are then timed as
     they run there)."""
+    return time_fn(loop_program(fn, n, carried), *args, repeats=repeats) / n
+
+
+def loop_program(fn, n: int, carried: int | None = None):
+    """The jitted program :func:`in_loop` times: ``program(*args)`` runs ``fn(i, *args)``
+    ``n`` times in one ``fori_loop`` (same ``carried``), every output element summed into the
+    float32 it returns. Kept compiled by the caller that times it itself."""
 
     def consume(acc, out):
         return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree_util.tree_leaves(out))
@@ -66,7 +73,7 @@ def in_loop(fn, args, n: int, repeats: int, carried: int | None = None) -> float
 
         return jax.lax.fori_loop(0, n, body, (jnp.float32(0), args[carried]))[0]
 
-    return time_fn(jax.jit(program), *args, repeats=repeats) / n
+    return jax.jit(program)
 
 
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:

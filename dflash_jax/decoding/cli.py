@@ -11,6 +11,7 @@ from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.decoding.generation import generate as run_generate
+from dflash_jax.decoding import tree_args
 from dflash_jax.prompts import encode_prompt
 
 
@@ -49,6 +50,7 @@ def add_arguments(p) -> None:
                    help="speculative block size (default: the drafter's), or 'adaptive': verify "
                         "4, 8 or the whole block per iteration, by the drafter's confidence and "
                         "this device's measured (cached) iteration costs")
+    tree_args.add_arguments(p)
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: no threshold)")
@@ -63,6 +65,7 @@ def run(args):
     stdout and the statistics on stderr; returns the ``GenerateResult``."""
     if args.thinking and not args.chat:
         raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
+    tree_args.check(args, has_drafter=args.drafter is not None)  # before anything is loaded
     import jax.numpy as jnp
 
 
@@ -86,11 +89,11 @@ def run(args):
             prompts.append(encode_prompt(text, tok, enable_thinking=args.thinking))
         else:
             prompts.append(tok.encode(text))
-    status(f"compiling and running {'DFlash' if drafter else 'autoregressive'} generation for "
+    status(f"compiling and running {tree_args.label(args) if drafter else 'autoregressive'} generation for "
            f"{len(prompts)} prompt(s) ...")
     r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 stop_token_ids=target.stop_token_ids, seed=args.seed)
+                 stop_token_ids=target.stop_token_ids, seed=args.seed, **tree_args.options(args))
 
     if not is_main_process():  # every process holds the whole result; one prints it
         return r
@@ -101,7 +104,8 @@ def run(args):
                 f", the times including compilation ({r.prefill_compile_s + r.decode_compile_s:.1f} s of them)"
                 if r.includes_compilation else ", no compilation in these times"))
     if drafter is not None:
-        line += f"; tau {r.tau:.2f} (mean acceptance length, block {r.block_size})"
+        shape = f"tree of {args.tree} nodes" if args.tree else f"block {r.block_size}"
+        line += f"; tau {r.tau:.2f} (mean acceptance length, {shape})"
 
         if args.block_size == ADAPTIVE:
             chosen = [v for row in r.verify_lengths for v in row]
