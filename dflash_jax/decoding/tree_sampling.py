@@ -1,0 +1,130 @@
+"""Lossless tree acceptance at temperature > 0: multi-draft verification for deterministic
+(top-k) siblings (``docs/trees.md``).
+
+The rule (the one for deterministic drafts, as EAGLE's ``evaluate_posterior`` applies it): walk
+down from the root with p = the target's processed distribution at the current node
+(``decoding.sampling.process_logits``: temperature, top-k, top-p). Visit the node's valid
+children in rank order; child x is accepted with probability
+
+    p_res(x) = p(x) / (1 - R),   R = the mass of p on the siblings rejected before it,
+
+i.e. p with the rejected siblings' tokens zeroed and renormalised (0 for a token already
+rejected: siblings should be distinct, a repeated one is never accepted). On acceptance the
+walk moves to x (p = the target's distribution there); when every child is rejected, or there
+is none, it stops and the bonus is a sample of p with this node's children zeroed and
+renormalised (p itself at a leaf). The emitted tokens then have the target's law: by induction
+on the children visited, the token leaving a node is x with probability p(x) whether it is
+accepted as a child or drawn as the bonus.
+
+SpecInfer's rule (accept with min(1, p/q), residual ``max(p - q, 0)``) is not used: it assumes
+siblings sampled from q, and with top-k siblings it is not lossless.
+
+Implementation: every node carries one uniform u; child x "wins" at its parent when
+``u < p_res(x)`` and no sibling of lower rank won, which draws the walk's decisions with
+independent uniforms, the same law as visiting the children one by one. A node is accepted
+when it and every ancestor won (as in ``tree.accept_greedy``, through the ancestor mask); at
+most one child of a node wins, so the accepted nodes form one root path. Everything is a
+[B, N] or [B, N, N] array (no loop over depth or rank), and the vocabulary is touched only
+through ``parallel.vocab.VocabOps``, so it runs on a vocabulary split over devices as
+``engine.accept`` does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dflash_jax.decoding.sampling import SamplingParams, process_logits
+from dflash_jax.decoding.tree import Tree
+from dflash_jax.parallel import vocab
+
+
+def target_logp(logits: jax.Array, sampling: SamplingParams,
+                ops: vocab.VocabOps = vocab.LOCAL) -> jax.Array:
+    """float32[B, N, V] the target's log-probabilities at the nodes: the processed distribution
+    (temperature, top-k, top-p; excluded tokens -inf), or for greedy ``sampling`` (temperature
+    0) the one-hot of the argmax (log 1 = 0 there, -inf elsewhere), so that the rule below is
+    then greedy acceptance. ``V``: the shard's vocabulary slice under ``ops``."""
+    if not sampling.greedy:
+        return process_logits(logits, sampling, ops)
+    best = ops.argmax(logits)  # [B, N] global token ids
+    ids = _vocab_ids(ops, logits.shape[-1])
+    return jnp.where(ids == best[..., None], 0.0, -jnp.inf).astype(jnp.float32)
+
+
+def _vocab_ids(ops: vocab.VocabOps, local_vocab: int) -> jax.Array:
+    """int32[V_local] the global token ids of this shard's vocabulary slice."""
+    return ops.local(jnp.arange(local_vocab * ops.vocab_shards, dtype=jnp.int32))
+
+
+def accept_sampled(tree: Tree, mask: jax.Array, logits: jax.Array, sampling: SamplingParams,
+                   key: jax.Array, ops: vocab.VocabOps = vocab.LOCAL):
+    """Tree acceptance by the multi-draft rule for deterministic siblings (module docstring).
+
+    Args:
+      tree: the verified tree (``Tree``: tokens, parents, depth, rank, valid, each [B, N]);
+        invalid nodes are never children, node 0 (the root) never a child.
+      mask: bool[B, N, N] its ``tree.ancestor_mask``.
+      logits: float32[B, N, V] the target's logits at the nodes (row i predicts the token
+        after node i); V the shard's slice under ``ops``.
+      sampling: the target's sampling (temperature 0: greedy, then the result is
+        ``tree.accept_greedy``'s).
+      key: PRNG key.
+      ops: the vocabulary reductions (``parallel.vocab.VocabOps``).
+
+    Returns:
+      (last int32[B] the deepest accepted node (0: none, the root), accepted int32[B] its depth
+       (accepted draft tokens), bonus int32[B] the token emitted after it): the same contract
+       as ``tree.accept_greedy``.
+    """
+    B, N, V = logits.shape
+    if tree.tokens.shape != (B, N):
+        raise ValueError(f"the tree has {tree.tokens.shape[1]} nodes in {tree.tokens.shape[0]} "
+                         f"rows but the logits are [B={B}, N={N}, V]: give the target's logits "
+                         "at every node of the tree")
+    k_u, k_bonus = jax.random.split(key)
+    logp = target_logp(logits, sampling, ops)  # [B, N, V]
+    node = jnp.arange(N, dtype=jnp.int32)
+    is_child = tree.valid & (node > 0)[None]  # [B, N]: a node that can be accepted
+    # p_parent(x) of every node's token x: the target's probability at its parent
+    parent_logp = jnp.take_along_axis(logp, tree.parents[:, :, None], axis=1)  # [B, N, V]
+    p_tok = jnp.exp(ops.take(parent_logp, tree.tokens))  # [B, N]
+
+    # siblings[b, j, s]: s is a child of j's parent visited before j (lower rank; equal ranks
+    # by index); repeat[b, j]: an earlier sibling holds j's token (p_res(x) = 0 then)
+    same_parent = tree.parents[:, :, None] == tree.parents[:, None, :]
+    rank_j, rank_s = tree.rank[:, :, None], tree.rank[:, None, :]
+    before = (rank_s < rank_j) | ((rank_s == rank_j) & (node[None, None, :] < node[None, :, None]))
+    siblings = same_parent & before & is_child[:, None, :] & is_child[:, :, None]
+    same_token = tree.tokens[:, :, None] == tree.tokens[:, None, :]
+    repeat = jnp.any(siblings & same_token, axis=-1)  # [B, N]
+    # the rejected mass before j: each distinct earlier sibling token once
+    rejected = jnp.sum(jnp.where(siblings & ~repeat[:, None, :], p_tok[:, None, :], 0.0), axis=-1)
+    # 1 - R >= p(x) in exact arithmetic; the bound keeps float rounding from rejecting the
+    # last child holding the remaining mass
+    remaining = jnp.maximum(1.0 - rejected, p_tok)
+    u = ops.uniform(k_u, (B, N))
+    # u < p(x) / (1 - R), written without the division (no NaN when the rejected siblings
+    # covered p: then p(x) = 0 and x is rejected)
+    hit = is_child & ~repeat & (u * remaining < p_tok)
+    # a child wins when it hits and no earlier sibling did
+    wins = hit & ~jnp.any(siblings & hit[:, None, :], axis=-1)
+    won = wins | (node == 0)[None]
+    ok = jnp.all(~mask | won[:, None, :], axis=-1)  # it and every ancestor won
+    last = jnp.argmax(jnp.where(ok, tree.depth, -1), axis=1).astype(jnp.int32)
+    rows = jnp.arange(B)
+
+    # the bonus: p at `last` with its (all rejected) children's tokens zeroed
+    children = is_child & (tree.parents == last[:, None])  # [B, N]
+    ids = _vocab_ids(ops, V)
+    local = tree.tokens - ids[0]  # position in this shard's slice
+    slot = jnp.where(children & (local >= 0) & (local < V), local, V)  # V: out of range, dropped
+    zeroed = jnp.zeros((B, V), bool).at[rows[:, None], slot].set(True, mode="drop")
+    p_last = logp[rows, last]  # [B, V]
+    resid = jnp.where(zeroed, -jnp.inf, p_last)
+    # empty residual (the children covered p's support and rounding rejected them all, which
+    # has probability ~1e-7): fall back on p itself rather than sampling from nothing
+    empty = ops.max(resid) == -jnp.inf
+    resid = jnp.where(empty[:, None], p_last, resid)
+    bonus = ops.categorical(k_bonus, resid)  # Gumbel-max: no renormalisation needed
+    return last, tree.depth[rows, last], bonus.astype(jnp.int32)

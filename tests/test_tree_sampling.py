@@ -1,0 +1,287 @@
+"""Tree acceptance at T > 0 (``decoding.tree_sampling.accept_sampled``) is lossless: the emitted
+tokens (the accepted path, then the bonus) have the target's law.
+
+Function level: one fixed hand-made tree (V = 7, depth 3, up to 3 children per node, a rank
+order that differs from the node order, an invalid node whose token the target likes, and a
+root whose children cover the whole support of the top-k / top-p filtered p), with fixed logits
+per node (siblings differ, as a target's logits depend on the path), repeated over ROWS rows of
+one call. The oracle is exact, in float64 numpy: the law of the whole emitted sequence is the
+product of the target's (``exact_sampling.filter_probs``) probabilities along it, and an emitted
+sequence ends where its last token is not a valid child of the node it leaves. Pearson's
+chi-squared (``exact_sampling.pearson``, Bonferroni over the first token, the first two and the
+whole sequence) must accept it and reject three plausible wrong rules written here (SpecInfer's
+rule on top-k children, a residual not renormalised after a rejected sibling, a bonus drawn
+from p without zeroing the rejected children), while the right rule written again here, as the
+sequential walk, passes.
+
+At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonus equal
+``tree.accept_greedy``'s on random best-first trees (an independent walk).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.decoding.tree import Tree, accept_greedy, ancestor_mask, best_first_tree
+from dflash_jax.decoding.tree_sampling import accept_sampled
+
+import exact_sampling
+
+pytestmark = pytest.mark.xdist_group("tree_sampling")
+
+V, ROWS, ALPHA = 7, 20000, 1e-4
+SAMPLING = SamplingParams(temperature=1.0, top_k=3, top_p=0.9)
+
+# node: (token, parent, rank, valid); node 0 is the root (the anchor token 0)
+NODES = [
+    (0, 0, 0, True),
+    (2, 0, 0, True), (5, 0, 1, True), (1, 0, 2, True),  # the root's children: p's whole support
+    (2, 1, 1, True), (3, 1, 0, True),  # rank 1 before rank 0 in node order
+    (6, 2, 0, True),
+    (4, 1, 2, False),  # invalid: never a child, though p at node 1 favours token 4
+    (4, 5, 0, True), (0, 5, 1, True),
+    (1, 6, 0, True),
+]
+N, MAX_DEPTH = len(NODES), 3
+
+
+def fixed_tree(rows: int) -> Tree:
+    tok, par, rank, valid = (np.array(c) for c in zip(*NODES))
+    depth = np.zeros(N, int)
+    for i in range(1, N):
+        depth[i] = depth[par[i]] + 1
+    rep = lambda a, dt: jnp.asarray(np.broadcast_to(a, (rows, N)), dt)
+    return Tree(rep(tok, jnp.int32), rep(par, jnp.int32), rep(depth, jnp.int32),
+                rep(rank, jnp.int32), rep(valid, bool), jnp.zeros((rows, N), jnp.float32))
+
+
+def fixed_logits() -> np.ndarray:
+    """float32[N, V]: the target's logits at each node (every node its own row)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(0.0, 1.0, (N, V))
+    x[0] = [-1.0, 0.9, 1.6, -2.0, -0.2, 1.2, -1.5]  # top 3: {2, 5, 1}, all kept by top-p 0.9
+    x[1, [4, 3, 2]] = 2.0, 1.7, 1.2  # the invalid node's token (4) is node 1's most likely
+    x[2, 6] = 1.5
+    x[5, [4, 0]] = 1.4, 1.0
+    x[6, 1] = 1.3
+    x[[3, 8], [1, 5]] = 3.0  # top-p 0.9 keeps two tokens there (top-k 3 three)
+    return x.astype(np.float32)
+
+
+def target_probs(logits) -> np.ndarray:
+    p, margin = exact_sampling.filter_probs(logits, SAMPLING.temperature, SAMPLING.top_k, SAMPLING.top_p)
+    assert margin > 1e-3, "a top-k / top-p decision is too close to call in float32"
+    return p
+
+
+def children_of(n: int) -> list[int]:
+    """The valid children of node n in rank order."""
+    kids = [i for i in range(1, N) if NODES[i][1] == n and NODES[i][3]]
+    return sorted(kids, key=lambda i: NODES[i][2])
+
+
+def exact_outcomes(p: np.ndarray) -> dict:
+    """{emitted sequence (tuple): exact probability}: a path to node n, then a bonus b that is
+    not one of n's children's tokens."""
+    out = {}
+
+    def walk(n, prefix, prob):
+        kids = {NODES[c][0]: c for c in children_of(n)}
+        for b in range(V):
+            if b in kids:
+                walk(kids[b], prefix + (b,), prob * p[n, b])
+            elif p[n, b] > 0:
+                out[prefix + (b,)] = prob * p[n, b]
+
+    walk(0, (), 1.0)
+    return out
+
+
+def emitted(last, bonus) -> list[tuple]:
+    """The emitted sequences: the tokens of the path root -> last (root excluded), the bonus."""
+    seqs = []
+    for n, b in zip(np.asarray(last).tolist(), np.asarray(bonus).tolist()):
+        path = []
+        while n != 0:
+            path.append(NODES[n][0])
+            n = NODES[n][1]
+        seqs.append(tuple(path[::-1]) + (b,))
+    return seqs
+
+
+def fit(seqs, outcomes) -> exact_sampling.FitReport:
+    """p-values of the first token, the first two (or the first and 'none') and the whole
+    sequence against the exact law; a sequence the law never emits fills a cell of probability
+    0 (p-value 0)."""
+    def table(key):
+        cells = {}
+        for s, pr in outcomes.items():
+            cells[key(s)] = cells.get(key(s), 0.0) + pr
+        names = list(cells) + ["impossible"]
+        index = {k: i for i, k in enumerate(names)}
+        counts = np.zeros(len(names))
+        for s in seqs:
+            counts[index.get(key(s), len(names) - 1)] += 1
+        return exact_sampling.pearson(counts, np.array(list(cells.values()) + [0.0]))
+
+    return exact_sampling.FitReport({"first token": table(lambda s: s[:1]),
+                                     "first two": table(lambda s: s[:2]),
+                                     "sequence": table(lambda s: s)}, ALPHA)
+
+
+# ---------------------------------------------------------------- the rule written again, and wrong
+def sequential_accept(tree, mask, logits, sampling, key, ops=None, *, bug=None, q=None):
+    """The walk of the module docstring, node by node and child by child, in float64 numpy over
+    the rows (the test's fixed tree: the structure is read from ``NODES``; same signature as
+    ``accept_sampled``). ``bug``: None (the right rule); "specinfer": SpecInfer's rule, child x
+    accepted with min(1, r(x) / q(x)) and on its rejection r = normalise(max(r - q, 0)) (q: the
+    drafter's distribution [N, V] at the parent), the bonus a sample of r; "no_renorm": child
+    x accepted with p(x), not p(x) / (1 - the rejected siblings' mass); "bonus_p": the bonus a
+    sample of p, the rejected children not zeroed."""
+    del tree, mask, sampling, ops
+    rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2 ** 31 - 1)))
+    B = logits.shape[0]
+    p = target_probs(np.asarray(logits[0], np.float64))  # [N, V], the same in every row
+    cur, bonus = np.zeros(B, int), np.zeros(B, int)
+    for n in range(N):  # parents come before their children: each node's rows are final here
+        rows = np.flatnonzero(cur == n)
+        r = np.tile(p[n], (len(rows), 1))  # the residual, unnormalised
+        taken = np.zeros(len(rows), bool)
+        for c in children_of(n):
+            x, u = NODES[c][0], rng.random(len(rows))
+            if bug == "specinfer":
+                accept = u < np.minimum(1.0, r[:, x] / r.sum(1) / q[n, x])
+            elif bug == "no_renorm":
+                accept = u < p[n, x]
+            else:
+                accept = u * r.sum(1) < r[:, x]
+            accept &= ~taken
+            cur[rows[accept]] = c
+            rejected = ~taken & ~accept
+            if bug == "specinfer":
+                res = np.maximum(r / r.sum(1, keepdims=True) - q[n], 0.0)
+                ok = rejected & (res.sum(1) > 0)
+                r[ok] = res[ok]
+            else:
+                r[rejected, x] = 0.0
+            taken |= accept
+        stop = ~taken
+        r = r[stop]
+        if bug == "bonus_p":
+            r = np.tile(p[n], (len(r), 1))
+        r[r.sum(1) == 0] = p[n]  # empty residual (no_renorm can reject p's whole support)
+        cdf = np.cumsum(r / r.sum(1, keepdims=True), 1)
+        bonus[rows[stop]] = np.minimum((rng.random(stop.sum())[:, None] >= cdf).sum(1), V - 1)
+    depth = fixed_tree(1).depth[0]
+    return jnp.asarray(cur, jnp.int32), depth[cur], jnp.asarray(bonus, jnp.int32)
+
+
+def drafter_q() -> np.ndarray:
+    """float64[N, V]: a drafter distribution at each node whose most likely tokens are the
+    node's children in rank order (as top-k children are), and that differs from p."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.0, 0.5, (N, V))
+    for n in range(N):
+        for r, c in enumerate(children_of(n)):
+            x[n, NODES[c][0]] = 3.0 - 0.8 * r
+    q = np.exp(x)
+    return q / q.sum(1, keepdims=True)
+
+
+RULES = {
+    "accept_sampled": accept_sampled,
+    "sequential": sequential_accept,
+    "specinfer": functools.partial(sequential_accept, bug="specinfer", q=drafter_q()),
+    "no_renorm": functools.partial(sequential_accept, bug="no_renorm"),
+    "bonus_p": functools.partial(sequential_accept, bug="bonus_p"),
+}
+
+
+@pytest.fixture(scope="module")
+def fixed_case():
+    tree = fixed_tree(ROWS)
+    logits = jnp.asarray(np.broadcast_to(fixed_logits(), (ROWS, N, V)))
+    p = target_probs(fixed_logits())
+    return tree, ancestor_mask(tree, MAX_DEPTH), logits, exact_outcomes(p), p
+
+
+def test_exact_law_is_a_distribution(fixed_case):
+    """The oracle itself: probabilities sum to 1, the root's children cover p's support (so a
+    bonus at the root has probability 0), p at node 1 favours the invalid node's token, and
+    every sequence length 1..4 occurs."""
+    *_, outcomes, p = fixed_case
+    assert abs(sum(outcomes.values()) - 1.0) < 1e-12
+    assert set(np.flatnonzero(p[0])) == {NODES[c][0] for c in children_of(0)}
+    assert np.argmax(p[1]) == NODES[7][0] and not NODES[7][3]
+    assert {len(s) for s in outcomes} == {2, 3, 4}  # root: never a bonus; leaves at depth 3
+    assert len(outcomes) == 18
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_emitted_tokens_have_the_target_law(fixed_case, rule):
+    """accept_sampled and the sequential walk pass; the three wrong rules are rejected by the
+    same check at the same sample size (their p-values tiny)."""
+    tree, mask, logits, outcomes, _ = fixed_case
+    fn = RULES[rule]
+    if fn is accept_sampled:
+        fn = jax.jit(functools.partial(accept_sampled, sampling=SAMPLING))
+        last, accepted, bonus = fn(tree, mask, logits, key=jax.random.key(0))
+    else:
+        last, accepted, bonus = fn(tree, mask, logits, SAMPLING, jax.random.key(0))
+    last, accepted = np.asarray(last), np.asarray(accepted)
+    assert np.array_equal(accepted, np.asarray(tree.depth[0])[last])
+    report = fit(emitted(last, bonus), outcomes)
+    print(f"{rule}: accepted histogram {np.bincount(accepted, minlength=4).tolist()}, {report}")
+    if rule in ("accept_sampled", "sequential"):
+        assert not report.rejected, report
+        assert np.all(np.bincount(accepted, minlength=MAX_DEPTH + 1)[1:] > 0.05 * ROWS)
+    else:
+        assert report.min_p < 1e-12, report
+
+
+# ---------------------------------------------------------------- temperature 0: the greedy walk
+def planted_case(seed: int, rows: int, nodes: int, topk: int, depth: int, vocab: int):
+    """A best-first tree over random drafter log-probabilities, and target logits whose argmax
+    at a node is, three times in four, the token of one of its children drawn at random (any
+    rank, invalid nodes included), so accepted paths of every depth occur."""
+    rng = np.random.default_rng(seed)
+    logp = jax.nn.log_softmax(jnp.asarray(rng.normal(0, 2, (rows, depth, vocab)), jnp.float32))
+    anchor = jnp.asarray(rng.integers(0, vocab, rows), jnp.int32)
+    tree = jax.jit(best_first_tree, static_argnums=(2, 3))(anchor, logp, nodes, topk)
+    tok, par = np.asarray(tree.tokens), np.asarray(tree.parents)
+    logits = rng.normal(0, 1, (rows, nodes, vocab))
+    for b in range(rows):
+        for n in range(nodes):
+            kids = [c for c in range(1, nodes) if par[b, c] == n]
+            if kids and rng.random() < 0.75:
+                logits[b, n, tok[b, rng.choice(kids)]] += 10.0
+    return tree, ancestor_mask(tree, depth), jnp.asarray(logits, jnp.float32)
+
+
+@pytest.mark.parametrize("shape", [(16, 3, 5), (8, 1, 4)], ids=["N16-K3", "N8-K1-invalid"])
+def test_one_hot_p_walks_the_greedy_path(shape):
+    """With a one-hot p (greedy sampling, or top-k 1 at T = 0.7) the accepted path and the
+    bonus are tree.accept_greedy's: the node-by-node rule then accepts exactly the children
+    holding the target's argmax. Covered: paths ending at every depth 0..4, accepted
+    children of rank > 0, and (K = 1, a budget beyond the chain) invalid nodes holding the
+    argmax."""
+    nodes, topk, depth = shape
+    tree, mask, logits = planted_case(nodes + topk, 96, nodes, topk, depth, vocab=12)
+    want = jax.jit(accept_greedy)(tree, mask, logits)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.7, top_k=1)):
+        got = jax.jit(accept_sampled, static_argnums=3)(tree, mask, logits, sampling, jax.random.key(1))
+        for name, w, g in zip(("last", "accepted", "bonus"), want, got):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"{sampling}: {name}")
+    accepted, last = np.asarray(want[1]), np.asarray(want[0])
+    assert set(range(5)) <= set(accepted.tolist()), np.bincount(accepted)  # depths 0..4
+    rows = np.arange(len(last))
+    if topk > 1:
+        assert np.any(np.asarray(tree.rank)[rows, last] > 0)
+    else:
+        assert not np.all(np.asarray(tree.valid)) and np.all(np.asarray(tree.valid)[rows, last])
