@@ -20,6 +20,7 @@ At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -27,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dflash_jax as dj
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.decoding.tree import Tree, accept_greedy, ancestor_mask, best_first_tree
-from dflash_jax.decoding.tree_sampling import accept_sampled
+from dflash_jax.decoding.tree_sampling import accept_sampled, target_logp
 
 import exact_sampling
+from oracle_proposers import TableProposer
 
 pytestmark = pytest.mark.xdist_group("tree_sampling")
 
@@ -264,24 +267,148 @@ def planted_case(seed: int, rows: int, nodes: int, topk: int, depth: int, vocab:
     return tree, ancestor_mask(tree, depth), jnp.asarray(logits, jnp.float32)
 
 
-@pytest.mark.parametrize("shape", [(16, 3, 5), (8, 1, 4)], ids=["N16-K3", "N8-K1-invalid"])
-def test_one_hot_p_walks_the_greedy_path(shape):
+def test_one_hot_p_walks_the_greedy_path():
     """With a one-hot p (greedy sampling, or top-k 1 at T = 0.7) the accepted path and the
     bonus are tree.accept_greedy's: the node-by-node rule then accepts exactly the children
-    holding the target's argmax. Covered: paths ending at every depth 0..4, accepted
-    children of rank > 0, and (K = 1, a budget beyond the chain) invalid nodes holding the
-    argmax."""
-    nodes, topk, depth = shape
-    tree, mask, logits = planted_case(nodes + topk, 96, nodes, topk, depth, vocab=12)
+    holding the target's argmax. One batch of two kinds of rows: trees of 16 nodes with up to
+    3 children (paths ending at every depth 0..4 and children of rank > 0 accepted) and chains
+    (K = 1) under a 16-node budget, whose invalid nodes (token 0 under the root) sometimes hold
+    the root's argmax and are not accepted."""
+    parts = [planted_case(seed, 96, 16, topk, 5, vocab=12) for seed, topk in ((3, 3), (4, 1))]
+    tree = Tree(*(jnp.concatenate(f, 0) for f in zip(*(p[0] for p in parts))))
+    mask, logits = (jnp.concatenate([p[i] for p in parts], 0) for i in (1, 2))
     want = jax.jit(accept_greedy)(tree, mask, logits)
     for sampling in (SamplingParams(), SamplingParams(temperature=0.7, top_k=1)):
         got = jax.jit(accept_sampled, static_argnums=3)(tree, mask, logits, sampling, jax.random.key(1))
         for name, w, g in zip(("last", "accepted", "bonus"), want, got):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"{sampling}: {name}")
-    accepted, last = np.asarray(want[1]), np.asarray(want[0])
-    assert set(range(5)) <= set(accepted.tolist()), np.bincount(accepted)  # depths 0..4
+    last, accepted = np.asarray(want[0]), np.asarray(want[1])
+    assert set(range(5)) <= set(accepted[:96].tolist()), np.bincount(accepted[:96])
     rows = np.arange(len(last))
-    if topk > 1:
-        assert np.any(np.asarray(tree.rank)[rows, last] > 0)
-    else:
-        assert not np.all(np.asarray(tree.valid)) and np.all(np.asarray(tree.valid)[rows, last])
+    assert np.any(np.asarray(tree.rank)[rows, last][:96] > 0)
+    valid, tok = np.asarray(tree.valid)[96:], np.asarray(tree.tokens)[96:]
+    root_best = np.argmax(np.asarray(logits)[96:, 0], -1)
+    on_invalid = ~valid.all(1) & (root_best == 0) & (tok[:, 1] != 0)  # only invalid nodes hold 0
+    assert on_invalid.any() and np.all(last[96:][on_invalid] == 0)
+
+
+# ---------------------------------------------------------------- a vocabulary split over devices
+SPLIT_CODE = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from dflash_jax import parallel
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.decoding.tree_sampling import accept_sampled
+from dflash_jax.parallel import vocab
+from multidevice import emit
+from test_tree_sampling import planted_case
+
+mesh = parallel.make_mesh(data=1, model=2)
+ops = vocab.VocabOps(vocab.Shards(data=1, model=2))
+tree, mask, logits = planted_case(5, 64, 16, 3, 5, vocab=12)
+logits = logits * 0.25  # planted argmaxes kept, but every token likely: the bonus varies
+sampling, key = SamplingParams(temperature=0.8, top_k=5), jax.random.key(2)
+local = jax.jit(accept_sampled, static_argnums=3)(tree, mask, logits, sampling, key)
+split = jax.jit(jax.shard_map(
+    lambda t, m, x: accept_sampled(t, m, x, sampling, key, ops), mesh=mesh,
+    in_specs=(P(), P(), P(None, None, "model")), out_specs=P(), check_vma=False))(tree, mask, logits)
+emit({name: [np.asarray(a).tolist() for a in r] for name, r in (("local", local), ("split", split))})
+"""
+
+
+def test_vocabulary_split_over_devices_gives_the_same_tokens():
+    """On 2 host devices with the vocabulary split in two (``parallel.vocab.VocabOps``), the
+    accepted path and the bonus equal the single-device result with the same key, row by row,
+    at T = 0.8 with top-k 5 (the uniforms and the Gumbel noise are the whole array's; the rejected children are zeroed
+    in the shard that holds them)."""
+    from multidevice import run_on_devices
+
+    out = run_on_devices(SPLIT_CODE, devices=2)
+    assert out["split"] == out["local"]
+    last, _, bonus = (np.array(a) for a in out["local"])
+    assert len(set(bonus.tolist())) >= 5 and np.any(last > 0)  # top-k 5: every kept token
+
+
+# ---------------------------------------------------------------- engine level: generate(tree=N)
+# The emitted tokens of many rows of one generate call against the target's exact law of its
+# first DEPTH tokens (tests/exact_sampling.py), as test_speculative's chain test does. Block 4:
+# trees of depth up to 3, so the first iteration emits 1..4 tokens and the fifth comes later.
+E_DEPTH, E_BLOCK, E_ROWS, E_NODES, E_TOPK = 5, 4, 8192, 8, 3
+E_PROMPT = [1, 2, 3]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity: it holds a table
+class TreeTableProposer(TableProposer):
+    """Drafts a tree as DFlash does (``decoding.tree.best_first_tree`` over one distribution
+    per depth): the target's exact next-token distribution at each depth along the row's
+    generated prefix followed by its own argmax chain (``TableProposer``'s table), so q is
+    close to p on the chain and the siblings off it are plausible tokens."""
+
+    def propose_tree(self, spec, tparams, params, state, committed, key, policy):
+        V, depth = self.prefix_logits.vocab, self.prefix_logits.depth
+        table = jnp.asarray(np.concatenate(self.prefix_logits.levels), jnp.float32)
+        offsets = jnp.asarray(np.cumsum([0] + [V ** L for L in range(depth)]), jnp.int32)
+        out, n = committed.generated, committed.num_generated
+        j = jnp.arange(out.shape[1])
+        power = jnp.where(j < n[:, None], V ** jnp.clip(n[:, None] - 1 - j, 0, depth), 0)
+        value = jnp.sum(jnp.maximum(out, 0) * power, axis=1)  # the prefix read in base V
+        rows = []
+        for i in range(spec.block_size - 1):
+            length = n + i
+            logits = jnp.where((length < depth)[:, None],
+                               table[offsets[jnp.minimum(length, depth - 1)] + value], 0.0)
+            rows.append(jax.nn.log_softmax(logits, -1))
+            value = jnp.where(length + 1 < depth, value * V + jnp.argmax(logits, -1), 0)
+        logp = jnp.stack(rows, 1)  # [B, bs-1, V]
+        return best_first_tree(committed.bonus, logp, policy.nodes, policy.topk), state
+
+
+def bonus_from_p(tree, mask, logits, sampling, key, ops):
+    """A wrong rule for the engine: accept_sampled's path, but the bonus a sample of p at the
+    last node, its rejected children not zeroed."""
+    last, accepted, _ = accept_sampled(tree, mask, logits, sampling, key, ops)
+    p_last = target_logp(logits, sampling, ops)[jnp.arange(last.shape[0]), last]
+    return last, accepted, ops.categorical(jax.random.fold_in(key, 1), p_last)
+
+
+@pytest.fixture(scope="module")
+def engine_setup():
+    cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    random = dj.Target.random(cfg, seed=7, init_scale=0.5)
+    target = dj.Target(cfg, random.params, max_len=24)  # prompt 3 + 5 new + a tree of 8 slots
+    return target, exact_sampling.PrefixLogits.compute(target, E_PROMPT, E_DEPTH)
+
+
+def test_generate_with_a_tree_keeps_the_target_distribution(engine_setup, monkeypatch):
+    """generate(tree=8, tree_topk=3, temperature=1) with a table tree proposer: the first 5
+    tokens of E_ROWS rows have the target's exact law, and whole paths (depth 3) are accepted.
+    Negative control in the same compiled run: a second group of E_ROWS rows whose acceptance
+    draws the bonus from p without zeroing the rejected children (``bonus_from_p``) is
+    rejected by the same check."""
+    from dflash_jax.decoding import tree_sampling
+
+    target, prefix_logits = engine_setup
+    traced = []
+
+    def grouped(tree, mask, logits, sampling, key, ops):
+        traced.append(True)
+        right = accept_sampled(tree, mask, logits, sampling, key, ops)
+        wrong = bonus_from_p(tree, mask, logits, sampling, key, ops)
+        group1 = jnp.arange(logits.shape[0]) >= E_ROWS
+        return tuple(jnp.where(group1, w, r) for r, w in zip(right, wrong))
+
+    monkeypatch.setattr(tree_sampling, "accept_sampled", grouped)
+    r = dj.generate(target, [E_PROMPT] * (2 * E_ROWS), E_DEPTH,
+                    proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
+                    tree_topk=E_TOPK, temperature=1.0, seed=3)
+    assert traced, "the engine did not call tree_sampling.accept_sampled"
+    joint, _ = prefix_logits.joint(1.0)
+    right = exact_sampling.fit(r.sequences[:E_ROWS], joint, ALPHA)
+    wrong = exact_sampling.fit(r.sequences[E_ROWS:], joint, ALPHA)
+    first = np.array([a[0] for a in r.acceptance_lengths[:E_ROWS]])
+    print(f"tree: tau {r.tau:.2f}, first acceptance lengths {np.bincount(first).tolist()}, {right}; "
+          f"bonus from p: {wrong}")
+    assert not right.rejected, right
+    assert wrong.min_p < 1e-12, wrong
+    assert np.all(np.bincount(first, minlength=E_BLOCK + 1)[1:] > 0.03 * E_ROWS)
