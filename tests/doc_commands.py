@@ -74,7 +74,7 @@ def parse(program: str, argv: list[str]):
             raise SystemExit(f"unknown command {name!r}")
         return parser(name).parse_args(argv)
     module = importlib.import_module(program)
-    if program == "experiments.paper":
+    if not hasattr(module, "EXPERIMENT"):  # experiments.paper, experiments.ablate_tree: their own parser
         return module.parser().parse_args(argv)
     from experiments import framework
 

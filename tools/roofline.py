@@ -46,7 +46,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
         --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
     python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
-    python -m dflash_jax.tools.roofline --tree --tau-curve tau.json --no-xla-check   # tree node budgets
+    python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
 the same components, with the routed experts' bytes counted for the experts the rows route to.
@@ -743,10 +743,10 @@ def add_arguments(p) -> None:
                         "rollback modes on H100 and B200 (tools/roofline_hybrid.py); writes "
                         "roofline_hybrid.{json,md,png}")
     p.add_argument("--tree", nargs="*", type=int, metavar="N",
-                   help="tree verification instead of the chain: predicted speedup at these node budgets "
-                        "(default 16 32 64 128 256) with the best one marked, from a measured tau curve "
-                        "(--tau-curve) scaled to the paper's tau (tools/roofline_tree.py); writes "
-                        "tree_<pair>_....{json,md,png}")
+                   help="verify a tree of N draft nodes per iteration instead of the chain: the predicted "
+                        "speedup at each of these node budgets N (default 16 32 64 128 256) with the best one "
+                        "marked, from a measured tau curve (--tau-curve) scaled to the paper's tau "
+                        "(tools/roofline_tree.py); writes tree_<pair>_....{json,md,png}")
     p.add_argument("--tau-curve", metavar="FILE",
                    help='with --tree: JSON {"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16, '
                         '"source": "..."}, the measured tau of the chain and of trees')
