@@ -22,8 +22,9 @@ Each component's time is max(bytes / bandwidth, FLOPs / peak) and the iteration'
 
 where tau(N) is a MEASURED curve (the embedded pair: the chain at block ``bs`` and trees of
 some node budgets, ``--tau-curve FILE``), SCALED so that the chain's tau equals the paper's
-6.49 for Qwen3-8B: tau(N) = tau_measured(N) * 6.49 / tau_chain (an assumption: that a tree
-gains over the chain the same fraction on Qwen3-8B as on the embedded pair). Node budgets beyond
+6.49 for Qwen3-8B: tau(N) = tau_measured(N) * 6.49 / tau_chain, capped at ``bs`` (an
+assumption: that a tree gains over the chain the same fraction on Qwen3-8B as on the embedded
+pair). Node budgets beyond
 the largest measured one are extrapolated two ways, both stated: ``flat`` (tau stays at the
 largest measured budget's: a floor, a larger best-first tree holds the smaller one) and
 ``log`` (tau keeps growing by the last measured doubling's gain per doubling of N, capped at
@@ -42,7 +43,7 @@ The tau-curve file (JSON):
      "source": "where the numbers come from"}
 
     python -m dflash_jax roofline --tree --tau-curve results/roofline/tree/tau_curve.json \\
-        --no-xla-check --out results/roofline/tree
+        --out results/roofline/tree
 """
 
 from __future__ import annotations
