@@ -5,7 +5,7 @@ Function level: one fixed hand-made tree (V = 7, depth 3, up to 3 children per n
 order that differs from the node order, an invalid node whose token the target likes, and a
 root whose children cover the whole support of the top-k / top-p filtered p), with fixed logits
 per node (siblings differ, as a target's logits depend on the path), repeated over ROWS rows of
-one call. The oracle is exact, in float64 numpy: the law of the whole emitted sequence is the
+one call; and a repeated sibling token. The oracle is exact, in float64 numpy: the law of the whole emitted sequence is the
 product of the target's (``exact_sampling.filter_probs``) probabilities along it, and an emitted
 sequence ends where its last token is not a valid child of the node it leaves. Pearson's
 chi-squared (``exact_sampling.pearson``, Bonferroni over the first token, the first two and the
@@ -15,7 +15,10 @@ from p without zeroing the rejected children), while the right rule written agai
 sequential walk, passes.
 
 At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonus equal
-``tree.accept_greedy``'s on random best-first trees (an independent walk).
+``tree.accept_greedy``'s on random best-first trees (an independent walk). With the vocabulary
+split over 2 host devices the tokens are the single device's. Engine level: ``generate(tree=8,
+temperature=1)`` with a tree proposer keeps the target's exact law of its first 5 tokens
+(``tests/exact_sampling.py``), and a wrong rule patched into the same run is rejected.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ NODES = [
     (4, 1, 2, False),  # invalid: never a child, though p at node 1 favours token 4
     (4, 5, 0, True), (0, 5, 1, True),
     (1, 6, 0, True),
+    (6, 2, 1, True), (2, 11, 0, True),  # a repeated sibling token: never accepted, nor its child
 ]
 N, MAX_DEPTH = len(NODES), 3
 
@@ -95,7 +99,9 @@ def exact_outcomes(p: np.ndarray) -> dict:
     out = {}
 
     def walk(n, prefix, prob):
-        kids = {NODES[c][0]: c for c in children_of(n)}
+        kids = {}
+        for c in children_of(n):
+            kids.setdefault(NODES[c][0], c)  # a repeated token: its first sibling only
         for b in range(V):
             if b in kids:
                 walk(kids[b], prefix + (b,), prob * p[n, b])
@@ -217,7 +223,7 @@ def fixed_case():
 def test_exact_law_is_a_distribution(fixed_case):
     """The oracle itself: probabilities sum to 1, the root's children cover p's support (so a
     bonus at the root has probability 0), p at node 1 favours the invalid node's token, and
-    every sequence length 1..4 occurs."""
+    the emitted sequences have lengths 2..4."""
     *_, outcomes, p = fixed_case
     assert abs(sum(outcomes.values()) - 1.0) < 1e-12
     assert set(np.flatnonzero(p[0])) == {NODES[c][0] for c in children_of(0)}

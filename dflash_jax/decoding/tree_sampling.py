@@ -57,6 +57,17 @@ def _vocab_ids(ops: vocab.VocabOps, local_vocab: int) -> jax.Array:
     return ops.local(jnp.arange(local_vocab * ops.vocab_shards, dtype=jnp.int32))
 
 
+def _prob_at(ops: vocab.VocabOps, logp: jax.Array, node: jax.Array, tokens: jax.Array) -> jax.Array:
+    """float32[B, M]: ``exp(logp[b, node[b, m], tokens[b, m]])`` (logp [B, N, V], token ids
+    global): one scalar gather per entry, no [B, M, V] copy; on a split vocabulary the shard
+    holding the token gives it (a sum over shards of one number per entry)."""
+    B, _, V = logp.shape
+    local = tokens - _vocab_ids(ops, V)[0]
+    mine = (local >= 0) & (local < V)
+    val = logp[jnp.arange(B)[:, None], node, jnp.clip(local, 0, V - 1)]
+    return ops.sum(jnp.where(mine, jnp.exp(val), 0.0)[..., None])
+
+
 def accept_sampled(tree: Tree, mask: jax.Array, logits: jax.Array, sampling: SamplingParams,
                    key: jax.Array, ops: vocab.VocabOps = vocab.LOCAL):
     """Tree acceptance by the multi-draft rule for deterministic siblings (module docstring).
@@ -86,9 +97,7 @@ def accept_sampled(tree: Tree, mask: jax.Array, logits: jax.Array, sampling: Sam
     logp = target_logp(logits, sampling, ops)  # [B, N, V]
     node = jnp.arange(N, dtype=jnp.int32)
     is_child = tree.valid & (node > 0)[None]  # [B, N]: a node that can be accepted
-    # p_parent(x) of every node's token x: the target's probability at its parent
-    parent_logp = jnp.take_along_axis(logp, tree.parents[:, :, None], axis=1)  # [B, N, V]
-    p_tok = jnp.exp(ops.take(parent_logp, tree.tokens))  # [B, N]
+    p_tok = _prob_at(ops, logp, tree.parents, tree.tokens)  # [B, N]: p at the parent of x
 
     # siblings[b, j, s]: s is a child of j's parent visited before j (lower rank; equal ranks
     # by index); repeat[b, j]: an earlier sibling holds j's token (p_res(x) = 0 then)
