@@ -59,6 +59,7 @@ N, MAX_DEPTH = len(NODES), 3
 
 
 def fixed_tree(rows: int) -> Tree:
+    """The tree of ``NODES`` in each of ``rows`` rows (scores unused: 0)."""
     tok, par, rank, valid = (np.array(c) for c in zip(*NODES))
     depth = np.zeros(N, int)
     for i in range(1, N):
