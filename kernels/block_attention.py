@@ -10,6 +10,10 @@ One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
 * ``causal=False`` (the DFlash drafter): query t sees the valid context slots
   ``s < kv_lens[b]`` and every row of the block's own ``k_blk, v_blk [B, T, Hkv, Dh]``
   (non-causal; docs/method.md section 3), which are not in the cache.
+* ``causal=False`` with ``blk_mask`` bool[B, T, T] (tree verify, docs/trees.md): as the drafter,
+  but query t sees block row j only where ``blk_mask[b, t, j]`` (its ancestors and itself in a
+  tree of T nodes, ``decoding.tree.ancestor_mask``). The kernel folds the mask like the queries
+  (row r of a tile is query r // G) and loads it as one int32 tile per program.
 
 Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:
 the T queries of the G = H / Hkv heads that share a KV head become ``T * G`` rows (padded to a
@@ -46,20 +50,22 @@ MAX_ROWS = 64
 
 # ---------------------------------------------------------------------------- reference
 def block_attention_reference(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
-                              scale: float | None = None, **_unused):
+                              scale: float | None = None, blk_mask=None, **_unused):
     """Dense ``jnp`` version of :func:`block_attention` (same arguments, same result): the
     scores of every visible key (cache slots, then the block's own rows) under one softmax.
     q [B, T, H, Dh]; k, v [B, S, Hkv, Dh] (one layer); kv_lens int32[B]; k_blk, v_blk
-    [B, T, Hkv, Dh] or None. Returns [B, T, H, Dh] in q's dtype; a row that sees nothing is 0."""
-    _check(q, k, v, kv_lens, k_blk, v_blk, causal)
+    [B, T, Hkv, Dh] or None; blk_mask bool[B, T, T] or None (query t sees block row j where
+    True; None: every row). Returns [B, T, H, Dh] in q's dtype; a row that sees nothing is 0."""
+    _check(q, k, v, kv_lens, k_blk, v_blk, causal, blk_mask)
     B, T, H, Dh = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     scale = Dh ** -0.5 if scale is None else scale
     limit_BxT = kv_lens[:, None] + (jnp.arange(T)[None, :] + 1 if causal else jnp.zeros((1, T), int))
     visible_BxTxS = jnp.arange(S)[None, None, :] < limit_BxT[:, :, None]  # slots < limit
-    if k_blk is not None:  # every query sees every row of its own block
+    if k_blk is not None:  # every query sees every row of its own block (or blk_mask's rows)
         k, v = jnp.concatenate([k, k_blk], axis=1), jnp.concatenate([v, v_blk], axis=1)
-        visible_BxTxS = jnp.concatenate([visible_BxTxS, jnp.ones((B, T, T), bool)], axis=-1)
+        own = jnp.ones((B, T, T), bool) if blk_mask is None else blk_mask.astype(bool)
+        visible_BxTxS = jnp.concatenate([visible_BxTxS, own], axis=-1)
     q_grouped = q.reshape(B, T, Hkv, H // Hkv, Dh)  # the H // Hkv query heads of each KV head
     scores = jnp.einsum("btkgd,bskd->bkgts", q_grouped, k, preferred_element_type=jnp.float32) * scale
     visible = visible_BxTxS[:, None, None]  # [B, 1, 1, T, S']
@@ -71,7 +77,7 @@ def block_attention_reference(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causa
     return out.reshape(B, T, H, Dh).astype(q.dtype)
 
 
-def _check(q, k, v, kv_lens, k_blk, v_blk, causal):
+def _check(q, k, v, kv_lens, k_blk, v_blk, causal, blk_mask=None):
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"expected q [B,T,H,Dh] and k, v [B,S,Hkv,Dh]; got {q.shape}, {k.shape}, {v.shape}")
     B, T, H, Dh = q.shape
@@ -85,6 +91,14 @@ def _check(q, k, v, kv_lens, k_blk, v_blk, causal):
     if k_blk is not None and (k_blk.shape != (B, T, k.shape[2], Dh) or v_blk is None
                               or v_blk.shape != k_blk.shape):
         raise ValueError(f"k_blk / v_blk must have shape {(B, T, k.shape[2], Dh)}")
+    if blk_mask is not None:
+        if causal or k_blk is None:
+            raise ValueError("blk_mask restricts the block's own rows k_blk, v_blk, which only the "
+                             "non-causal mode has: pass causal=False with k_blk, v_blk (tree "
+                             "verify), or blk_mask=None")
+        if blk_mask.shape != (B, T, T):
+            raise ValueError(f"blk_mask must have shape {(B, T, T)} ([batch, query, block row] "
+                             f"for T = {T} queries), got {tuple(blk_mask.shape)}")
 
 
 # ---------------------------------------------------------------------------- kernel
@@ -101,9 +115,11 @@ def _dot(a, b, *, trans_b: bool = False, exact: bool):
         precision=jax.lax.Precision.HIGHEST if exact else None, preferred_element_type=jnp.float32)
 
 
-def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, scale, block_k,
-            tiles_per_split, group, num_queries, num_blk, exact):
-    if has_blk:
+def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, has_mask, scale,
+            block_k, tiles_per_split, group, num_queries, num_blk, exact):
+    if has_mask:
+        kb_ref, vb_ref, mask_ref, o_ref, m_ref, l_ref = rest
+    elif has_blk:
         kb_ref, vb_ref, o_ref, m_ref, l_ref = rest
     else:
         o_ref, m_ref, l_ref = rest
@@ -144,6 +160,8 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
         kb, vb = kb_ref[...], vb_ref[...]
         cols = jnp.arange(kb.shape[0])
         mask = (cols[None, :] < num_blk) & (split == 0) & (t[:, None] < num_queries)
+        if has_mask:  # folded [rows, Tb] int32: row r is query r // G (padding rows and cols 0)
+            mask = mask & (mask_ref[...] != 0)
         carry = update(dot(q, kb), mask, vb, carry)
     acc, m, l = carry
     o_ref[...] = acc
@@ -152,7 +170,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, sc
 
 
 def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
-                    scale: float | None = None, layer=None, block_k: int | None = None,
+                    blk_mask=None, scale: float | None = None, layer=None, block_k: int | None = None,
                     num_splits: int | None = None, interpret: bool = False,
                     num_warps: int | None = None, num_stages: int | None = None):
     """Pallas block attention (see the module docstring for the two masking modes).
@@ -163,6 +181,8 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
         reads that layer in place, so no per-layer copy of the cache is made.
       kv_lens: int32[B] valid slots per row.
       k_blk, v_blk: [B, T, Hkv, Dh] the block's own K/V (non-causal mode only).
+      blk_mask: bool[B, T, T] or None (non-causal mode only): query t sees block row j only where
+        ``blk_mask[b, t, j]`` (tree verify: the ancestor mask); None: every block row.
       scale: softmax scale (default Dh ** -0.5).
       block_k: cache tile; num_splits: chunks of S processed in parallel; num_warps,
         num_stages: Triton launch parameters. Each one left None is chosen per shape and device
@@ -177,7 +197,8 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
     elif layer is None:
         raise ValueError("a stacked [L, B, S, Hkv, Dh] cache needs layer=")
     layer_shape = jax.ShapeDtypeStruct(k.shape[1:], k.dtype)  # one layer's cache, for the checks
-    _check(q, layer_shape, jax.ShapeDtypeStruct(v.shape[1:], v.dtype), kv_lens, k_blk, v_blk, causal)
+    _check(q, layer_shape, jax.ShapeDtypeStruct(v.shape[1:], v.dtype), kv_lens, k_blk, v_blk, causal,
+           blk_mask)
     # Under jit so that tracing sees one removable call: jax <= 0.11 never dead-code-eliminates
     # a bare pallas_call, and flax >= 0.12.9 (which needs jax >= 0.11.1) DCEs the body of
     # nn.scan to check its broadcast inputs, so a bare kernel in a scanned layer fails there
@@ -186,29 +207,36 @@ def block_attention(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
                              causal=causal, scale=None if scale is None else float(scale),
                              block_k=block_k, num_splits=num_splits, interpret=interpret,
                              num_warps=num_warps, num_stages=num_stages)
-    return in_query_chunks(lambda q_c, lens_c: call(q_c, kv_lens=lens_c), q, kv_lens,
-                           causal=causal, group=q.shape[2] // k.shape[3])
+    if blk_mask is None:
+        return in_query_chunks(lambda q_c, lens_c: call(q_c, kv_lens=lens_c), q, kv_lens,
+                               causal=causal, group=q.shape[2] // k.shape[3])
+    return in_query_chunks(lambda q_c, lens_c, mask_c: call(q_c, kv_lens=lens_c, blk_mask=mask_c),
+                           q, kv_lens, blk_mask, causal=causal, group=q.shape[2] // k.shape[3])
 
 
-def in_query_chunks(call, q, kv_lens, *, causal: bool, group: int, max_rows: int = MAX_ROWS):
-    """``call(q_chunk, kv_lens_chunk)`` over chunks of the T queries of q [B, T, H, Dh] that
-    hold at most ``max_rows`` folded rows (queries x ``group`` heads per KV head) each,
-    concatenated along T; one call when the whole block fits. For a long block (a prefill, or
-    a drafter block with many query heads per KV head). Causal: the chunk starting at query t0
-    is the same problem over a cache whose rows are t0 slots longer. Non-causal: every chunk
-    sees the same context (and all rows of the block's own K/V, which ``call`` holds)."""
+def in_query_chunks(call, q, kv_lens, *per_query, causal: bool, group: int,
+                    max_rows: int = MAX_ROWS):
+    """``call(q_chunk, kv_lens_chunk, *per_query_chunks)`` over chunks of the T queries of q
+    [B, T, H, Dh] that hold at most ``max_rows`` folded rows (queries x ``group`` heads per KV
+    head) each, concatenated along T; one call when the whole block fits. For a long block (a
+    prefill, or a drafter block with many query heads per KV head). Causal: the chunk starting
+    at query t0 is the same problem over a cache whose rows are t0 slots longer. Non-causal:
+    every chunk sees the same context (and all rows of the block's own K/V, which ``call``
+    holds). ``per_query``: arrays [B, T, ...] cut into the same query chunks along axis 1 (the
+    tree's ``blk_mask`` [B, T, T]: a chunk's queries keep their rows of it)."""
     T = q.shape[1]
     if T * group <= max_rows:
-        return call(q, kv_lens)
+        return call(q, kv_lens, *per_query)
     step = max(1, max_rows // group)
-    return jnp.concatenate([call(q[:, t0:t0 + step], kv_lens + t0 if causal else kv_lens)
+    return jnp.concatenate([call(q[:, t0:t0 + step], kv_lens + t0 if causal else kv_lens,
+                                 *(x[:, t0:t0 + step] for x in per_query))
                             for t0 in range(0, T, step)], axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_k", "num_splits", "interpret",
                                              "num_warps", "num_stages"))
-def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, block_k, num_splits,
-                     interpret, num_warps, num_stages):
+def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, blk_mask=None, *, causal, scale,
+                     block_k, num_splits, interpret, num_warps, num_stages):
     from jax.experimental.pallas import triton as plgpu
 
     B, T, H, Dh = q.shape
@@ -251,8 +279,13 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, bl
         padb = ((0, 0), (0, Tb - num_blk), (0, 0), (0, 0))
         args += [jnp.pad(k_blk, padb), jnp.pad(v_blk, padb)]
         in_specs += [pl.BlockSpec((None, Tb, None, Dh), lambda b, g, s: (b, 0, g, 0))] * 2
+    has_mask = blk_mask is not None
+    if has_mask:  # [B, Tq, num_blk] -> folded like q (row r: query r // G) -> int32 [B, R, Tb]
+        folded = jnp.repeat(blk_mask.astype(jnp.int32), G, axis=1)
+        args.append(jnp.pad(folded, ((0, 0), (0, R - T * G), (0, Tb - num_blk))))
+        in_specs.append(pl.BlockSpec((None, R, Tb), lambda b, g, s: (b, 0, 0)))
     kernel = functools.partial(
-        _kernel, causal=causal, has_blk=has_blk, scale=scale, block_k=block_k,
+        _kernel, causal=causal, has_blk=has_blk, has_mask=has_mask, scale=scale, block_k=block_k,
         tiles_per_split=tiles_per_split, group=G, num_queries=T, num_blk=num_blk, exact=q.dtype == jnp.float32)
     acc, m, l = pl.pallas_call(
         kernel,

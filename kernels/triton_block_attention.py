@@ -4,7 +4,8 @@ Same signature, masking modes and result as :func:`kernels.block_attention.block
 Pallas kernel; see its module docstring): q [B, T, H, Dh] against a cache k, v [B, S, Hkv, Dh]
 (or the stacked [L, B, S, Hkv, Dh] with ``layer``) holding ``kv_lens[b]`` valid slots;
 ``causal=True``: query t sees slots ``s < kv_lens[b] + t + 1``; ``causal=False``: slots
-``s < kv_lens[b]`` plus all T rows of the block's own ``k_blk, v_blk``.
+``s < kv_lens[b]`` plus all T rows of the block's own ``k_blk, v_blk``, or with ``blk_mask``
+bool[B, T, T] (tree verify) only the block rows j where ``blk_mask[b, t, j]``.
 
 Kernel layout. The grid is ``(B, Hkv, num_splits + has_blk)``. As in the Pallas kernel, the G
 query heads that share a KV head are folded into the ``ROWS = max(16, pow2(T * G))`` rows of one
@@ -76,15 +77,16 @@ def _dot(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(q, acc, m, l, k_rows, v_rows, cols, n_cols, limit, DH: tl.constexpr,
+def _attend_tile(q, acc, m, l, k_rows, v_rows, cols, n_cols, limit, allowed, DH: tl.constexpr,
                  BLOCK_D: tl.constexpr, ROW_STRIDE: tl.constexpr, SCALE: tl.constexpr,
-                 PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+                 PRECISION: tl.constexpr, DOT_F32: tl.constexpr, HAS_ALLOWED: tl.constexpr):
     """One online-softmax step over the key rows ``cols`` of a K/V source.
 
     q [ROWS, BLOCK_D]; acc [ROWS, BLOCK_D], m, l [ROWS] float32 (running sum of p @ v, max,
     sum of p); k_rows, v_rows: pointers to row 0 of this (b, kv head) with ROW_STRIDE elements
     between rows; cols [N] the rows to read (those >= n_cols are not loaded); limit [ROWS]:
-    query row r sees the key rows ``cols < limit[r]``.
+    query row r sees the key rows ``cols < limit[r]``; allowed [ROWS, N] bool, read only when
+    HAS_ALLOWED: further restricts what row r sees (the tree's ancestor mask).
     """
     dims = tl.arange(0, BLOCK_D)
     in_bounds = (cols < n_cols)[:, None] & (dims < DH)[None, :]
@@ -92,6 +94,8 @@ def _attend_tile(q, acc, m, l, k_rows, v_rows, cols, n_cols, limit, DH: tl.const
     kt = tl.load(k_rows + offsets, mask=in_bounds, other=0.0)
     vt = tl.load(v_rows + offsets, mask=in_bounds, other=0.0)
     visible = cols[None, :] < limit[:, None]
+    if HAS_ALLOWED:
+        visible = visible & allowed
     scores = _dot(q, tl.trans(kt), PRECISION, DOT_F32)
     scores = tl.where(visible, scores * SCALE, NEG)
     m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -103,18 +107,19 @@ def _attend_tile(q, acc, m, l, k_rows, v_rows, cols, n_cols, limit, DH: tl.const
 
 @triton.jit
 def _block_attention_kernel(
-        layer_ptr, lens_ptr, q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,  # inputs
+        layer_ptr, lens_ptr, q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, mask_ptr,  # inputs
         acc_ptr, m_ptr, l_ptr,  # outputs: per-split online-softmax states
         B: tl.constexpr, S: tl.constexpr, T: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
         DH: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
         BLOCK_T: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        CAUSAL: tl.constexpr, HAS_BLK: tl.constexpr, SCALE: tl.constexpr, PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr):
+        CAUSAL: tl.constexpr, HAS_BLK: tl.constexpr, HAS_MASK: tl.constexpr, SCALE: tl.constexpr,
+        PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     """Program (b, g, split): rows of KV head g of batch row b against one chunk of the cache
     (split < NUM_SPLITS) or against the block's own rows (split == NUM_SPLITS, drafter mode).
 
     layer_ptr int32[1]; lens_ptr int32[B]; q_ptr [B, T, HKV * G, DH]; k_ptr, v_ptr
-    [L, B, S, HKV, DH]; kb_ptr, vb_ptr [B, T, HKV, DH] (read only when HAS_BLK);
+    [L, B, S, HKV, DH]; kb_ptr, vb_ptr [B, T, HKV, DH] (read only when HAS_BLK); mask_ptr
+    int32[B, T, T] (read only when HAS_MASK: query t sees block row j where nonzero);
     acc_ptr f32[B, HKV, NUM_SPLITS + HAS_BLK, ROWS, BLOCK_D]; m_ptr, l_ptr f32[..., ROWS].
     """
     b = tl.program_id(0)
@@ -147,15 +152,21 @@ def _block_attention_kernel(
         for i in range(n_tiles):
             cols = (first + i) * BLOCK_K + tl.arange(0, BLOCK_K)
             acc, m, l = _attend_tile(q, acc, m, l, k_ptr + cache_row0, v_ptr + cache_row0, cols,
-                                     n_cols, limit, DH, BLOCK_D, ROW_STRIDE, SCALE, PRECISION,
-                                     DOT_F32)
-    else:  # the block's own K/V rows, seen by every query row
+                                     n_cols, limit, limit, DH, BLOCK_D, ROW_STRIDE, SCALE,
+                                     PRECISION, DOT_F32, False)
+    else:  # the block's own K/V rows, seen by every query row (or as blk_mask says)
         if HAS_BLK:
             block_row0 = (b * T).to(tl.int64) * ROW_STRIDE + g * DH
             limit = tl.where(row_ok, T, 0)
+            cols = tl.arange(0, BLOCK_T)
+            if HAS_MASK:  # row r reads query t = r // G's row of the mask
+                allowed = tl.load(mask_ptr + (b * T + t)[:, None] * T + cols[None, :],
+                                  mask=row_ok[:, None] & (cols < T)[None, :], other=0) != 0
+            else:
+                allowed = limit
             acc, m, l = _attend_tile(q, acc, m, l, kb_ptr + block_row0, vb_ptr + block_row0,
-                                     tl.arange(0, BLOCK_T), T, limit, DH, BLOCK_D, ROW_STRIDE,
-                                     SCALE, PRECISION, DOT_F32)
+                                     cols, T, limit, allowed, DH, BLOCK_D, ROW_STRIDE,
+                                     SCALE, PRECISION, DOT_F32, HAS_MASK)
 
     state = ((b * HKV + g) * (NUM_SPLITS + HAS_BLK) + split) * ROWS + rows
     tl.store(acc_ptr + state[:, None] * BLOCK_D + dims[None, :], acc)
@@ -193,7 +204,8 @@ class LaunchPlan:
         return LaunchParams(c["BLOCK_K"], c["NUM_SPLITS"], self.num_warps, self.num_stages)
 
 
-def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, scale: float | None = None,
+def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, has_mask: bool = False,
+                scale: float | None = None,
                 block_k: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
                 num_sms: int | None = None, interpret: bool = False) -> LaunchPlan:
@@ -203,6 +215,7 @@ def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, scale: 
     num_stages: None takes :func:`kernels.tuning.choose_launch`'s choice for a device of
     ``num_sms`` SMs (None: the tuner's default, an H100's 132). The cache programs do not load
     the block's rows (drafter mode gives them a program of their own), hence ``block_rows=0``.
+    has_mask: the block's program reads a ``blk_mask`` (tree verify).
     interpret: for Triton's interpreter (float32 products, see ``_dot``).
     """
     B, T, H, Dh = q_shape
@@ -221,7 +234,7 @@ def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, scale: 
     constexprs = dict(
         B=B, S=S, T=T, HKV=Hkv, G=G, DH=Dh, BLOCK_D=block_d, ROWS=rows, BLOCK_K=block_k,
         BLOCK_T=max(16, next_pow2(T)), TILES_PER_SPLIT=tiles_per_split, NUM_SPLITS=num_splits,
-        CAUSAL=bool(causal), HAS_BLK=bool(has_blk),
+        CAUSAL=bool(causal), HAS_BLK=bool(has_blk), HAS_MASK=bool(has_mask),
         SCALE=float(Dh ** -0.5 if scale is None else scale),
         # full float32 products for float32 inputs (no TF32); the option is ignored for bf16
         PRECISION="ieee" if jnp.dtype(dtype) == jnp.float32 or interpret else "tf32",
@@ -232,7 +245,7 @@ def plan_launch(q_shape, k_shape, dtype, *, causal: bool, has_blk: bool, scale: 
 
 # ---------------------------------------------------------------------------- JAX wrapper
 def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: bool,
-                           scale: float | None = None, layer=None, block_k: int | None = None,
+                           blk_mask=None, scale: float | None = None, layer=None, block_k: int | None = None,
                            num_splits: int | None = None, interpret: bool = False,
                            num_warps: int | None = None, num_stages: int | None = None):
     """Triton block attention (see the module docstring for the two masking modes).
@@ -242,6 +255,8 @@ def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: 
         [L, B, S, Hkv, Dh] with ``layer`` (an int or int32 scalar), read in place.
       kv_lens: int32[B] valid slots per row.
       k_blk, v_blk: [B, T, Hkv, Dh] the block's own K/V (non-causal mode only).
+      blk_mask: bool[B, T, T] or None (non-causal mode only): query t sees block row j only
+        where ``blk_mask[b, t, j]`` (tree verify's ancestor mask); None: every block row.
       scale: softmax scale (default Dh ** -0.5).
       block_k: cache tile; num_splits: chunks of S in parallel; num_warps, num_stages: Triton
         launch options (GPU only). None: chosen per shape and device by ``kernels/tuning.py``
@@ -255,8 +270,10 @@ def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: 
     elif layer is None:
         raise ValueError("a stacked [L, B, S, Hkv, Dh] cache needs layer=")
     # under jit, as the Pallas kernel, so tracing sees one removable call
+    check_arguments(q, jax.ShapeDtypeStruct(k.shape[1:], k.dtype),
+                    jax.ShapeDtypeStruct(v.shape[1:], v.dtype), kv_lens, k_blk, v_blk, causal, blk_mask)
     call = functools.partial(_block_attention_triton, k=k, v=v, k_blk=k_blk, v_blk=v_blk,
-                             layer=layer, causal=causal, scale=None if scale is None else float(scale),
+                             blk_mask=blk_mask, layer=layer, causal=causal, scale=None if scale is None else float(scale),
                              block_k=block_k, num_splits=num_splits, interpret=interpret,
                              num_warps=num_warps, num_stages=num_stages)
     if not causal:  # the drafter's block: its rows are both the queries and the extra keys
@@ -268,17 +285,20 @@ def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_k", "num_splits", "interpret",
                                              "num_warps", "num_stages"))
-def _block_attention_triton(q, k, v, kv_lens, k_blk, v_blk, layer, *, causal, scale, block_k,
-                            num_splits, interpret, num_warps, num_stages):
-    check_arguments(q, k[0], v[0], kv_lens, k_blk, v_blk, causal)
+def _block_attention_triton(q, k, v, kv_lens, k_blk, v_blk, layer, blk_mask=None, *, causal, scale,
+                            block_k, num_splits, interpret, num_warps, num_stages):
+    check_arguments(q, k[0], v[0], kv_lens, k_blk, v_blk, causal, blk_mask)
     has_blk = k_blk is not None
-    plan = plan_launch(q.shape, k.shape, k.dtype, causal=causal, has_blk=has_blk, scale=scale,
+    plan = plan_launch(q.shape, k.shape, k.dtype, causal=causal, has_blk=has_blk,
+                       has_mask=blk_mask is not None, scale=scale,
                        block_k=block_k, num_splits=num_splits, num_warps=num_warps,
                        num_stages=num_stages, num_sms=_gpu_sm_count(), interpret=interpret)
-    # one element type for every tile (tl.dot needs it); unused block pointers alias the cache
+    # one element type for every tile (tl.dot needs it); unused block pointers alias the cache,
+    # an unused mask pointer the lengths
     kb, vb = (k_blk.astype(k.dtype), v_blk.astype(k.dtype)) if has_blk else (k, v)
-    args = (jnp.asarray(layer, jnp.int32).reshape(1), kv_lens.astype(jnp.int32), q.astype(k.dtype),
-            k, v, kb, vb)
+    lens = kv_lens.astype(jnp.int32)
+    mask = lens if blk_mask is None else blk_mask.astype(jnp.int32)
+    args = (jnp.asarray(layer, jnp.int32).reshape(1), lens, q.astype(k.dtype), k, v, kb, vb, mask)
     if interpret:
         acc, m, l = jax.pure_callback(functools.partial(launch_interpreted, plan), plan.out_shapes,
                                       *args)
@@ -330,7 +350,7 @@ def _to_torch(x: np.ndarray):
 
 def _run_in_interpreter(plan: LaunchPlan, arrays) -> tuple[np.ndarray, ...]:
     """Launches the (interpreted) kernel over ``plan.grid`` on torch CPU tensors made from the
-    host arrays (layer, lens, q, k, v, kb, vb); returns the states (acc, m, l) as numpy."""
+    host arrays (layer, lens, q, k, v, kb, vb, mask); returns the states (acc, m, l) as numpy."""
     import torch
 
     outs = [torch.empty(s.shape, dtype=torch.float32) for s in plan.out_shapes]
@@ -397,7 +417,8 @@ def serve_interpreter():
 
 
 def launch_interpreted(plan: LaunchPlan, *arrays) -> tuple[np.ndarray, ...]:
-    """Runs the kernel in Triton's interpreter on host arrays (layer, lens, q, k, v, kb, vb):
+    """Runs the kernel in Triton's interpreter on host arrays (layer, lens, q, k, v, kb, vb,
+    mask):
     here if this process runs under TRITON_INTERPRET=1, else in a helper process that does.
     Returns the numpy states (acc, m, l) of ``plan.out_shapes``. Needs torch (CPU)."""
     try:
@@ -416,7 +437,8 @@ def _signature(dtype) -> dict:
     elem = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16",
             jnp.dtype(jnp.float32): "fp32"}[jnp.dtype(dtype)]
     return {"layer_ptr": "*i32", "lens_ptr": "*i32", "q_ptr": f"*{elem}", "k_ptr": f"*{elem}",
-            "v_ptr": f"*{elem}", "kb_ptr": f"*{elem}", "vb_ptr": f"*{elem}", "acc_ptr": "*fp32",
+            "v_ptr": f"*{elem}", "kb_ptr": f"*{elem}", "vb_ptr": f"*{elem}", "mask_ptr": "*i32",
+            "acc_ptr": "*fp32",
             "m_ptr": "*fp32", "l_ptr": "*fp32"}
 
 

@@ -334,33 +334,35 @@ def check_attention_impl(impl: str) -> str:
 
 
 def pallas_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
-                           v_blk=None):
+                           v_blk=None, blk_mask=None):
     """The Pallas kernel of ``kernels.block_attention``: compiled (Triton) where the program is
     lowered for a GPU, interpreted elsewhere. The choice is made per lowering platform, so a
     program traced on a CPU host and lowered for CUDA holds the compiled kernel.
 
     q [B, T, H, Dh]; k_cache, v_cache: the stacked cache [L, B, S, Hkv, Dh], read in place at
-    ``layer``; kv_lens int32[B]; k_blk, v_blk [B, T, Hkv, Dh] (non-causal only). Returns
-    [B, T, H, Dh]."""
+    ``layer``; kv_lens int32[B]; k_blk, v_blk [B, T, Hkv, Dh] (non-causal only); blk_mask
+    bool[B, T, T] or None (non-causal only: query t sees block row j where True; tree verify's
+    ancestor mask). Returns [B, T, H, Dh]."""
     from dflash_jax.kernels.block_attention import block_attention
 
     def kernel(interpret: bool):
-        return lambda q, k, v, lens, kb, vb, layer: block_attention(
-            q, k, v, lens, kb, vb, causal=causal, layer=layer, interpret=interpret)
+        return lambda q, k, v, lens, kb, vb, layer, mask: block_attention(
+            q, k, v, lens, kb, vb, causal=causal, blk_mask=mask, layer=layer, interpret=interpret)
 
-    return jax.lax.platform_dependent(q, k_cache, v_cache, kv_lens, k_blk, v_blk, layer,
+    return jax.lax.platform_dependent(q, k_cache, v_cache, kv_lens, k_blk, v_blk, layer, blk_mask,
                                       cuda=kernel(False), rocm=kernel(False), default=kernel(True))
 
 
 def triton_block_attention(q, k_cache, v_cache, kv_lens, *, causal: bool, layer=None, k_blk=None,
-                           v_blk=None):
+                           v_blk=None, blk_mask=None):
     """The Triton kernel of ``kernels.triton_block_attention`` through jax-triton on a GPU; off a
     GPU, the same kernel in Triton's interpreter (slow; needs torch). Same arguments and result
     as :func:`pallas_block_attention`."""
     from dflash_jax.kernels.triton_block_attention import block_attention_triton
 
     return block_attention_triton(q, k_cache, v_cache, kv_lens, k_blk, v_blk, causal=causal,
-                                  layer=layer, interpret=jax.default_backend() != "gpu")
+                                  blk_mask=blk_mask, layer=layer,
+                                  interpret=jax.default_backend() != "gpu")
 
 
 BLOCK_ATTENTION = {"pallas": pallas_block_attention, "triton": triton_block_attention}
