@@ -139,9 +139,6 @@ class EngineSpec:
         if self.acceptance != MATCH:
             raise ValueError("a tree's siblings are the proposer's top-k tokens (deterministic "
                              "drafts): use a greedy-draft proposer (sampled_draft=False)")
-        if self.attention_impl == "triton":
-            raise ValueError("attention_impl='triton' has no tree mask: verify trees with "
-                             "attention_impl='xla' or 'pallas'")
 
     @property
     def tree(self) -> bool:

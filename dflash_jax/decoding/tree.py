@@ -95,7 +95,10 @@ def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -
     Args:
       anchor: int32[B] the root's token.
       logp: float32[B, D, V] the proposer's log-probabilities at draft depths 1..D (row d - 1 is
-        depth d), each independent of the tokens above it.
+        depth d), each independent of the tokens above it; unnormalised ones (logits) are
+        normalised here. The ranks are taken from ``logp`` as given, so with logits they are
+        exactly the logits' order (``topk = 1`` is the argmax, as the chain drafts it: a
+        log-softmax can round two close logits to one value and reorder them).
       nodes: N, the budget (root included); topk: K, children per node at most.
 
     The rule: a candidate is (parent node, depth d, rank r), scored ``score(parent) + the r-th
@@ -109,7 +112,9 @@ def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -
     """
     B, D, _ = logp.shape
     N, K = int(nodes), int(min(topk, logp.shape[-1]))
-    vals, ids = jax.lax.top_k(logp.astype(jnp.float32), K)  # [B, D, K] descending
+    logp = logp.astype(jnp.float32)
+    vals, ids = jax.lax.top_k(logp, K)  # [B, D, K] descending
+    vals = vals - jax.nn.logsumexp(logp, axis=-1, keepdims=True)  # log-probabilities
     vals = jnp.pad(vals, ((0, 0), (0, 1), (0, 1)), constant_values=-jnp.inf)  # depth D+1, rank K: none
     ids = ids.astype(jnp.int32)
     rows = jnp.arange(B)

@@ -105,8 +105,7 @@ class DFlashProposer(Proposer):
                              "vocabulary, which is split over the mesh's model axis here: run "
                              "trees without tensor parallelism (model=1), or verify a chain")
         logits, _, _, state = self._draft(spec, tparams, params, state, committed)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        return best_first_tree(committed.bonus, logp, policy.nodes, policy.topk), state
+        return best_first_tree(committed.bonus, logits, policy.nodes, policy.topk), state
 
     def _draft(self, spec, tparams, params, state: DFlashState, committed: Committed):
         """The deferred context update and the drafter's passes: (logits [B, bs-1, V] of the
