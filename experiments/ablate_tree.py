@@ -346,6 +346,16 @@ def findings(table: dict) -> list[str]:
                 out.append(f"{n if n == CHAIN else f'tree {n}'}: block {sizes[0]} -> {sizes[-1]}: tau "
                            f"{pair[0]['average']['tau']:.2f} -> {pair[1]['average']['tau']:.2f} "
                            f"({framework.verdict(pair[0], pair[1])})")
+    for bs in table["settings"]["block_sizes"]:
+        trees = [n for n in table["settings"]["nodes"] if n != CHAIN and (n, bs) in by]
+        if (CHAIN, bs) in by and trees:
+            big = by[(max(trees), bs)]
+            out.append(f"block {bs}: one iteration cost {by[(CHAIN, bs)]['average']['iteration_cost_ar_steps']:.2f} "
+                       f"AR steps with the chain and {big['average']['iteration_cost_ar_steps']:.2f} with the tree of "
+                       f"{max(trees)} here: on a CPU the target's verify is compute-bound, its time grows with the "
+                       "rows verified, and the tree's extra acceptance does not pay for its extra rows; at batch 1 on a "
+                       "GPU the verify is memory-bound up to the ridge point (hundreds of rows), where N rows cost "
+                       "about what one does (the roofline's prediction per node budget: results/roofline/tree)")
     lossless = all(r["same_output"] == r["responses"] for r in rows)
     out.append("every DFlash output equals the autoregressive output (T = 0)" if lossless else
                "some outputs differ from the autoregressive output: " + ", ".join(
