@@ -266,8 +266,10 @@ def markdown(report: dict) -> str:
                   f"{s['block_size']}): t_iter {r['chain']['t_iter_us']:.0f} us, t_iter / t_AR "
                   f"{r['chain']['ratio']:.3f}, tau {r['chain']['tau']:.2f}, speedup "
                   f"{r['chain']['speedup']:.2f}x.", "",
-                  "| N | t_iter (us) | t_iter / t_AR | tau (flat) | speedup (flat) | tau (log) | speedup (log) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| N | t_iter (us) | t_iter / t_AR | break-even tau gain over the previous N | tau (flat) | "
+                  "speedup (flat) | tau (log) | speedup (log) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        prev = None
         for row in r["trees"]:
             cells = []
             for how in EXTRAPOLATIONS:
@@ -275,12 +277,17 @@ def markdown(report: dict) -> str:
                 tau = f"{x['tau']:.2f}" if x["measured"] else f"*{x['tau']:.2f}*"
                 sp = f"{x['speedup']:.2f}x" + (" **best**" if r["best_nodes"][how] == row["nodes"] else "")
                 cells += [tau, sp]
-            lines.append(f"| {row['nodes']} | {row['t_iter_us']:.0f} | {row['ratio']:.3f} | " + " | ".join(cells) + " |")
+            even = "-" if prev is None else f"{100 * (row['t_iter_us'] / prev['t_iter_us'] - 1):+.2f} %"
+            lines.append(f"| {row['nodes']} | {row['t_iter_us']:.0f} | {row['ratio']:.3f} | {even} | "
+                         + " | ".join(cells) + " |")
+            prev = row
         fmt = lambda n: "> 16384" if n is None else str(n)
         lines += ["", f"Ridge point {r['ridge_point_flop_per_byte']:.0f} FLOP/byte: the verify's linears turn "
                   f"compute-bound from N = {fmt(cb['target linears'])}, its LM head from "
                   f"{fmt(cb['target LM head'])}, its attention over the cache from {fmt(cb['target attention'])}. "
-                  "t_iter / t_AR by N: " + ", ".join(f"{k}: {v:.3f}" for k, v in r["ratio_by_nodes"].items()), ""]
+                  "t_iter / t_AR by N: " + ", ".join(f"{k}: {v:.3f}" for k, v in r["ratio_by_nodes"].items())
+                  + ". (break-even tau gain: how much more tau a budget needs than the previous one to be as fast, "
+                  "the growth of t_iter.)", ""]
     return "\n".join(lines) + "\n"
 
 
