@@ -248,7 +248,7 @@ def block_attention_triton(q, k, v, kv_lens, k_blk=None, v_blk=None, *, causal: 
                            blk_mask=None, scale: float | None = None, layer=None, block_k: int | None = None,
                            num_splits: int | None = None, interpret: bool = False,
                            num_warps: int | None = None, num_stages: int | None = None):
-    """Triton block attention (see the module docstring for the two masking modes).
+    """Triton block attention (see the module docstring for the masking modes: causal, non-causal, tree).
 
     Args:
       q: [B, T, H, Dh]; k, v: [B, S, Hkv, Dh] cache, or the stacked cache of all layers

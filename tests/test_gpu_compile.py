@@ -93,6 +93,25 @@ def test_wide_cache_offsets_compile_on_both_architectures():
             assert row["programs"] >= gpu.num_sms // 2
 
 
+def test_tree_verify_kernel_compiles_for_sm_90a(tmp_path):
+    """Tree verify of 32 nodes on Qwen3-8B's shapes (4 query heads per KV head: two query chunks
+    of 16 nodes, one kernel): the Pallas kernel with the ancestor mask lowers for CUDA with the
+    mask as its 8th operand (folded to 64 rows x 32 block rows) and compiles for sm_90a without
+    spills, traps or limits exceeded, in the tuner's grid."""
+    cfg = gc.tree_config(QWEN, 32, 1, 4096)
+    assert (cfg.num_queries, cfg.block_rows, cfg.causal) == (16, 32, False)
+    launch = gc.tuned_launch(cfg, H100)
+    [call] = gc.triton_calls(gc.lower_kernel(cfg, launch))
+    shape = gc.attention_call_shape(call)
+    assert shape["has_mask"] and shape["block_rows"] == 32 and shape["rows"] == 64
+    assert call.operand_shapes[7] == (1, 64, 32) and call.operand_dtypes[7] == "i32"
+    row = gc.compile_config(cfg, launch, H100)
+    assert row["flags"] == [] and row["spill_bytes"] == 0 and 0 < row["registers"] <= 255, row
+    assert row["grid"] == [1, 8, launch.num_splits] and row["nodes"] == 32
+    with pytest.raises(ValueError, match="--tree"):
+        gc.main(["--tree", "16", "--impl", "triton", "--out", str(tmp_path)])
+
+
 def test_flags_and_occupancy_follow_the_cuda_rules():
     """Hand-computed: 240 registers x 128 threads (7680 per warp, 8 warps per SM by registers)
     and 112 KiB shared memory (228 // 113) give 2 blocks per SM; 255 registers with 8 warps

@@ -22,6 +22,13 @@ limits exceeded, traps and grids that leave most SMs idle.
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --engine   # the whole engine
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
     python -m dflash_jax.tools.gpu_compile --engine --hybrid-target qwen3.5-4b   # a hybrid (GDN) target
+    python -m dflash_jax.tools.gpu_compile --model qwen3-8b --tree 16 32 64   # + tree verify
+
+``--tree N ...`` adds the target's tree verify of N nodes (docs/trees.md) to the before/after
+tables: the non-causal mode with the tree's own K/V rows and its ancestor mask ``blk_mask``
+(Pallas only). A tree of N nodes with G query heads per KV head runs as query chunks of
+``64 // G`` nodes when N * G > 64 (``kernels.block_attention.in_query_chunks``); the row is
+one chunk's kernel (the first, full-size one), each chunk reading all N block rows.
 
 ``--impl triton`` makes the before/after tables for ``kernels/triton_block_attention.py`` (the
 same kernel in the Triton language, called through jax-triton) instead: each configuration is
@@ -176,7 +183,9 @@ def model_shape(model: str, block_size: int | None = None, drafter_layers: int =
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
     """One kernel call of the engine: q [batch, num_queries, heads, head_dim] against the stacked
-    cache [num_layers, batch, seq, kv_heads, head_dim]; ``kind`` is verify / draft / decode."""
+    cache [num_layers, batch, seq, kv_heads, head_dim]; ``kind`` is verify / draft / decode, or
+    tree (tree verify of ``nodes`` nodes: non-causal with the tree's own rows and ancestor mask;
+    ``num_queries`` is then one query chunk's nodes, :func:`tree_config`)."""
 
     kind: str
     batch: int
@@ -187,10 +196,20 @@ class KernelConfig:
     head_dim: int
     num_layers: int
     dtype: str = "bfloat16"
+    nodes: int = 0
 
     @property
     def causal(self) -> bool:
-        return self.kind != "draft"
+        return self.kind not in ("draft", "tree")
+
+    @property
+    def tree(self) -> bool:
+        return self.kind == "tree"
+
+    @property
+    def block_len(self) -> int:
+        """Rows of the block's own K/V (non-causal): the tree's nodes, else the queries."""
+        return self.nodes if self.tree else self.num_queries
 
     @property
     def group(self) -> int:
@@ -207,17 +226,34 @@ class KernelConfig:
     @property
     def block_rows(self) -> int:
         """Rows of the block's own K/V the kernel loads (drafter only)."""
-        return 0 if self.causal else max(16, tuning.next_pow2(self.num_queries))
+        return 0 if self.causal else max(16, tuning.next_pow2(self.block_len))
 
     @property
     def label(self) -> str:
-        return f"{self.kind} T={self.num_queries} B={self.batch} S={self.seq}"
+        nodes = f" N={self.nodes}" if self.tree else ""
+        return f"{self.kind}{nodes} T={self.num_queries} B={self.batch} S={self.seq}"
+
+
+def tree_config(shape: ModelShape, nodes: int, batch: int, seq: int,
+                dtype: str = "bfloat16") -> KernelConfig:
+    """The target's tree verify of ``nodes`` nodes as the kernel runs it: query chunks of
+    ``64 // G`` nodes when nodes * G > 64 (``in_query_chunks``), each against all the nodes'
+    K/V rows and the chunk's rows of the ancestor mask."""
+    from dflash_jax.kernels.block_attention import MAX_ROWS
+
+    if nodes < 2:
+        raise ValueError(f"--tree: a tree has at least 2 nodes, got {nodes}")
+    G = shape.num_heads // shape.num_kv_heads
+    chunk = nodes if nodes * G <= MAX_ROWS else max(1, MAX_ROWS // G)
+    return KernelConfig("tree", batch, seq, chunk, shape.num_heads, shape.num_kv_heads,
+                        shape.head_dim, shape.num_layers, dtype, nodes=nodes)
 
 
 def engine_configs(shape: ModelShape, seqs: Sequence[int], batches: Sequence[int],
-                   dtype: str = "bfloat16") -> list[KernelConfig]:
+                   dtype: str = "bfloat16", trees: Sequence[int] = ()) -> list[KernelConfig]:
     """The calls the engine makes per decode step: verify and draft (T = block size) for
-    DFlash, decode (T = 1) for autoregressive decoding, for every cache length and batch."""
+    DFlash, decode (T = 1) for autoregressive decoding, and tree verify of each node budget in
+    ``trees`` (:func:`tree_config`), for every cache length and batch."""
     out = []
     for kind, T, layers in (("verify", shape.block_size, shape.num_layers),
                             ("draft", shape.block_size, shape.drafter_layers),
@@ -226,6 +262,8 @@ def engine_configs(shape: ModelShape, seqs: Sequence[int], batches: Sequence[int
             for seq in seqs:
                 out.append(KernelConfig(kind, batch, seq, T, shape.num_heads, shape.num_kv_heads,
                                         shape.head_dim, layers, dtype))
+    out += [tree_config(shape, n, batch, seq, dtype) for n in trees for batch in batches
+            for seq in seqs]
     return out
 
 
@@ -245,7 +283,7 @@ def tuned_launch(cfg: KernelConfig, gpu: GpuSpec, impl: str = "pallas") -> tunin
     return tuning.choose_launch(batch=cfg.batch, seq=cfg.seq, kv_heads=cfg.kv_heads,
                                 num_queries=cfg.num_queries, group=cfg.group,
                                 head_dim=cfg.head_dim, itemsize=cfg.itemsize,
-                                block_rows=0 if cfg.causal else cfg.num_queries,
+                                block_rows=0 if cfg.causal else cfg.block_len,
                                 num_sms=gpu.num_sms)
 
 
@@ -270,22 +308,25 @@ class TritonCall:
 
 
 def abstract_inputs(cfg: KernelConfig) -> tuple:
-    """ShapeDtypeStructs of one call's arguments (q, k, v, kv_lens, layer[, k_blk, v_blk])."""
+    """ShapeDtypeStructs of one call's arguments (q, k, v, kv_lens, layer[, k_blk, v_blk[,
+    blk_mask]]); a tree's q holds all its nodes (the kernel cuts it into query chunks)."""
     sd, dt = jax.ShapeDtypeStruct, jnp.dtype(cfg.dtype)
     cache = (cfg.num_layers, cfg.batch, cfg.seq, cfg.kv_heads, cfg.head_dim)
-    args = (sd((cfg.batch, cfg.num_queries, cfg.heads, cfg.head_dim), dt), sd(cache, dt),
+    args = (sd((cfg.batch, cfg.block_len, cfg.heads, cfg.head_dim), dt), sd(cache, dt),
             sd(cache, dt), sd((cfg.batch,), jnp.int32), sd((), jnp.int32))
     if not cfg.causal:
-        blk = sd((cfg.batch, cfg.num_queries, cfg.kv_heads, cfg.head_dim), dt)
+        blk = sd((cfg.batch, cfg.block_len, cfg.kv_heads, cfg.head_dim), dt)
         args += (blk, blk)
+    if cfg.tree:
+        args += (sd((cfg.batch, cfg.nodes, cfg.nodes), jnp.bool_),)
     return args
 
 
 def lower_kernel(cfg: KernelConfig, launch: tuning.LaunchParams):
     """The kernel call of ``cfg`` with ``launch``, lowered for CUDA (a ``jax.stages.Lowered``)."""
 
-    def call(q, k, v, lens, layer, kb=None, vb=None):
-        return block_attention(q, k, v, lens, kb, vb, causal=cfg.causal, layer=layer,
+    def call(q, k, v, lens, layer, kb=None, vb=None, mask=None):
+        return block_attention(q, k, v, lens, kb, vb, causal=cfg.causal, blk_mask=mask, layer=layer,
                                block_k=launch.block_k, num_splits=launch.num_splits,
                                num_warps=launch.num_warps, num_stages=launch.num_stages)
 
@@ -554,7 +595,7 @@ def config_row(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
                       written_per_program=moved["written"], total_bytes=total,
                       modeled_bytes_per_sm=cost, kind=cfg.kind, batch=cfg.batch, seq=cfg.seq,
                       num_queries=cfg.num_queries, rows=cfg.rows, block_k=launch.block_k,
-                      num_splits=splits)
+                      num_splits=splits, **({"nodes": cfg.nodes} if cfg.tree else {}))
 
 
 def compile_config(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
@@ -563,12 +604,17 @@ def compile_config(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
     lowers the Pallas kernel for CUDA and compiles its Triton IR; ``"triton"`` compiles the
     Triton-language kernel (:func:`compile_triton_plan`)."""
     if impl == "triton":
+        if cfg.tree:
+            raise ValueError("the tree rows compile the Pallas kernel: drop --impl triton or --tree")
         plan = triton_plan(cfg, launch, gpu)
         kernel = compile_triton_plan(plan, gpu, cfg.dtype)
         return config_row(cfg, plan.launch, gpu, kernel, plan.grid, block_program=True)
     if impl != "pallas":
         raise ValueError(f"impl must be 'pallas' or 'triton', got {impl!r}")
-    [call] = triton_calls(lower_kernel(cfg, launch))
+    calls = triton_calls(lower_kernel(cfg, launch))
+    if len(calls) != 1 and not cfg.tree:
+        raise RuntimeError(f"{cfg.label}: expected one kernel call, found {len(calls)}")
+    call = calls[0]  # a tree: the first query chunk (the full-size one)
     kernel = compile_triton(call.ir, gpu, call.num_warps, call.num_stages)
     return config_row(cfg, launch, gpu, kernel, call.grid)
 
@@ -654,12 +700,14 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
 
 
 def attention_call_shape(call: TritonCall) -> dict:
-    """Reads a block-attention call's configuration from its operands (see :class:`TritonCall`)."""
+    """Reads a block-attention call's configuration from its operands (see :class:`TritonCall`;
+    a tree verify's call has an 8th, the folded ancestor mask)."""
     B, Hkv, R, Dh = call.operand_shapes[2]
     L, _, S = call.operand_shapes[3][:3]
+    has_block = len(call.operand_shapes) >= 7
     return {"batch": B, "kv_heads": Hkv, "rows": R, "head_dim": Dh, "seq": S, "num_layers": L,
-            "has_block": len(call.operand_shapes) == 7,
-            "block_rows": call.operand_shapes[5][1] if len(call.operand_shapes) == 7 else 0,
+            "has_block": has_block, "has_mask": len(call.operand_shapes) == 8,
+            "block_rows": call.operand_shapes[5][1] if has_block else 0,
             "itemsize": int(re.search(r"(\d+)$", call.operand_dtypes[2]).group(1)) // 8}  # bf16, f32
 
 
@@ -708,7 +756,8 @@ COLUMNS = (("config", "{}"), ("launch", "{}"), ("registers", "{}"), ("spill_byte
 
 def _cells(row: dict) -> dict:
     cells = dict(row)
-    cells["config"] = f"{row['kind']} T={row['num_queries']} B={row['batch']} S={row['seq']}"
+    nodes = f" N={row['nodes']}" if row.get("nodes") else ""
+    cells["config"] = f"{row['kind']}{nodes} T={row['num_queries']} B={row['batch']} S={row['seq']}"
     cells["launch"] = f"{row['block_k']}/{row['num_splits']}/{row['num_warps']}/{row['num_stages']}"
     cells["shared"] = f"{row['shared_kib']:.0f}/{row['shared_limit_kib']:.0f}"
     cells["programs"] = f"{row['programs']}/{row['num_sms']}"
@@ -889,6 +938,8 @@ def add_arguments(p) -> None:
     p.add_argument("--engine", action="store_true",
                    help="instead: lower AR and DFlash generate for CUDA and compile every kernel")
     p.add_argument("--prompt-len", type=int, default=16, help="--engine: prompt tokens (the prefill's width)")
+    p.add_argument("--tree", type=int, nargs="+", default=[], metavar="N",
+                   help="also tree verify of N nodes (the target's layers; Pallas only)")
     p.add_argument("--impl", default="pallas", choices=["pallas", "triton"],
                    help="block-attention kernel implementation of the before/after tables: the Pallas "
                         "one, or the Triton-language one (kernels/triton_block_attention.py; not with --search, "
@@ -907,6 +958,9 @@ def run(args) -> dict:
         raise ValueError("--search and --engine compile the Pallas kernel; drop --impl triton")
     if args.hybrid_target and not args.engine:
         raise ValueError("--hybrid-target lowers the engine: add --engine")
+    if args.tree and (args.impl != "pallas" or args.engine):
+        raise ValueError("--tree adds tree-verify rows to the Pallas kernel's tables: drop "
+                         "--impl triton / --engine")
     shape = model_shape(args.model, args.block_size, args.drafter_layers)
     if args.hybrid_target:
         shape = dataclasses.replace(shape, name=f"hybrid-{args.hybrid_target}")
@@ -918,7 +972,7 @@ def run(args) -> dict:
             "command": command_line("dflash_jax", invocation(args))}
     if args.engine:
         return _engine_report(args, shape, gpus, stem, base)
-    configs = engine_configs(shape, args.seq, args.batch, args.dtype)
+    configs = engine_configs(shape, args.seq, args.batch, args.dtype, args.tree)
     report = dict(base, benchmark="gpu_compile",
                   before_after=run_before_after(configs, gpus, args.impl))
     if args.search:
