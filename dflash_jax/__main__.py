@@ -41,6 +41,8 @@ COMMANDS = {
                  "bytes/FLOPs roofline of an AR step and a DFlash iteration; predicted speedup on H100/H200/B200"),
     "tree-verify-cost": ("dflash_jax.tools.tree_verify_cost",
                          "verify cost of N tree nodes vs N chain rows (tree mask), and of the whole iteration"),
+    "tree-bench": ("dflash_jax.tools.tree_bench",
+                   "bench the chain and trees of N nodes on the same prompts, repeated: tau and speedup vs N"),
     "iteration-profile": ("dflash_jax.bench.iteration_profile",
                           "where a DFlash iteration's time goes (draft parts, verify 1/4/8/16 rows, accept) vs an AR step"),
     "parallel-speed": ("dflash_jax.tools.parallel_speed", "AR step and DFlash iteration time on every (data, model) mesh of 8 devices"),
@@ -69,7 +71,7 @@ COMMANDS = {
 EXPERIMENTS = "experiments"
 GROUPS = {
     "run and benchmark": ["generate", "bench", "spec-speed", "decode-speed", "iteration-profile",
-                          "tree-verify-cost", "train-speed", "load-report"],
+                          "tree-bench", "tree-verify-cost", "train-speed", "load-report"],
     "train a drafter": ["train-data", "features", "train", "export"],
     EXPERIMENTS: [],
     "embedded-model recipe (how the shipped default pair was made)":
