@@ -32,6 +32,12 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    batch of the tiny random ``qwen3_5_text`` target with each GDN rollback mode (a difference
    fails the stage), and the rollback's timing, snapshot against replay, on Qwen3.5-4B's GDN
    layer (``dflash_jax.tools.gdn_rollback``; ``--smoke``: a tiny layer).
+9. ``tree``: tree verification (``docs/trees.md``): greedy DFlash with a tree of 32 nodes ==
+   AR in float32 with every attention implementation (the kernels' tree mask compiled for the
+   device), then at Qwen3-8B shapes in bf16 with a 5-layer drafter, per implementation
+   (``xla``, ``pallas``), the chain (block 16) against trees of 16, 32 and 64 nodes: draft ms,
+   verify ms of the tree beside a causal verify of as many plain rows, the iteration against an
+   AR step (``spec_speed --tree``).
 
 A stage that fails is recorded with its error and the suite goes on; the exit status is 1
 when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
@@ -228,8 +234,32 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
                 for r in rep["layer"] if r["mode"] in ("snapshot", "replay")}
         return row
 
+    def tree():
+        rows = {}
+        small = (["--preset", "tiny", "--new-tokens", "16", "--prompt-len", "16", "--block-size", "8"]
+                 if smoke else ["--preset", "small", "--new-tokens", "64", "--batch", "2"])
+        for impl in ["xla"] if smoke else impls:  # float32, full-precision products, 32 nodes
+            r = spec_speed.main(small + ["--dtype", "float32", "--attention-impl", impl, "--tree", "32",
+                                         "--repeats", "1", "--out", d("tree")])["result"]
+            rows[f"{impl} float32 tree32"] = {"dflash_equals_ar": r["dflash_equals_ar"],
+                                              "rows_equal": r["rows_equal"]}
+        if smoke:
+            return rows
+        big = ["--preset", "qwen3-8b", "--dtype", "bfloat16", "--drafter-layers", "5",
+               "--new-tokens", "64", "--prompt-len", "512", "--repeats", "1"]
+        keys = ("draft_ms", "verify_ms", "verify_chain_ms", "dflash_ms_per_iteration",
+                "iteration_over_ar_step", "ar_ms_per_step")
+        for impl in [i for i in impls if i != "triton"]:
+            for nodes in (None, 16, 32, 64):
+                tree_args = ["--tree", str(nodes)] if nodes else []
+                r = spec_speed.main(big + tree_args + ["--attention-impl", impl, "--out", d("tree")])["result"]
+                rows[f"{impl} {'chain16' if nodes is None else f'tree{nodes}'}"] = {
+                    k: round(r[k], 3) for k in keys if r.get(k) is not None}
+        return rows
+
     return [("exactness", exactness), ("kernel", kernel), ("decode", decode), ("spec", spec),
-            ("bench", bench), ("moe", moe), ("moe_layer", moe_layer), ("hybrid", hybrid)]
+            ("bench", bench), ("moe", moe), ("moe_layer", moe_layer), ("hybrid", hybrid),
+            ("tree", tree)]
 
 
 def markdown(summary: dict) -> str:

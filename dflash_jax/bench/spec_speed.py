@@ -10,6 +10,12 @@ tau (6.49, Qwen3-8B).
     python -m dflash_jax.bench.spec_speed --preset small
     python -m dflash_jax.bench.spec_speed --preset qwen3-8b --dtype bfloat16 --drafter-layers 5
     python -m dflash_jax.bench.spec_speed --target DIR --drafter DIR
+    python -m dflash_jax.bench.spec_speed --preset qwen3-8b --dtype bfloat16 --tree 32
+
+With ``--tree N`` DFlash verifies a tree of N nodes per iteration (``docs/trees.md``): the draft
+step is the drafter pass plus the best-first tree, the verify step the target over the N nodes
+under the ancestor mask, timed beside a plain causal verify of the same N rows
+(``verify_chain_ms``: what the mask costs).
 """
 
 from __future__ import annotations
@@ -28,23 +34,29 @@ from dflash_jax.bench.env import add_preset_argument, time_fn
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
+from dflash_jax.decoding import tree as trees
 from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
+from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PAPER_TAU = 6.49
 
 
 def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repeats: int,
-               attention_impl: str = "xla", num_denoise_steps: int = 1) -> dict:
+               attention_impl: str = "xla", num_denoise_steps: int = 1, tree: int | None = None,
+               tree_topk: int = 4) -> dict:
     """Median seconds of one draft (``num_denoise_steps`` drafter passes) and one verify at the
-    prompts' context length."""
+    prompts' context length; with ``tree`` (N nodes), :func:`tree_step_times`."""
     pre = prepare_decode(target, prompts, 8, drafter=drafter, block_size=block_size,
-                         attention_impl=attention_impl, num_denoise_steps=num_denoise_steps)
+                         attention_impl=attention_impl, num_denoise_steps=num_denoise_steps,
+                         tree=tree, tree_topk=tree_topk if tree else 4)
     spec, dparams, state = pre.spec, pre.drafter_params, pre.state
     key = jax.random.key(0)
+    if tree:
+        return tree_step_times(target, spec, dparams, state, key, repeats)
     draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose(
         spec, tp, dp, st.proposer, engine.committed(st), k))
     tokens = draft(target.params, dparams, state, key)[0].tokens
@@ -56,6 +68,27 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
             "verify_ms": 1e3 * time_fn(verify, target.params, block, positions, state.tcache,
                                        repeats=repeats)}
+
+
+def tree_step_times(target: Target, spec: engine.EngineSpec, dparams, state, key, repeats: int) -> dict:
+    """Median milliseconds of the tree draft (drafter pass + best-first tree), the tree verify
+    (N nodes under the ancestor mask) and a causal verify of N plain rows at the same slots."""
+    policy, N = spec.verify, spec.verify.nodes
+    draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose_tree(
+        spec, tp, dp, st.proposer, engine.committed(st), k, policy))
+    tree = draft(target.params, dparams, state, key)[0]
+    mask = trees.ancestor_mask(tree, spec.block_size - 1)
+    slots = state.tcache.lengths[:, None] + jnp.arange(N, dtype=jnp.int32)
+    forward = functools.partial(spec.family.forward, spec.target, tap_layer_ids=spec.tap_layer_ids,
+                                attention_impl=spec.attention_impl)
+    verify_tree = jax.jit(lambda tp, tokens, slots, cache, depth, mask: forward(
+        tp, tokens, slots, cache, tree=TreeAttention(slots[:, :1] + depth, mask)))
+    verify_chain = jax.jit(functools.partial(engine.verify, spec))
+    return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
+            "verify_ms": 1e3 * time_fn(verify_tree, target.params, tree.tokens, slots, state.tcache,
+                                       tree.depth, mask, repeats=repeats),
+            "verify_chain_ms": 1e3 * time_fn(verify_chain, target.params, tree.tokens, slots,
+                                             state.tcache, repeats=repeats)}
 
 
 def sequence_agreement(ar_sequences, dflash_sequences) -> dict:
@@ -72,8 +105,9 @@ def sequence_agreement(ar_sequences, dflash_sequences) -> dict:
 
 def measure(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_tokens: int,
             block_size: int, repeats: int, seed: int = 0, attention_impl: str = "xla",
-            exact: bool = True) -> dict:
-    """AR and DFlash on the same random prompts. ``exact``: the run is in float32 with full-
+            exact: bool = True, tree: int | None = None, tree_topk: int = 4) -> dict:
+    """AR and DFlash (``tree``: verifying trees of that many nodes) on the same random
+    prompts. ``exact``: the run is in float32 with full-
     precision matrix products, where greedy DFlash must equal AR token for token (a mismatch
     raises). In bfloat16 (or TF32) the 16-row verify and the 1-row AR step round differently,
     so near-tied argmaxes of a random-weight model can flip; then agreement is reported."""
@@ -82,7 +116,8 @@ def measure(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_t
     best = {}
     for name, kw in (("ar", {"attention_impl": attention_impl}),
                      ("dflash", {"drafter": drafter, "block_size": block_size,
-                                 "attention_impl": attention_impl})):
+                                 "attention_impl": attention_impl,
+                                 **({"tree": tree, "tree_topk": tree_topk} if tree else {})})):
         generate(target, prompts, new_tokens, **kw)  # compile
         for _ in range(repeats):
             r = generate(target, prompts, new_tokens, **kw)
@@ -102,9 +137,11 @@ def measure(target: Target, drafter: Drafter, batch: int, prompt_len: int, new_t
     df_iter = df.decode_time_s / df.num_steps
     tokens = sum(df.num_generated) - batch  # tokens made inside the decode loop
     ar_tokens = sum(ar.num_generated) - batch
-    steps = step_times(target, drafter, prompts, block_size, max(3, repeats), attention_impl)
+    steps = step_times(target, drafter, prompts, block_size, max(3, repeats), attention_impl,
+                       tree=tree, tree_topk=tree_topk)
     return {
         "batch": batch, "attention_impl": attention_impl, "prompt_len": prompt_len, "new_tokens": new_tokens, "block_size": block_size,
+        "tree": tree, "tree_topk": tree_topk if tree else None,
         "ar_ms_per_token": 1e3 * ar.decode_time_s / ar_tokens * batch,
         "ar_ms_per_step": 1e3 * ar_step,
         "dflash_ms_per_iteration": 1e3 * df_iter,
@@ -150,6 +187,9 @@ def add_arguments(p) -> None:
                    help="timed runs after a compiling one, the fastest reported")
     p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"],
                    help="attention of the decode loops: XLA, or the Pallas or Triton block-attention kernel")
+    p.add_argument("--tree", type=int, default=None, metavar="N",
+                   help="verify a tree of N nodes per iteration (root included) instead of the chain")
+    p.add_argument("--tree-topk", type=int, default=4, metavar="K", help="with --tree: children per node at most")
     p.add_argument("--out", default="runs/spec_speed", help="output directory")
 
 
@@ -167,7 +207,8 @@ def run(args) -> dict:
     exact = args.dtype == "float32"  # full-precision products (no TF32 on a GPU): must equal AR
     with jax.default_matmul_precision("highest" if exact else None):
         result = measure(target, drafter, args.batch, args.prompt_len, args.new_tokens,
-                     args.block_size, args.repeats, attention_impl=args.attention_impl, exact=exact)
+                         args.block_size, args.repeats, attention_impl=args.attention_impl, exact=exact,
+                         tree=args.tree, tree_topk=args.tree_topk)
     report = {"benchmark": "spec_speed", "target": target.config.to_hf_dict(),
               "drafter": drafter.config.to_hf_dict(), "dtype": args.dtype, "result": result,
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -177,7 +218,7 @@ def run(args) -> dict:
         print(f"{k:>32}: {result[k]:.3f}")
     print(f"{'histogram':>32}: {result['histogram']}")
     write_report(report, args.out, f"{name}_{report['env']['platform']}_{args.dtype}_{args.attention_impl}_b{args.batch}"
-                 f"_bs{args.block_size}", plot)
+                 f"_bs{args.block_size}" + (f"_tree{args.tree}" if args.tree else ""), plot)
     return report
 
 
