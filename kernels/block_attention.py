@@ -13,7 +13,7 @@ One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
 * ``causal=False`` with ``blk_mask`` bool[B, T, T] (tree verify, docs/trees.md): as the drafter,
   but query t sees block row j only where ``blk_mask[b, t, j]`` (its ancestors and itself in a
   tree of T nodes, ``decoding.tree.ancestor_mask``). The kernel folds the mask like the queries
-  (row r of a tile is query r // G) and loads it as one int32 tile per program.
+  (row r of a tile is query r // G) and loads it as one int8 tile per program.
 
 Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:
 the T queries of the G = H / Hkv heads that share a KV head become ``T * G`` rows (padded to a
@@ -160,7 +160,7 @@ def _kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, *rest, causal, has_blk, ha
         kb, vb = kb_ref[...], vb_ref[...]
         cols = jnp.arange(kb.shape[0])
         mask = (cols[None, :] < num_blk) & (split == 0) & (t[:, None] < num_queries)
-        if has_mask:  # folded [rows, Tb] int32: row r is query r // G (padding rows and cols 0)
+        if has_mask:  # folded [rows, Tb] int8: row r is query r // G (padding rows and cols 0)
             mask = mask & (mask_ref[...] != 0)
         carry = update(dot(q, kb), mask, vb, carry)
     acc, m, l = carry
@@ -280,8 +280,8 @@ def _block_attention(q, k, v, kv_lens, k_blk, v_blk, layer, blk_mask=None, *, ca
         args += [jnp.pad(k_blk, padb), jnp.pad(v_blk, padb)]
         in_specs += [pl.BlockSpec((None, Tb, None, Dh), lambda b, g, s: (b, 0, g, 0))] * 2
     has_mask = blk_mask is not None
-    if has_mask:  # [B, Tq, num_blk] -> folded like q (row r: query r // G) -> int32 [B, R, Tb]
-        folded = jnp.repeat(blk_mask.astype(jnp.int32), G, axis=1)
+    if has_mask:  # [B, Tq, num_blk] -> folded like q (row r: query r // G) -> int8 [B, R, Tb]
+        folded = jnp.repeat(blk_mask.astype(jnp.int8), G, axis=1)
         args.append(jnp.pad(folded, ((0, 0), (0, R - T * G), (0, Tb - num_blk))))
         in_specs.append(pl.BlockSpec((None, R, Tb), lambda b, g, s: (b, 0, 0)))
     kernel = functools.partial(

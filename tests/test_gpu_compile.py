@@ -104,7 +104,7 @@ def test_tree_verify_kernel_compiles_for_sm_90a(tmp_path):
     [call] = gc.triton_calls(gc.lower_kernel(cfg, launch))
     shape = gc.attention_call_shape(call)
     assert shape["has_mask"] and shape["block_rows"] == 32 and shape["rows"] == 64
-    assert call.operand_shapes[7] == (1, 64, 32) and call.operand_dtypes[7] == "i32"
+    assert call.operand_shapes[7] == (1, 64, 32) and call.operand_dtypes[7] == "i8"
     row = gc.compile_config(cfg, launch, H100)
     assert row["flags"] == [] and row["spill_bytes"] == 0 and 0 < row["registers"] <= 255, row
     assert row["grid"] == [1, 8, launch.num_splits] and row["nodes"] == 32

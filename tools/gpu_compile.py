@@ -582,6 +582,8 @@ def config_row(cfg: KernelConfig, launch: tuning.LaunchParams, gpu: GpuSpec,
     size = dict(rows=cfg.rows, head_dim=cfg.head_dim, itemsize=cfg.itemsize, block_k=launch.block_k)
     moved = tuning.program_bytes(**size, tiles_per_split=per, block_rows=block_rows)
     own = tuning.program_bytes(**size, tiles_per_split=0, block_rows=cfg.block_rows)  # no cache
+    if cfg.tree:  # every program also loads the folded int8 mask tile [rows, block rows]
+        moved = dict(moved, read=moved["read"] + cfg.rows * cfg.block_rows)
     programs = math.prod(grid)
     extra = programs - cfg.batch * cfg.kv_heads * splits  # block-row programs (0 for Pallas)
     out_bytes = cfg.batch * cfg.num_queries * cfg.heads * cfg.head_dim * cfg.itemsize
