@@ -12,7 +12,7 @@ from dflash_jax.tools import gpu_suite, moe_layer_speed
 def test_smoke_suite_runs_every_stage(tmp_path):
     summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
     assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench",
-                                                      "moe", "moe_layer", "hybrid"]
+                                                      "moe", "moe_layer", "hybrid", "tree"]
     assert all(s["status"] == "ok" for s in summary["stages"]), summary["stages"]
     on_disk = json.loads((tmp_path / "suite.json").read_text())
     assert on_disk["stages"] == json.loads(json.dumps(summary["stages"]))
@@ -43,6 +43,9 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     hybrid = summary["stages"][7]["result"]
     assert {k: v["dflash_equals_ar"] for k, v in hybrid.items() if k.startswith("model")} == {
         "model snapshot": True, "model replay": True}
+    # a tree of 32 nodes: greedy DFlash == AR in float32 (smoke: the XLA path)
+    assert summary["stages"][8]["result"] == {"xla float32 tree32": {"dflash_equals_ar": True,
+                                                                     "rows_equal": 1}}
 
 
 def test_refusals(tmp_path):
