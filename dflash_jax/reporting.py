@@ -220,6 +220,27 @@ def machine_fields(cpu, load_before, warning) -> dict:
             "busy_warning": warning}
 
 
+def start_measurement() -> tuple[list[float] | None, dict, str | None]:
+    """Before a measurement: ``(load average now, cpu_info(), busy warning or None)``, the
+    machine and the warning printed to stderr; pass them to :func:`machine_fields` after it."""
+    load_before, cpu = load_average(), cpu_info()
+    warning = busy_warning(load_before, cpu["cores"])
+    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
+    if warning:
+        print(warning, file=sys.stderr)
+    return load_before, cpu, warning
+
+
+def machine_sentence(report: dict) -> str:
+    """The markdown line of a report with a :func:`machine_fields` entry: the CPU, jax, the
+    load averages before and after, the busy warning."""
+    m = report["machine"]
+    load = lambda x: ", ".join(f"{v:.2f}" for v in x) if x else "unknown"
+    return (f"Machine: {cpu_description(m['cpu'])}; jax {report['env']['jax']}; load average "
+            f"{load(m['load_average_before'])} (1, 5, 15 min) before, "
+            f"{load(m['load_average_after'])} after." + (f" {m['busy_warning']}." if m.get("busy_warning") else ""))
+
+
 def publish_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any],
                    markdown: Callable[[dict], str]) -> dict:
     """:func:`write_report` (JSON + PNG) plus ``stem.md`` from ``markdown(report)``, which is

@@ -51,8 +51,8 @@ import numpy as np
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.nn import gated_delta as gd
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (machine_fields, publish_report, busy_warning, command_line, cpu_description, cpu_info,
-                                  environment, load_average, new_figure)
+from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence,
+                                  new_figure, publish_report, start_measurement)
 
 MODES = ("snapshot", "replay")
 
@@ -290,12 +290,8 @@ def measure_model(new_tokens: int, block: int, batch: int, repeats: int, seed: i
 
 
 # ---------------------------------------------------------------------------- report
-def _load(x) -> str:
-    return ", ".join(f"{v:.2f}" for v in x) if x else "unknown"
-
-
 def markdown(report: dict) -> str:
-    s, m = report["settings"], report["machine"]
+    s = report["settings"]
     sh = Shape(**report["layer_shape"])
     lines = [f"`{report['command']}`", "",
              f"One random GDN layer `{s['layer']}` (D {sh.hidden}, Hk {sh.num_k_heads}, Hv "
@@ -305,9 +301,7 @@ def markdown(report: dict) -> str:
              "and spread (min..max over the runs) per call. Record: bytes kept per layer between "
              "verify and rollback; peak: XLA's compiled memory analysis (arguments + outputs + "
              "temporaries) of the verify + rollback program.", "",
-             f"Machine: {cpu_description(m['cpu'])}; jax {report['env']['jax']}; load average "
-             f"{_load(m['load_average_before'])} (1, 5, 15 min) before, "
-             f"{_load(m['load_average_after'])} after." + (f" {m['busy_warning']}." if m.get("busy_warning") else ""),
+             machine_sentence(report),
              "", "| block | batch | mode | median ms | spread ms | record MB / layer | record MB / "
              f"model ({sh.gdn_layers} GDN layers) | peak MB (XLA) | median / replay's |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -395,12 +389,7 @@ def check_args(args) -> None:
 
 def run(args) -> dict:
     check_args(args)
-    load_before = load_average()
-    cpu = cpu_info()
-    warning = busy_warning(load_before, cpu["cores"])
-    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
-    if warning:
-        print(warning, file=sys.stderr)
+    load_before, cpu, warning = start_measurement()
     shape = Shape(**LAYERS[args.layer])
     layer = measure_layer(shape, args.block_size, args.batch, calls=args.calls_per_run, repeats=args.repeats,
                           chunk=args.chunk, seed=args.seed)

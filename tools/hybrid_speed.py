@@ -30,8 +30,8 @@ import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (machine_fields, publish_report, busy_warning, command_line, cpu_description, cpu_info,
-                                  environment, load_average, new_figure)
+from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence,
+                                  new_figure, publish_report, start_measurement)
 from dflash_jax.tools.gdn_rollback import TINY_HYBRID
 
 PRESETS = {
@@ -98,8 +98,7 @@ def _spread(xs: list[float]) -> dict:
 
 
 def markdown(report: dict) -> str:
-    s, m, r = report["settings"], report["machine"], report["results"]
-    load = lambda x: ", ".join(f"{v:.2f}" for v in x) if x else "unknown"
+    s, r = report["settings"], report["results"]
     h = r["hybrid"]["config"]
     lines = [f"`{report['command']}`", "",
              f"Random `{h['model_type']}` target `{s['preset']}` (D {h['hidden_size']}, "
@@ -109,9 +108,7 @@ def markdown(report: dict) -> str:
              f"heads; float32 on {report['env']['device']}, batch {s['batch']}, prompt {s['prompt_len']}, "
              f"{s['new_tokens']} new tokens, greedy; {s['repeats']} runs alternating between the "
              "two after a compiling one (median, min..max).", "",
-             f"Machine: {cpu_description(m['cpu'])}; jax {report['env']['jax']}; load average "
-             f"{load(m['load_average_before'])} (1, 5, 15 min) before, {load(m['load_average_after'])} after."
-             + (f" {m['busy_warning']}." if m.get("busy_warning") else ""), "",
+             machine_sentence(report), "",
              "| model | params | prefill ms / token | spread | decode ms / token | spread |",
              "|---|---|---|---|---|---|"]
     for k in ("hybrid", "dense"):
@@ -153,12 +150,7 @@ def run(args) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     from dflash_jax.config import TargetConfig
 
-    load_before = load_average()
-    cpu = cpu_info()
-    warning = busy_warning(load_before, cpu["cores"])
-    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
-    if warning:
-        print(warning, file=sys.stderr)
+    load_before, cpu, warning = start_measurement()
     cfg = TargetConfig.from_hf_dict(dict(PRESETS[args.preset]))
     with jax.default_matmul_precision("highest"):
         results = measure(cfg, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.seed)

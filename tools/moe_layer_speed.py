@@ -50,8 +50,8 @@ import numpy as np
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.nn import moe
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (machine_fields, publish_report, busy_warning, command_line, cpu_description, cpu_info,
-                                  environment, load_average, new_figure)
+from dflash_jax.reporting import (command_line, cpu_description, environment, machine_fields,
+                                  new_figure, publish_report, start_measurement)
 
 VARIANTS = ("moe gather", "moe ragged", "moe dense", "dense active", "dense all")
 
@@ -258,12 +258,7 @@ def check_args(args) -> None:
 
 def run(args) -> dict:
     check_args(args)
-    load_before = load_average()
-    cpu = cpu_info()
-    warning = busy_warning(load_before, cpu["cores"])
-    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
-    if warning:
-        print(warning, file=sys.stderr)
+    load_before, cpu, warning = start_measurement()
     results = measure(args)
     report = {
         "benchmark": "moe_layer_speed",

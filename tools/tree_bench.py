@@ -27,8 +27,8 @@ import numpy as np
 from dflash_jax.bench.prompt_sets import DATASETS
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.files import write_json
-from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
-                                  load_average, machine_fields, new_figure, publish_report)
+from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence,
+                                  new_figure, publish_report, start_measurement)
 
 NODES = (16, 32, 64)
 
@@ -56,17 +56,14 @@ def summarize(runs: list[dict], block_size: int) -> dict:
 
 
 def markdown(report: dict) -> str:
-    s, m, res = report["settings"], report["machine"], report["results"]
-    load = lambda x: ", ".join(f"{v:.2f}" for v in x) if x else "unknown"
+    s, res = report["settings"], report["results"]
     lines = [f"`{report['command']}`", "",
              f"Embedded pair unless named (target {s['target'] or 'embedded'}), T = 0, prompt sets "
              f"{', '.join(s['datasets'])}, {s['max_samples']} prompts per set (mt-bench: 2 turns each), "
              f"at most {s['max_new_tokens']} new tokens; trees best-first with at most "
              f"{s['tree_topk'] or 4} children per node; {s['runs']} runs, each benching every "
              "configuration once (AR and DFlash on every prompt).", "",
-             f"Machine: {cpu_description(m['cpu'])}; jax {report['env']['jax']}; load average "
-             f"{load(m['load_average_before'])} (1, 5, 15 min) before, {load(m['load_average_after'])} after."
-             + (f" {m['busy_warning']}." if m.get("busy_warning") else ""), "",
+             machine_sentence(report), "",
              "| configuration | rows verified | tau (mean of per-response) [95% CI] | tau pooled | decode speedup, "
              "median (min..max over runs) | iteration, AR steps | DFlash == AR |", "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
@@ -133,10 +130,7 @@ def run(args) -> dict:
         raise ValueError(f"--runs must be >= 1, got {args.runs}")
     if any(n < 2 for n in args.nodes):
         raise ValueError(f"--nodes {args.nodes}: a tree needs at least 2 nodes (the root and one draft)")
-    load_before = load_average()
-    cpu = cpu_info()
-    warning = busy_warning(load_before, cpu["cores"])
-    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
+    load_before, cpu, warning = start_measurement()
     common = ["--no-adaptive", "--datasets", *args.datasets, "--max-samples", str(args.max_samples),
               "--max-new-tokens", str(args.max_new_tokens)]
     common += ["--target", args.target] if args.target else []

@@ -41,8 +41,8 @@ import numpy as np
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.progress import progress
-from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
-                                  load_average, machine_fields, new_figure, publish_report)
+from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence,
+                                  new_figure, publish_report, start_measurement)
 
 NODES = (16, 32, 64)
 """The node budgets measured by default (the issue's)."""
@@ -159,17 +159,14 @@ def measure_iteration(target, drafter, nodes, topk: int, context: int, iteration
 
 
 def markdown(report: dict) -> str:
-    s, m, r = report["settings"], report["machine"], report["results"]
-    load = lambda x: ", ".join(f"{v:.2f}" for v in x) if x else "unknown"
+    s, r = report["settings"], report["results"]
     lines = [f"`{report['command']}`", "",
              f"Target {s['target']} ({s['dtype']}, {report['env']['device']}), {s['context']} cached "
              f"positions; trees best-first with at most {s['tree_topk']} children per node, depth at most "
              f"{s['max_depth']}. Verify: one call of the family's forward over N rows, {s['calls']} calls "
              f"per compiled loop, {s['repeats']} runs interleaving chain and tree after a compiling one "
              "(median, min..max).", "",
-             f"Machine: {cpu_description(m['cpu'])}; jax {report['env']['jax']}; load average "
-             f"{load(m['load_average_before'])} (1, 5, 15 min) before, {load(m['load_average_after'])} after."
-             + (f" {m['busy_warning']}." if m.get("busy_warning") else ""), "",
+             machine_sentence(report), "",
              "| N | chain ms | spread | tree ms | spread | tree / chain (medians) | per-run ratio, median "
              "(min..max) | tree depth | nodes per depth |", "|---|---|---|---|---|---|---|---|---|"]
     for e in r["verify"]:
@@ -252,12 +249,7 @@ def run(args) -> dict:
         raise ValueError(f"--nodes {args.nodes}: a tree needs at least 2 nodes (the root and one draft)")
     from dflash_jax.models.handles import load_drafter, load_target
 
-    load_before = load_average()
-    cpu = cpu_info()
-    warning = busy_warning(load_before, cpu["cores"])
-    print(f"machine: {cpu_description(cpu)}; load average {load_before}", file=sys.stderr)
-    if warning:
-        print(warning, file=sys.stderr)
+    load_before, cpu, warning = start_measurement()
     dtype = jnp.dtype(args.dtype)
     target = load_target(args.target, dtype=dtype)
     drafter_name = args.drafter or (EMBEDDED if args.target == EMBEDDED else None)
