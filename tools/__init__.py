@@ -5,5 +5,6 @@ hybrid target against a dense one (``hybrid_speed``), the block-attention kernel
 GPU compile report (``gpu_compile``), the tensor-parallel communication model
 (``parallel_comm``) and multi-device timings (``parallel_speed``), the training-memory model
 (``train_memory``), kernel timings (``kernel_speed``), the tree mask's verify cost
-(``tree_verify_cost``) and the one-command GPU suite
+(``tree_verify_cost``), the chain against trees in the bench protocol (``tree_bench``) and
+the one-command GPU suite
 (``gpu_suite``). Each is a command of ``python -m dflash_jax`` under its old name."""
