@@ -164,11 +164,7 @@ def check(s: Settings) -> None:
     for name in ("max_samples", "max_new_tokens"):
         if getattr(s, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
-    bad = [d for d in s.datasets if d not in DATASETS]
-    if bad or not s.datasets:
-        raise ValueError(f"unknown prompt set {repr(bad[0]) if bad else '(none given)'}; choose from {', '.join(DATASETS)}")
-    if s.subset not in SUBSETS:
-        raise ValueError(f"unknown subset {s.subset!r}; choose from {', '.join(SUBSETS)}")
+    framework.check_prompt_sets(s.datasets, s.subset)
 
 
 def cells(s: Settings) -> list[dict]:

@@ -352,6 +352,16 @@ def resolve(experiment: Experiment, preset: str, overrides: dict) -> tuple[Setti
     return settings, train, axes
 
 
+def check_prompt_sets(datasets, subset: str) -> None:
+    """Raises ValueError unless ``datasets`` names at least one known prompt set and ``subset``
+    is a known subset."""
+    bad = [d for d in datasets if d not in DATASETS]
+    if bad or not datasets:
+        raise ValueError(f"unknown prompt set {bad[0] if bad else '(none given)'}; choose from {', '.join(DATASETS)}")
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; choose from {', '.join(SUBSETS)}")
+
+
 def check_settings(experiment: Experiment, settings: Settings, train: dict, axes: dict, target_config) -> list[Cell]:
     """The grid's cells, every one checked as the trainer and the evaluation would check it,
     before anything runs. Raises ValueError naming the setting."""
@@ -367,11 +377,7 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             raise ValueError(f"{name} must be >= 1, got {getattr(s, name)} ({flag(name)})")
     if s.timing_repeats < 0:
         raise ValueError(f"timing_repeats must be >= 0, got {s.timing_repeats}")
-    bad = [d for d in s.datasets if d not in DATASETS]
-    if bad or not s.datasets:
-        raise ValueError(f"unknown prompt set {bad[0] if bad else '(none given)'}; choose from {', '.join(DATASETS)}")
-    if s.subset not in SUBSETS:
-        raise ValueError(f"unknown subset {s.subset!r}; choose from {', '.join(SUBSETS)}")
+    check_prompt_sets(s.datasets, s.subset)
     if s.temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
     cells = []

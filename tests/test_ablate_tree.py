@@ -95,7 +95,7 @@ def test_findings_compare_through_the_intervals():
     ({"block_sizes": (1,)}, "a block needs the anchor"),
     ({"nodes": (16, 16)}, "must not repeat"),
     ({"tree_topk": 0}, "at least 1 child"),
-    ({"datasets": ("gsm9k",)}, "unknown prompt set 'gsm9k'"),
+    ({"datasets": ("gsm9k",)}, "unknown prompt set gsm9k"),
     ({"max_new_tokens": 0}, "--max-new-tokens must be >= 1"),
     ({"layers": 2}, "ablate_tree has no setting 'layers'"),
 ])
