@@ -941,7 +941,7 @@ def add_arguments(p) -> None:
                    help="instead: lower AR and DFlash generate for CUDA and compile every kernel")
     p.add_argument("--prompt-len", type=int, default=16, help="--engine: prompt tokens (the prefill's width)")
     p.add_argument("--tree", type=int, nargs="+", default=[], metavar="N",
-                   help="also tree verify of N nodes (the target's layers; Pallas only)")
+                   help="also the verify of a tree of N draft nodes (the target's layers; Pallas only)")
     p.add_argument("--impl", default="pallas", choices=["pallas", "triton"],
                    help="block-attention kernel implementation of the before/after tables: the Pallas "
                         "one, or the Triton-language one (kernels/triton_block_attention.py; not with --search, "

@@ -188,8 +188,8 @@ def add_arguments(p) -> None:
     p.add_argument("--attention-impl", default="xla", choices=["xla", "pallas", "triton"],
                    help="attention of the decode loops: XLA, or the Pallas or Triton block-attention kernel")
     p.add_argument("--tree", type=int, default=None, metavar="N",
-                   help="verify a tree of N nodes per iteration (root included) instead of the chain")
-    p.add_argument("--tree-topk", type=int, default=4, metavar="K", help="with --tree: children per node at most")
+                   help="verify a tree of N draft nodes per iteration (root included) instead of the chain")
+    p.add_argument("--tree-topk", type=int, default=4, metavar="K", help="with --tree: children per tree node at most")
     p.add_argument("--out", default="runs/spec_speed", help="output directory")
 
 
