@@ -39,7 +39,6 @@ from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.models.handles import Drafter, Target, load_drafter, load_target
-from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 
 PAPER_TAU = 6.49
@@ -79,14 +78,11 @@ def tree_step_times(target: Target, spec: engine.EngineSpec, dparams, state, key
     tree = draft(target.params, dparams, state, key)[0]
     mask = trees.ancestor_mask(tree, spec.block_size - 1)
     slots = state.tcache.lengths[:, None] + jnp.arange(N, dtype=jnp.int32)
-    forward = functools.partial(spec.family.forward, spec.target, tap_layer_ids=spec.tap_layer_ids,
-                                attention_impl=spec.attention_impl)
-    verify_tree = jax.jit(lambda tp, tokens, slots, cache, depth, mask: forward(
-        tp, tokens, slots, cache, tree=TreeAttention(slots[:, :1] + depth, mask)))
+    verify_tree = jax.jit(functools.partial(engine.verify_tree, spec))
     verify_chain = jax.jit(functools.partial(engine.verify, spec))
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
-            "verify_ms": 1e3 * time_fn(verify_tree, target.params, tree.tokens, slots, state.tcache,
-                                       tree.depth, mask, repeats=repeats),
+            "verify_ms": 1e3 * time_fn(verify_tree, target.params, tree, mask, state.tcache,
+                                       repeats=repeats),
             "verify_chain_ms": 1e3 * time_fn(verify_chain, target.params, tree.tokens, slots,
                                              state.tcache, repeats=repeats)}
 

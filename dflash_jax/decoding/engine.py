@@ -368,6 +368,18 @@ def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tc
                                **spec.target_axes)
 
 
+def verify_tree(spec: EngineSpec, tparams, tree: trees.Tree, mask: jax.Array, tcache):
+    """The target over the N nodes of ``tree`` in one pass (``docs/trees.md``): node i written
+    to slot ``tcache.lengths + i``, rotated to ``tcache.lengths + depth[i]``, seeing the
+    committed slots and its ancestors' (``mask``: ``decoding.tree.ancestor_mask``). Returns
+    what :func:`verify` returns for a block of N rows."""
+    start = tcache.lengths[:, None]
+    slots = start + jnp.arange(tree.nodes, dtype=jnp.int32)
+    return spec.family.forward(spec.target, tparams, tree.tokens, slots, tcache,
+                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
+                               tree=TreeAttention(start + tree.depth, mask), **spec.target_axes)
+
+
 # ---------------------------------------------------------------------------- rollback
 def rollback(state: DecodeState, accepted: jax.Array, tcache):
     """The target's decode state after verify (``tcache``, holding the whole block) rolled back
@@ -475,11 +487,7 @@ def _tree_iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_i
         raise ValueError(f"{type(spec.proposer).__name__}.propose_tree returned a tree of shape "
                          f"{tree.tokens.shape}; the policy asks for [{start.shape[0]}, {N}]")
     mask = trees.ancestor_mask(tree, bs - 1)
-    slots = start[:, None] + jnp.arange(N, dtype=jnp.int32)
-    attention = TreeAttention(start[:, None] + tree.depth, mask)
-    logits, taps, tcache = spec.family.forward(
-        spec.target, vparams, tree.tokens, slots, state.tcache, tap_layer_ids=spec.tap_layer_ids,
-        attention_impl=spec.attention_impl, tree=attention, **spec.target_axes)
+    logits, taps, tcache = verify_tree(spec, vparams, tree, mask, state.tcache)
     if spec.sampling.greedy:
         last, accepted, bonus = trees.accept_greedy(tree, mask, logits, spec.ops)
     else:
