@@ -42,7 +42,10 @@ EMBEDDED_TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 EMBEDDED_DRAFTER_DIR = os.path.join(ASSETS_DIR, "drafter")
 """Its DFlash drafter (the released drafter layout)."""
 
-KINDS = {"target": EMBEDDED_TARGET_DIR, "drafter": EMBEDDED_DRAFTER_DIR}
+EMBEDDED_EAGLE3_DIR = os.path.join(ASSETS_DIR, "eagle3")
+"""The embedded target's EAGLE-3 drafter (the DFlash drafter's baseline, ``docs/eagle3.md``)."""
+
+KINDS = {"target": EMBEDDED_TARGET_DIR, "drafter": EMBEDDED_DRAFTER_DIR, "eagle3": EMBEDDED_EAGLE3_DIR}
 """What a checkpoint is for -> the embedded one of that kind."""
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt",
