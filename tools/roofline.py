@@ -47,6 +47,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
+    python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
 the same components, with the routed experts' bytes counted for the experts the rows route to.
@@ -54,6 +55,8 @@ Hybrid linear-attention targets (``--hybrid``, Qwen3.5) in :mod:`dflash_jax.tool
 the GDN layers' fixed state instead of a KV cache, and the bytes of either rollback mode.
 Tree verification (``--tree``, docs/trees.md) in :mod:`dflash_jax.tools.roofline_tree`: N tree
 rows verified per iteration, tau(N) from a measured curve scaled to the paper's, the best N.
+EAGLE-3 against DFlash (``--eagle3``) in :mod:`dflash_jax.tools.roofline_eagle3`: k sequential
+1-layer drafting steps (chain, or trees of K frontier nodes per step) against one drafter pass.
 """
 
 from __future__ import annotations
@@ -750,6 +753,19 @@ def add_arguments(p) -> None:
     p.add_argument("--tau-curve", metavar="FILE",
                    help='with --tree: JSON {"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16, '
                         '"source": "..."}, the measured tau of the chain and of trees')
+    p.add_argument("--eagle3", action="store_true",
+                   help="EAGLE-3 against DFlash: draft and verify time per iteration and the speedup at the "
+                        "paper's tau, the EAGLE-3 chain of --eagle3-steps sequential 1-layer steps and its "
+                        "trees against DFlash's one pass (tools/roofline_eagle3.py); writes "
+                        "eagle3_<pair>_....{json,md,png}")
+    p.add_argument("--eagle3-steps", type=int, default=7,
+                   help="with --eagle3: drafting steps k per iteration (the tree depth; default 7)")
+    p.add_argument("--eagle3-trees", nargs="*", default=["16:4", "60:10"], metavar="N:TOPK",
+                   help="with --eagle3: EAGLE-3 trees, node budget and children per node (default 16:4 60:10, "
+                        "the paper's 16 and 60 nodes)")
+    p.add_argument("--eagle3-draft-vocab", type=int, default=32000,
+                   help="with --eagle3: the EAGLE-3 drafter's draft vocabulary (default 32000, the released "
+                        "Qwen3-8B drafters')")
     p.add_argument("--out", default="runs/roofline", help="output directory")
 
 
@@ -770,6 +786,13 @@ def check_args(args) -> None:
 
 
 def run(args) -> dict:
+    if getattr(args, "eagle3", False):
+        from dflash_jax.tools import roofline_eagle3
+
+        if args.moe or args.hybrid or args.tree is not None:
+            raise ValueError("--eagle3 models dense targets with chain or EAGLE-3 trees: leave out --moe, "
+                             "--hybrid and --tree")
+        return roofline_eagle3.run_eagle3(args)
     if args.tree is not None:
         from dflash_jax.tools import roofline_tree
 
