@@ -206,14 +206,10 @@ class Trainer:
         rounding. Only process 0 writes run.json and the metrics. None: one device, the
         single-device step unchanged."""
         drafter_config.check_target(target.config)
+        self.target, self.dcfg = target, drafter_config
         self.init_from = None if init_from is None else os.path.abspath(init_from)
         if init_from is not None:
-
-            check_drafter_conditioning(init_from, drafter_config)
-            loaded = DrafterConfig.from_pretrained(init_from)
-            if loaded != drafter_config:
-                raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
-                                 f"expected {drafter_config}")
+            self._check_init_from(init_from)
         if len(data) < cfg.batch_size:
             raise ValueError(f"the dataset has {len(data)} sequences, fewer than batch_size {cfg.batch_size}")
         if features is not None and len(features) != len(data):
@@ -237,7 +233,7 @@ class Trainer:
         check_run_file(self.run_dir, record, added=RECORD_ADDED, remedy=self._refusal_remedy(record))
         self.tx = make_optimizer(cfg, self.num_steps)
         self.schedule = make_schedule(cfg, self.num_steps)
-        self.weights = jnp.asarray(block_loss_weights(drafter_config.block_size, cfg.gamma, cfg.uniform_weights))
+        self.weights = self._loss_weights()
         self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
         self.manager = checkpoint_manager(self.run_dir, cfg.keep_checkpoints)
         if mesh is None:
@@ -250,6 +246,25 @@ class Trainer:
                 self.state_shardings, sharding.param_shardings(self.target.params, mesh), rows, rows,
                 None if features is None else rows, rows, rows),
                 out_shardings=(self.state_shardings, sharding.replicated(mesh)))
+
+    # ------------------------------------------------------------------ the drafter's parts
+    # (training.eagle3.Eagle3Trainer overrides these, the init / step / eval / record methods)
+    def _check_init_from(self, init_from: str) -> None:
+        """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
+        check_drafter_conditioning(init_from, self.dcfg)
+        loaded = DrafterConfig.from_pretrained(init_from)
+        if loaded != self.dcfg:
+            raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
+                             f"expected {self.dcfg}")
+
+    def _loss_weights(self) -> jax.Array:
+        """The loss's weights: float32[bs] of the block rows."""
+        return jnp.asarray(block_loss_weights(self.dcfg.block_size, self.cfg.gamma, self.cfg.uniform_weights))
+
+    def row_metrics(self, done: int, m: dict) -> dict:
+        """The entries a step's metrics line adds to the loop's (``run_loop``'s row_metrics)."""
+        return {"epoch": round(done / self.steps_per_epoch, 4),
+                "accuracy_per_pos": [round(float(x), 4) for x in m["accuracy_per_pos"]]}
 
     # ------------------------------------------------------------------ bookkeeping
     def _run_record(self) -> dict:
@@ -376,10 +391,6 @@ class Trainer:
                 print(self.complete_message(done), flush=True)
             return self.restore_or_init()
 
-        def row_metrics(done, m):
-            return {"epoch": round(done / self.steps_per_epoch, 4),
-                    "accuracy_per_pos": [round(float(x), 4) for x in m["accuracy_per_pos"]]}
-
         def evaluate(state, done, last):
             if self.eval_prompts and self.cfg.eval_every and done % self.cfg.eval_every == 0:
                 return {"eval_tau": self.evaluate_tau(state["params"])}
@@ -389,17 +400,30 @@ class Trainer:
             self.restore_or_init(), lambda state, *inputs: self._step_fn(state, self.target.params, *inputs),
             self.step_inputs, self.manager, os.path.join(self.run_dir, METRICS_FILE),
             num_steps=self.num_steps, checkpoint_every=self.cfg.checkpoint_every,
-            tokens_per_step=self.cfg.batch_size * self.data.seq_len, row_metrics=row_metrics,
+            tokens_per_step=self.cfg.batch_size * self.data.seq_len, row_metrics=self.row_metrics,
             evaluate=evaluate, stop_after=stop_after, desc="training drafter",
             postfix=lambda row: {"loss": f"{row['loss']:.3f}",
                                  "accuracy1": f"{row['accuracy_per_pos'][0]:.2f}"})
 
 
-def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
-    """(drafter config, fp32 params, step) of a run's newest checkpoint."""
+def run_method(run_dir: str) -> str:
+    """The drafter a run trains: ``"dflash"`` or ``"eagle3"`` (run.json's ``method``; runs
+    recorded before EAGLE-3 existed have none and are DFlash runs)."""
+    with open(os.path.join(run_dir, RUN_FILE)) as f:
+        return json.load(f).get("method", "dflash")
+
+
+def latest_params(run_dir: str) -> tuple[Any, Any, int]:
+    """(drafter config, fp32 params, step) of a run's newest checkpoint: a ``DrafterConfig``,
+    or an ``Eagle3Config`` for an EAGLE-3 run (:func:`run_method`)."""
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
-    dcfg = DrafterConfig.from_hf_dict(record["drafter"])
+    if record.get("method", "dflash") == "eagle3":
+        from dflash_jax.config import Eagle3Config
+
+        dcfg = Eagle3Config.from_hf_dict(record["drafter"])
+    else:
+        dcfg = DrafterConfig.from_hf_dict(record["drafter"])
     manager = reading_manager(run_dir)
     step = manager.latest_step()
     if step is None:
@@ -411,9 +435,20 @@ def latest_params(run_dir: str) -> tuple[DrafterConfig, Any, int]:
 
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
-    """Writes a run's newest drafter in the released layout (loadable by ``load_drafter``)."""
+    """Writes a run's newest drafter in the released layout: a DFlash drafter (loadable by
+    ``load_drafter``) or, for an EAGLE-3 run, the EAGLE-3 layout with its draft vocabulary
+    (``load_eagle3``)."""
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    if jax.process_index() == 0:  # across hosts, process 0 writes the export
+    if jax.process_index() != 0:  # across hosts, process 0 writes the export
+        return
+    if run_method(run_dir) == "eagle3":
+        from dflash_jax.models.handles import Eagle3Drafter, d2t_of_vocab, save_eagle3
+        from dflash_jax.training.eagle3 import read_run_vocab
+
+        with open(os.path.join(run_dir, RUN_FILE)) as f:
+            vocab = read_run_vocab(run_dir, json.load(f))
+        save_eagle3(Eagle3Drafter(dcfg, params, d2t_of_vocab(vocab)), out_dir)
+    else:
         save_drafter(Drafter(dcfg, params), out_dir)
