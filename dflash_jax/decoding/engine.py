@@ -273,7 +273,8 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, pparams, tokens, lengths
     tcache = tcache.rollback(lengths)  # the right padding is not part of the prompt
     pstate = None
     if spec.proposer is not None:
-        pstate = spec.proposer.init(spec, pparams, taps, positions, lengths, cache_len, dtype)
+        pstate = spec.proposer.init(spec, pparams, taps, positions, lengths, cache_len, dtype,
+                                    tokens=tokens, tparams=tparams)
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(first)
     n = jnp.ones((B,), jnp.int32)
     return DecodeState(

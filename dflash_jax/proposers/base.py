@@ -5,9 +5,10 @@ token); the target verifies them. It is a frozen, hashable dataclass (part of th
 static spec) whose methods are pure functions of their arguments, called inside the jitted
 loop:
 
-  init(spec, params, taps, positions, lengths, cache_len, dtype) -> state
+  init(spec, params, taps, positions, lengths, cache_len, dtype, *, tokens, tparams) -> state
       from the prompt: the target's taps [B, P, k*D] at positions int32[B, P] (right padded;
-      ``lengths`` int32[B] real tokens per row);
+      ``lengths`` int32[B] real tokens per row), the prompt's tokens int32[B, P] and the
+      target's parameters (its embedding, for a proposer that embeds tokens);
   propose(spec, tparams, params, state, committed, key) -> (Proposal, state)
       a proposal for the block after ``committed.bonus`` (at position ``committed.start``);
   observe(spec, params, state, taps, positions) -> state
@@ -70,7 +71,8 @@ class Proposer:
         """The target layers whose outputs the proposer reads (its taps); () for none."""
         return ()
 
-    def init(self, spec, params, taps, positions, lengths, cache_len: int, dtype) -> Any:
+    def init(self, spec, params, taps, positions, lengths, cache_len: int, dtype, *, tokens=None,
+             tparams=None) -> Any:
         return None
 
     def propose(self, spec, tparams, params, state, committed: Committed, key,

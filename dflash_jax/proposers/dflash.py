@@ -63,7 +63,8 @@ class DFlashProposer(Proposer):
     def model(self, spec) -> DrafterModel:
         return DrafterModel(self.config, attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
 
-    def init(self, spec, params, taps, positions, lengths, cache_len, dtype) -> DFlashState:
+    def init(self, spec, params, taps, positions, lengths, cache_len, dtype, *, tokens=None,
+             tparams=None) -> DFlashState:
         """The prompt's taps projected into a fresh context cache (context length = ``lengths``)."""
         d, B = self.config, taps.shape[0]
         cache = KVCache.init(d.num_layers, B, cache_len, d.num_kv_heads, d.head_dim, dtype)
