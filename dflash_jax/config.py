@@ -774,6 +774,11 @@ class DrafterConfig:
         class) is ``"kv"`` when absent; another value than ``"kv"``, ``"input"``, ``"none"`` is
         a ValueError.
         """
+        archs = [str(a) for a in (d.get("architectures") or [])]
+        if any("eagle3" in a.lower() for a in archs):
+            raise ValueError(f"this is an EAGLE-3 drafter config (architectures {archs}), not a "
+                             "DFlash one: load it with load_eagle3 (or load_any_drafter, which "
+                             "picks the loader by architectures)")
         fields = decoder_fields_from_hf(d, "drafter config.json")
         refuse(_unsupported_drafter_features(d), "drafter config.json")
         if not has_rope_theta(d):
@@ -953,6 +958,16 @@ class Eagle3Config:
         if len(self.target_layer_ids) != 3:
             raise ValueError(f"an EAGLE-3 drafter reads exactly three target layers (low, middle, "
                              f"high), got target_layer_ids={list(self.target_layer_ids)}")
+        n = self.num_target_layers
+        if n is not None and (isinstance(n, bool) or int(n) != n or n <= 0):
+            raise ValueError(f"EAGLE-3 config field num_target_layers must be a positive integer "
+                             f"or absent, got {n!r}")
+        bad = [i for i in self.target_layer_ids if i < 0 or (n is not None and i >= n)]
+        if bad:
+            raise ValueError(f"EAGLE-3 feature layers {bad} (target_layer_ids / eagle_config."
+                             "eagle_aux_hidden_state_layer_ids) are not layers of the "
+                             + (f"{n}-layer target" if n is not None else "target (negative)")
+                             + ": name three layer indices in [0, num_target_layers)")
         if self.rope.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope type {self.rope.rope_type!r}; supported: "
                              + ", ".join(map(repr, SUPPORTED_ROPE_TYPES)))
