@@ -212,6 +212,7 @@ class Eagle3Trainer(Trainer):
     """
 
     method = "eagle3"
+    record_added: dict = {}  # its record has had all its settings from the start
 
     def __init__(self, target, config: Eagle3Config, data: TokenDataset, run_dir: str, cfg: TrainConfig,
                  eagle: Eagle3TrainConfig, draft_vocab, eval_prompts: Sequence[Sequence[int]] | None = None,

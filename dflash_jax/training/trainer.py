@@ -189,6 +189,8 @@ class Trainer:
     resume on the same mesh is bitwise exact on CPU, on another one equal up to float rounding.
     """
 
+    record_added = RECORD_ADDED  # settings added to the run record after runs were started
+
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
@@ -230,7 +232,7 @@ class Trainer:
         self.steps_per_epoch = steps_per_epoch(len(data), cfg.batch_size)
         self.num_steps = cfg.total_steps(len(data))
         record = self._run_record()
-        check_run_file(self.run_dir, record, added=RECORD_ADDED, remedy=self._refusal_remedy(record))
+        check_run_file(self.run_dir, record, added=self.record_added, remedy=self._refusal_remedy(record))
         self.tx = make_optimizer(cfg, self.num_steps)
         self.schedule = make_schedule(cfg, self.num_steps)
         self.weights = self._loss_weights()

@@ -1,4 +1,5 @@
-"""Write a training run's latest drafter in the released layout."""
+"""Write a training run's latest drafter in the released layout (a DFlash drafter, or for a
+--method eagle3 run the EAGLE-3 layout: config.json + safetensors with d2t / t2d)."""
 
 from __future__ import annotations
 
