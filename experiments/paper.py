@@ -1,7 +1,8 @@
 """The paper's tables and figures, each one command, for the target and drafter at hand
 (the embedded pair by default; ``--target`` / ``--drafter`` for a real one).
 
-    python -m experiments.paper table1              # speedup and tau per prompt set, T = 0 and T = 1
+    python -m experiments.paper table1              # speedup and tau per prompt set, T = 0 and T = 1,
+                                                    # beside EAGLE-3's chain and trees 16 / 60 (T = 0)
     python -m experiments.paper acceptance          # acceptance histogram and per-position rate per set
     python -m experiments.paper block_size_curve    # tau and speedup against the inference block size
     python -m experiments.paper training_curve      # held-out tau against training steps (--run DIR)
@@ -9,6 +10,16 @@
     python -m experiments.paper readme              # README.md alone from what earlier runs saved
     python -m experiments.paper all --preset smoke  # seconds: what CI runs
     experiments.paper.run("table1", preset="smoke") -> dict
+
+table1's EAGLE-3 columns (``--eagle3``: ``embedded-eagle3`` by default with the cpu preset, a
+directory, ``random`` for a random-weight drafter, ``none`` for no columns) are ``bench
+--drafter EAGLE3`` on the same prompts at T = 0: the chain of ``block_size - 1`` = 7 steps and the
+trees ``--eagle3-trees`` (default 16 nodes with top-4 and 60 with EAGLE-3's default top-10, the
+paper's two budgets), beside the paper's EAGLE-3 numbers (Qwen3-8B, T = 0: tree 16 1.76x / tau
+2.96, tree 60 2.02x). ``--repeats R`` measures every cell R times (the cpu preset: 3): tau is the
+first run's (at T = 0 the runs decode the same tokens), the speedup is computed from each
+response's decode times averaged over the runs (its interval from those), and each run's own
+speedup and load average are recorded and shown.
 
 Every measurement is the benchmark's protocol (``python -m dflash_jax bench``: AR and DFlash
 on the same prompts, batch 1, interleaved per prompt; docs/method.md section 6's metrics with 95 %
@@ -53,6 +64,9 @@ from dflash_jax.reporting import command_line, cpu_model, environment, load_aver
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding import engine
 from dflash_jax.bench import harness
+from dflash_jax.bench.drafters import EMBEDDED_EAGLE3, NAMES_HELP, RANDOM, load_eagle3_drafter
+from dflash_jax.bench.harness import drafter_block_size
+from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 
 ITEMS = ("table1", "acceptance", "block_size_curve", "training_curve")
 ABLATIONS = ("ablate_depth", "ablate_block_size", "ablate_taps", "ablate_conditioning", "ablate_anchors",
@@ -71,6 +85,10 @@ class Options:
         drafter: DFlash drafter directory (default: the embedded drafter, for the embedded target;
             'embedded' names it too)
         others: more drafter directories, one column each in table1
+        eagle3: table1's EAGLE-3 drafter: 'embedded-eagle3' (shipped with the package), a
+            directory, 'random' (random weights, smoke only), or 'none' (no EAGLE-3 columns)
+        eagle3_trees: table1's EAGLE-3 trees, N:TOPK each (beside its chain)
+        repeats: runs of every measurement (the speed is averaged over them)
         dtype: dtype the pair computes in (float32 on CPU, bfloat16 on a GPU when not given)
         datasets: prompt sets
         max_samples: prompts per set
@@ -86,6 +104,9 @@ class Options:
     target: str = framework.EMBEDDED
     drafter: str | None = None
     others: tuple[str, ...] = ()
+    eagle3: str = "none"
+    eagle3_trees: tuple[str, ...] = ("16:4", "60:10")
+    repeats: int = 1
     dtype: str | None = None
     datasets: tuple[str, ...] = DATASETS
     max_samples: int = 6
@@ -99,7 +120,7 @@ class Options:
 
 PRESETS = {
     "smoke": dict(datasets=("gsm8k", "humaneval"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16)),
-    "cpu": dict(block_sizes=(4, 8, 16)),
+    "cpu": dict(block_sizes=(4, 8, 16), eagle3="embedded-eagle3", repeats=3),
     "gpu": dict(target=None, max_samples=128, max_new_tokens=2048, block_sizes=(4, 8, 12, 16)),
 }
 
@@ -113,7 +134,7 @@ def options(preset: str, **overrides) -> Options:
     if unknown:
         raise ValueError(f"experiments.paper has no option {unknown[0]!r}; the options are: {', '.join(sorted(names))}")
     values = PRESETS[preset] | {k: v for k, v in overrides.items() if v is not None}
-    for k in ("others", "datasets", "temperatures", "block_sizes", "runs"):
+    for k in ("others", "datasets", "temperatures", "block_sizes", "runs", "eagle3_trees"):
         if k in values and not isinstance(values[k], (str, bytes)):
             values[k] = tuple(values[k])
     return Options(**values)
@@ -138,11 +159,41 @@ def check(opt: Options) -> None:
                     *(("run", r) for r in opt.runs)):
         if d is not None and not os.path.isdir(framework.checkpoint_dir(d, what)):
             raise FileNotFoundError(f"{what} directory {d!r} does not exist")
+    if opt.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {opt.repeats}")
+    for t in opt.eagle3_trees:
+        eagle3_tree(t)
+    if opt.eagle3 not in (NO_EAGLE3, RANDOM, EMBEDDED_EAGLE3) and not os.path.isdir(opt.eagle3):
+        raise FileNotFoundError(f"--eagle3 {opt.eagle3!r}: not a directory; give {NAMES_HELP}, or 'none'")
     if opt.drafter is None and not _embedded_target(opt):
         raise ValueError("--drafter is required with a --target other than the embedded one")
     for r in opt.runs:
         if not os.path.exists(os.path.join(r, "metrics.jsonl")):
             raise FileNotFoundError(f"run directory {r!r} has no metrics.jsonl (a drafter training run)")
+
+
+def check_eagle3(opt: Options) -> None:
+    """table1's EAGLE-3 drafter is there (checked only when table1 is made: the other items do
+    not use it)."""
+    if opt.eagle3 == EMBEDDED_EAGLE3 and not os.path.exists(os.path.join(EMBEDDED_EAGLE3_DIR, "config.json")):
+        raise FileNotFoundError(f"--eagle3 {EMBEDDED_EAGLE3} (the cpu preset's): the shipped EAGLE-3 drafter is not "
+                                f"in this installation ({EMBEDDED_EAGLE3_DIR}); give --eagle3 DIR, or --eagle3 none "
+                                "for table1 without the EAGLE-3 columns")
+
+
+NO_EAGLE3 = "none"
+
+
+def eagle3_tree(value) -> tuple[int, int]:
+    """One ``--eagle3-trees`` value ``N:TOPK``."""
+    try:
+        n, k = (int(x) for x in str(value).split(":"))
+    except ValueError:
+        raise ValueError(f"--eagle3-trees {value!r}: give N:TOPK (node budget and children per node), "
+                         "e.g. 16:4 60:10") from None
+    if n < 2 or k < 1:
+        raise ValueError(f"--eagle3-trees {value!r}: a tree needs N >= 2 nodes and TOPK >= 1")
+    return n, k
 
 
 def _embedded_target(opt: Options) -> bool:
@@ -164,6 +215,8 @@ def recorded_options(opt: Options) -> dict:
     d["drafter"] = None if drafter == framework.EMBEDDED else drafter
     d["others"] = [framework.recorded_path(o, "drafter") for o in opt.others]
     d["runs"] = [framework.recorded_path(r) for r in opt.runs]
+    if opt.eagle3 not in (NO_EAGLE3, RANDOM, EMBEDDED_EAGLE3):
+        d["eagle3"] = framework.recorded_path(opt.eagle3)
     return d
 
 
@@ -190,16 +243,40 @@ class Session:
         self.ids = {"target": framework.target_identity(framework.checkpoint_dir(opt.target)),
                     "dtype": str(np.dtype(dtype))} | {
             d: framework.target_identity(d) for d in self.drafter_dirs}
+        self._dtype = dtype
 
-    def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar) -> dict:
-        """One prompt set under the bench protocol (cached; see the module docstring)."""
+    @property
+    def eagle3(self):
+        """table1's EAGLE-3 drafter (loaded on first use), or None (``--eagle3 none``)."""
+        if self.opt.eagle3 == NO_EAGLE3:
+            return None
+        if EAGLE3_KEY not in self.drafters:
+            d = load_eagle3_drafter(self.opt.eagle3, self.target, dtype=self._dtype)
+            self.drafters[EAGLE3_KEY] = d
+            self.ids[EAGLE3_KEY] = {"random": 0} if self.opt.eagle3 == RANDOM else framework.target_identity(d.path)
+        return self.drafters[EAGLE3_KEY]
+
+    def measure(self, drafter_dir: str, dataset: str, temperature: float, block_size: int | None, bar,
+                tree: tuple[int, int] | None = None) -> dict:
+        """One prompt set under the bench protocol, ``--repeats`` times (cached; see the module
+        docstring); ``drafter_dir``: a DFlash drafter's directory or :data:`EAGLE3_KEY`;
+        ``tree``: (N, topk) verifies trees."""
+        runs = [self._measure_run(drafter_dir, dataset, temperature, block_size, bar, tree, i)
+                for i in range(self.opt.repeats)]
+        return runs[0] if len(runs) == 1 else combine_runs(runs)
+
+    def _measure_run(self, drafter_dir, dataset, temperature, block_size, bar, tree, run) -> dict:
         o = self.opt
         drafter = self.drafters[drafter_dir]
-        bs = block_size or drafter.config.block_size
+        bs = block_size or drafter_block_size(drafter)
         key = {"target": self.ids["target"], "dtype": self.ids["dtype"], "drafter": self.ids[drafter_dir],
                "dataset": dataset, "max_samples": o.max_samples, "max_new_tokens": o.max_new_tokens,
                "temperature": float(temperature), "block_size": bs, "subset": o.subset, "seed": o.seed,
                "loop_version": engine.LOOP_VERSION}  # a loop that costs otherwise: measured again
+        if tree:  # (keys of chains and first runs as before: their records stay valid)
+            key["tree"] = list(tree)
+        if run:
+            key["run"] = run
         path = os.path.join(self.work, "paper", framework.stable_hash(key), "record.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -208,13 +285,14 @@ class Session:
             if os.path.exists(path):
                 with open(path) as f:
                     return json.load(f)["record"]
-            return self._measure(drafter, dataset, temperature, bs, key, path, bar)
+            return self._measure(drafter, dataset, temperature, bs, key, path, bar, tree)
 
-    def _measure(self, drafter, dataset, temperature, bs, key, path, bar) -> dict:
+    def _measure(self, drafter, dataset, temperature, bs, key, path, bar, tree=None) -> dict:
 
         o = self.opt
         args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
-                                     block_size=bs, thinking=False, num_denoise_steps=1)
+                                     block_size=bs, thinking=False, num_denoise_steps=1,
+                                     tree=tree[0] if tree else None, tree_topk=tree[1] if tree else None)
         samples = load_prompt_set(dataset, None, o.max_samples, o.seed, subset=o.subset)
         load = load_average()
         record = harness.bench_dataset(harness.Runner(self.target, drafter, args), samples, bar)
@@ -224,11 +302,33 @@ class Session:
                           "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
         return record
 
-    def grid(self, jobs: list[tuple[str, str, float, int | None]], desc: str) -> list[dict]:
-        n = sum(len(s.turns) for _, d, _, _ in jobs
-                for s in load_prompt_set(d, None, self.opt.max_samples, self.opt.seed, subset=self.opt.subset))
+    def grid(self, jobs: list[tuple], desc: str) -> list[dict]:
+        """:meth:`measure` of each job (drafter, set, temperature, block size[, tree])."""
+        n = self.opt.repeats * sum(len(s.turns) for _, d, *_ in jobs
+                                   for s in load_prompt_set(d, None, self.opt.max_samples, self.opt.seed,
+                                                            subset=self.opt.subset))
         with progress(total=n, desc=desc, unit="prompt") as bar:
-            return [self.measure(*job, bar) for job in jobs]
+            return [self.measure(*job[:4], bar, *job[4:]) for job in jobs]
+
+
+EAGLE3_KEY = "eagle3"  # Session.drafters' key of the EAGLE-3 drafter
+
+
+def combine_runs(runs: list[dict]) -> dict:
+    """One prompt set's record from ``repeats`` runs of it (the module docstring): the first
+    run's responses with each response's AR and speculative decode (and end-to-end) times
+    averaged over the runs, summarised again (``harness.summarize_set``); ``runs`` keeps each
+    run's own decode speedup and load average."""
+    first = json.loads(json.dumps(runs[0]))
+    for i, sample in enumerate(first["samples"]):
+        for method in ("ar", "dflash"):
+            for field in ("decode_s", "total_s", "prefill_s"):
+                if field in sample[method]:
+                    sample[method][field] = float(np.mean([r["samples"][i][method][field] for r in runs]))
+    bs = len(first["histogram"])
+    rec = harness.summarize_set({k: v for k, v in first.items()}, bs)
+    rec["runs"] = [{"speedup": r["speedup"], "load_average_before": r.get("load_average_before")} for r in runs]
+    return rec
 
 
 def _average(records: dict[str, dict]) -> dict:
@@ -285,7 +385,115 @@ def table1(s: Session) -> dict:
                       f" (a set rests on {fewest} responses here, fewer than the {metrics.MIN_DISTINCT_SAMPLES} an "
                       "interval needs: an ordering, not a finding)"))
     results = {framework.recorded_path(d, "drafter"): v for d, v in res.items()}  # the same in every checkout
-    return {"results": results, "markdown": md, "findings": finding, "figure": _table1_figure(res, s)}
+    out = {"results": results}
+    e3 = None
+    if s.eagle3 is not None:
+        e3 = eagle3_columns(s)
+        md += "\n\n" + eagle3_markdown(s, res, e3)
+        finding += eagle3_findings(res[s.main]["0"]["average"] if "0" in res[s.main] else None, e3)
+        out["eagle3"] = e3
+    if o.repeats > 1:
+        md += "\n\n" + runs_markdown(s, res, e3)
+    return out | {"markdown": md, "findings": finding, "figure": _table1_figure(res, s, e3)}
+
+
+def eagle3_columns(s: Session) -> dict:
+    """EAGLE-3's chain and trees at T = 0 on table1's prompts: {column: {"datasets", "average",
+    "block_size", "tree"}}."""
+    o = s.opt
+    bs = drafter_block_size(s.eagle3)
+    out = {}
+    for tree in [None] + [eagle3_tree(t) for t in o.eagle3_trees]:
+        name = "chain" if tree is None else f"tree {tree[0]}"
+        recs = s.grid([(EAGLE3_KEY, n, 0.0, bs, tree) for n in o.datasets], f"table1 EAGLE-3 {name} T=0")
+        per = dict(zip(o.datasets, recs))
+        out[name] = {"datasets": {n: _strip(r) for n, r in per.items()}, "average": _average(per),
+                     "block_size": bs, "tree": list(tree) if tree else None}
+    return out
+
+
+def eagle3_markdown(s: Session, res: dict, e3: dict) -> str:
+    """EAGLE-3's columns beside the main DFlash drafter's T = 0 column and the paper's."""
+    o, d = s.opt, res[s.main].get("0")
+    cols = list(e3)
+    head = ("| prompt set | " + " | ".join(f"EAGLE-3 {c} ({_e3_setting(e3[c])}): speedup / tau" for c in cols)
+            + (f" | {_name(s.main, s)} T=0 |" if d else " |")
+            + " the paper, EAGLE-3 tree 16 | the paper, EAGLE-3 tree 60 | the paper, DFlash |")
+    lines = [f"EAGLE-3 ({_eagle3_name(s)}) on the same prompts, T = 0:", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for n in list(o.datasets) + ["average"]:
+        pick = lambda col: col["average"] if n == "average" else col["datasets"][n]
+        cells = [f"{_ci(pick(e3[c]), 'speedup')}x / {_ci(pick(e3[c]), 'tau')}" for c in cols]
+        if d:
+            cells.append(f"{_ci(pick(d), 'speedup')}x / {_ci(pick(d), 'tau')}")
+        avg = n == "average"
+        cells += [f"{numbers.EAGLE3_TABLE1_AVERAGE[0]:.2f}x / {numbers.EAGLE3_TABLE1_AVERAGE[1]:.2f}" if avg else "-",
+                  f"{EAGLE3_TREE60_SPEEDUP:.2f}x / -" if avg else "-",
+                  "-" if numbers.TABLE1[0.0].get(n) is None else
+                  f"{numbers.TABLE1[0.0][n][0]:.2f}x / {numbers.TABLE1[0.0][n][1]:.2f}"]
+        lines.append(f"| {'**average**' if avg else n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (
+        f"\n\nThe paper's EAGLE-3 (Qwen3-8B, H200, T = 0, average): tree 16 {numbers.EAGLE3_TABLE1_AVERAGE[0]:.2f}x / "
+        f"tau {numbers.EAGLE3_TABLE1_AVERAGE[1]:.2f}, tree 60 {EAGLE3_TREE60_SPEEDUP:.2f}x (tau not given); "
+        "EAGLE-3's trees here: depth 7 (its steps), the topk best nodes of each depth expanded (docs/eagle3.md).")
+
+
+EAGLE3_TREE60_SPEEDUP = 2.02
+"""The paper's EAGLE-3 tree-60 average speedup (Qwen3-8B, T = 0; it gives no tau for it)."""
+
+
+def _e3_setting(col: dict) -> str:
+    steps = col["block_size"] - 1
+    return f"{steps} steps" if not col["tree"] else f"top-{col['tree'][1]}, depth {steps}"
+
+
+def _eagle3_name(s: Session) -> str:
+    o = s.opt.eagle3
+    return {RANDOM: "random weights: not a result", EMBEDDED_EAGLE3: "the shipped embedded-eagle3"}.get(
+        o, os.path.basename(os.path.normpath(o)))
+
+
+def eagle3_findings(dflash: dict | None, e3: dict) -> list[str]:
+    """DFlash (T = 0) against each EAGLE-3 column, tau and speedup through the intervals, with the
+    paper's ratios."""
+    if dflash is None:
+        return []
+    out = []
+    for name, col in e3.items():
+        a = col["average"]
+        for key in ("tau", "speedup"):
+            paper = ""
+            if name == "tree 16":
+                p = numbers.EAGLE3_TABLE1_AVERAGE[key == "tau"], numbers.TABLE1[0.0]["average"][key == "tau"]
+                paper = f"; the paper: {p[1]:.2f} vs {p[0]:.2f}, x{p[1] / p[0]:.2f}"
+            elif name == "tree 60" and key == "speedup":
+                paper = (f"; the paper: {numbers.TABLE1[0.0]['average'][0]:.2f}x vs {EAGLE3_TREE60_SPEEDUP:.2f}x, "
+                         f"x{numbers.TABLE1[0.0]['average'][0] / EAGLE3_TREE60_SPEEDUP:.2f}")
+            verdict = ("the intervals do not overlap" if _apart(dflash, a, key) else _why(dflash, a, key))
+            out.append(f"T = 0, {key}: DFlash {dflash[key]:.2f} vs EAGLE-3 {name} {a[key]:.2f} "
+                       f"(x{dflash[key] / a[key]:.2f}; {verdict}{paper})")
+    return out
+
+
+def runs_markdown(s: Session, res: dict, e3: dict | None) -> str:
+    """Each run's own average decode speedup over the sets (the mean of its per-set speedups)
+    and the load average before the run's first set."""
+    cols = [(f"{_name(d, s)} T={t}", res[d][t]) for d in res for t in res[d]]
+    cols += [(f"EAGLE-3 {c}", v) for c, v in (e3 or {}).items()]
+    lines = [f"Speed per run ({s.opt.repeats} runs; the table's speedups use each response's decode time averaged "
+             "over them):", "", "| column | " + " | ".join(f"run {i + 1}" for i in range(s.opt.repeats)) + " |",
+             "|" + "---|" * (s.opt.repeats + 1)]
+    for name, col in cols:
+        runs = [col["datasets"][n].get("runs") for n in col["datasets"]]
+        if not all(runs):
+            continue
+        cells = []
+        for i in range(s.opt.repeats):
+            sp = np.mean([r[i]["speedup"] for r in runs])
+            load = runs[0][i].get("load_average_before")
+            cells.append(f"{sp:.2f}x" + (f" (load {load[0]:.1f})" if load else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _why(a: dict, b: dict, key: str = "tau") -> str:
@@ -309,22 +517,23 @@ def _name(d: str, s: Session) -> str:
         os.path.normpath(d))
 
 
-def _table1_figure(res: dict, s: Session):
+def _table1_figure(res: dict, s: Session, e3: dict | None = None):
 
     o = s.opt
     fig, axes = new_figure(1, 2, figsize=(13, 4))
     names = list(o.datasets) + ["average"]
-    series = [(d, t) for d in s.drafter_dirs for t in o.temperatures]
+    series = [(d, t) for d in s.drafter_dirs for t in o.temperatures] + [(c, 0.0) for c in (e3 or {})]
     width = 0.8 / (len(series) + 1)
     for ax, key in zip(axes, ("speedup", "tau")):
         x = np.arange(len(names))
         for i, (d, t) in enumerate(series):
-            rows = [res[d][f"{t:g}"]["average" if n == "average" else "datasets"] for n in names]
+            col = e3[d] if e3 and d in e3 else res[d][f"{t:g}"]
+            rows = [col["average" if n == "average" else "datasets"] for n in names]
             rows = [r if n == "average" else r[n] for r, n in zip(rows, names)]
             v = np.array([r[key] for r in rows])
             ci = np.array([r[key + "_ci"] for r in rows], float)
             ax.bar(x + (i - len(series) / 2) * width, v, width, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T,
-                   capsize=2, label=f"{_name(d, s)}, T={t:g}")
+                   capsize=2, label=f"EAGLE-3 {d}, T=0" if e3 and d in e3 else f"{_name(d, s)}, T={t:g}")
         paper = [numbers.TABLE1[0.0].get(n) for n in names]
         ax.bar(x + (len(series) / 2) * width, [np.nan if p is None else p[key == "tau"] for p in paper], width,
                color="0.7", label="the paper, T=0 (Qwen3-8B, H200)")
@@ -534,6 +743,8 @@ def _comparable(identity):
     o["drafter"] = None if drafter == framework.EMBEDDED else drafter
     o["others"] = [framework.recorded_path(x, "drafter") for x in o.get("others") or []]
     o["runs"] = [framework.recorded_path(x) for x in o.get("runs") or []]
+    for k in ("eagle3", "eagle3_trees", "repeats"):  # table1's EAGLE-3 columns and the runs per
+        o.pop(k, None)  # measurement add to the outputs or steady them: outputs made without them are kept
     return out
 
 
@@ -561,6 +772,8 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
                           f"work={portable_path(work)!r}" + "".join(f", {k}={v!r}" for k, v in overrides.items()) + ")")
     check_out(out, preset, opt, overwrite)
     names = ITEMS if name == "all" else (name,)
+    if "table1" in names:
+        check_eagle3(opt)
     # the ablations of ``all`` run on the same target (and need the training prompts for a real one)
     a_over = ({"target": opt.target} if not _embedded_target(opt) else {}) | (
         {"prompt_source": prompt_source} if prompt_source else {})
@@ -669,7 +882,11 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
              f"jax {env['jax']}; {_load_text(results)}. Pair: target `{_show(opt.target)}`, "
              f"drafter `{_show(opt.drafter) if opt.drafter else 'embedded'}`.", "",
              f"Budget: {', '.join(opt.datasets)}; {opt.max_samples} prompts per set, {opt.max_new_tokens} new tokens, "
-             "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol). tau: per response the mean "
+             "batch 1, AR and DFlash interleaved per prompt (the `bench` protocol)"
+             + (f", every measurement run {opt.repeats} times (speed from each response's decode times averaged "
+                "over the runs; each run's own speedup and load in table1)" if opt.repeats > 1 else "")
+             + (f"; EAGLE-3 ({opt.eagle3}) in table1 at T = 0: its chain and trees {', '.join(opt.eagle3_trees)}"
+                if opt.eagle3 != NO_EAGLE3 else "") + ". tau: per response the mean "
              "acceptance length, then the mean over responses; speedup: decode-only (docs/method.md section 6); [95% CI]: "
              f"percentile bootstrap over prompts, seed 0; none where it would rest on fewer than "
              f"{metrics.MIN_DISTINCT_SAMPLES} responses.", "",
@@ -723,6 +940,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", help="DFlash drafter directory (default: embedded, the drafter shipped in the "
                                      "package)")
     p.add_argument("--others", nargs="+", help="more drafter directories: one more column each in table1")
+    p.add_argument("--eagle3", help="table1's EAGLE-3 drafter: " + NAMES_HELP + ", or 'none' (no EAGLE-3 columns; "
+                                    "default: embedded-eagle3 for cpu, none for smoke and gpu)")
+    p.add_argument("--eagle3-trees", nargs="*", help="table1's EAGLE-3 trees beside its chain, N:TOPK each "
+                                                     "(default 16:4 60:10, the paper's 16 and 60 nodes)")
+    p.add_argument("--repeats", type=int, help="timed runs of every measurement, their decode times averaged "
+                                               "(default: cpu 3, smoke and gpu 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: float32 on CPU)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompt sets (default: all five; smoke: two)")
     p.add_argument("--max-samples", type=int, help="prompts per set (smoke 1, cpu 6, gpu 128)")

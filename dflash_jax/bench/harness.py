@@ -22,6 +22,12 @@ what the same acceptance gives where an iteration costs :data:`REFERENCE_ITERATI
 steps (the H100 measurement). Intervals resting on fewer than ``metrics.MIN_DISTINCT_SAMPLES``
 responses are not given ("n < 8: no interval").
 
+``--drafter`` takes a DFlash or an EAGLE-3 drafter (docs/eagle3.md; ``embedded-eagle3``: the one
+shipped for the embedded target), told apart by its config.json (``models.handles.load_any_drafter``):
+the speculative column is then EAGLE-3's, a chain of ``block_size - 1`` drafting steps (default 7)
+or, with ``--tree N --tree-topk K``, its dynamic tree (the paper's: ``--tree 16 --tree-topk 4``
+and ``--tree 60 --tree-topk 10``); no adaptive table (the adaptive block is DFlash's).
+
 Prompts are rendered with the target's chat template with the thinking switch off (Qwen3's
 ``enable_thinking=False``, as the reference benchmark; ``--thinking`` turns it on), and
 ``--max-samples`` picks prompts the ``--subset`` way: ``random`` (default) or ``reference``
@@ -43,10 +49,10 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
-from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, expand_embedded, resolve_checkpoint
-from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
-                                       EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter,
-                                       load_target)
+from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, EMBEDDED_EAGLE3_DIR, expand_embedded, resolve_checkpoint
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER, EMBEDDED_EAGLE3,
+                                       EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, Eagle3Drafter,
+                                       load_any_drafter, load_target)
 from dflash_jax.files import write_text
 from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
@@ -83,7 +89,9 @@ def add_arguments(p) -> None:
                    help=f"the target: {CHECKPOINT_HELP} (default: embedded)")
     p.add_argument("--drafter", default=None, metavar="CHECKPOINT",
                    help="the DFlash drafter, named the same way, e.g. z-lab/Qwen3-8B-DFlash-b16 with "
-                        "Qwen/Qwen3-8B (default: the embedded drafter, with the embedded target)")
+                        "Qwen/Qwen3-8B (default: the embedded drafter, with the embedded target), or an "
+                        "EAGLE-3 drafter (its config.json tells; 'embedded-eagle3': the one shipped for the "
+                        "embedded target) to bench EAGLE-3 instead")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
     p.add_argument("--data-dir", default=None,
                    help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
@@ -154,11 +162,22 @@ def chat(turns, answers):
     return out
 
 
+def drafter_block_size(drafter) -> int:
+    """A drafter's default block: a DFlash drafter's trained block, an EAGLE-3 drafter's anchor
+    + drafting steps (``Eagle3Drafter.block_size``)."""
+    return drafter.block_size if isinstance(drafter, Eagle3Drafter) else drafter.config.block_size
+
+
+def drafter_method(drafter) -> str:
+    """``"eagle3"`` or ``"dflash"``: the report's ``settings.method``."""
+    return "eagle3" if isinstance(drafter, Eagle3Drafter) else "dflash"
+
+
 def bench_dataset(runner: Runner, samples, bar) -> dict:
     """Both methods on every sample (and turn) of one prompt set; returns its record."""
     a, tok = runner.args, runner.target.tokenizer
 
-    bs = runner.drafter.config.block_size if a.block_size in (None, ADAPTIVE) else a.block_size
+    bs = drafter_block_size(runner.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
     adaptive = bool(getattr(a, "adaptive", False)) and getattr(a, "tree", None) is None
     # one (prompt width, cache length) for the whole set: an upper bound over all turns
     bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
@@ -270,12 +289,13 @@ def explanation(report: dict) -> str:
         if not np.isfinite(cost):
             continue
         tp = av["tau_pooled"]
-        text = (f"Why {av['speedup']:.2f}x ({label}): one DFlash iteration (draft + verify) cost "
-                f"{cost:.2f} AR steps here (DFlash decode time per iteration / AR decode time per "
+        who = "EAGLE-3" if report["settings"].get("method") == "eagle3" else "DFlash"
+        text = (f"Why {av['speedup']:.2f}x ({label}): one {who} iteration (draft + verify) cost "
+                f"{cost:.2f} AR steps here ({who} decode time per iteration / AR decode time per "
                 f"token, mean over the sets) and made {tp:.2f} tokens (tau pooled), so speedup ~ "
                 f"{tp:.2f} / {cost:.2f} = {av['speedup_from_cost']:.2f}x (the table's "
                 f"{av['speedup']:.2f}x averages per-response times).")
-        if "speedup_at_reference_cost" in av:
+        if "speedup_at_reference_cost" in av and report["settings"].get("method", "dflash") == "dflash":
             text += (f" Where an iteration costs {REFERENCE_ITERATION_COST:.3f} AR steps "
                      f"({REFERENCE_ITERATION_SOURCE}), the same acceptance gives ~ {tp:.2f} / "
                      f"{REFERENCE_ITERATION_COST:.3f} = {av['speedup_at_reference_cost']:.2f}x.")
@@ -310,17 +330,19 @@ def markdown(report: dict) -> str:
 
 
 def method_label(report: dict) -> str:
-    """The main DFlash run's name in the outputs: "DFlash", or "DFlash tree N" with ``--tree``
-    (``tree_args.label``; a report written before trees existed: "DFlash")."""
+    """The main speculative run's name in the outputs: "DFlash", or "DFlash tree N" with
+    ``--tree`` (``tree_args.label``; a report written before trees existed: "DFlash"); with an
+    EAGLE-3 drafter "EAGLE-3" / "EAGLE-3 tree N" the same way."""
     st = report["settings"]
-    return tree_args.label(argparse.Namespace(tree=st.get("tree"), tree_topk=st.get("tree_topk")))
+    label = tree_args.label(argparse.Namespace(tree=st.get("tree"), tree_topk=st.get("tree_topk")))
+    return label.replace("DFlash", "EAGLE-3") if st.get("method") == "eagle3" else label
 
 
 def main_run_name(report: dict) -> str:
     """The main DFlash run beside the adaptive one, in legends and the summary: "fixed block",
     or "tree N" with ``--tree``."""
     label = method_label(report)
-    return "fixed block" if label == "DFlash" else label.removeprefix("DFlash ")
+    return "fixed block" if label in ("DFlash", "EAGLE-3") else label.removeprefix("DFlash ").removeprefix("EAGLE-3 ")
 
 
 def _table(report: dict, method: str) -> str:
@@ -425,7 +447,8 @@ def run(args) -> dict:
         args.adaptive = False
     machine = machine_check()
     target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
-    drafter_dir = (expand_embedded(args.drafter, "drafter") if args.drafter else
+    drafter_dir = (EMBEDDED_EAGLE3_DIR if args.drafter == EMBEDDED_EAGLE3 else
+                   expand_embedded(args.drafter, "drafter") if args.drafter else
                    EMBEDDED_DRAFTER if os.path.abspath(target_name) == EMBEDDED_TARGET else None)
     if drafter_dir is None:
         raise ValueError("--drafter is required with a --target other than the embedded one")
@@ -441,12 +464,15 @@ def run(args) -> dict:
     if mesh is not None and mesh.devices.shape[0] != 1:
         raise ValueError(f"--mesh {args.mesh}: the benchmark decodes one prompt at a time, so "
                          "the data axis must be 1 (e.g. --mesh data=1,model=4)")
-    shown = lambda name, path: EMBEDDED if os.path.abspath(path) in (EMBEDDED_TARGET, EMBEDDED_DRAFTER) else name
+    shown = lambda name, path: (EMBEDDED if os.path.abspath(path) in (EMBEDDED_TARGET, EMBEDDED_DRAFTER) else
+                                EMBEDDED_EAGLE3 if os.path.abspath(path) == EMBEDDED_EAGLE3_DIR else name)
     status(f"loading {shown(args.target, target_name)} and {shown(args.drafter, drafter_dir)} ...")
     target = load_target(target_path, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
-    drafter = load_drafter(drafter_path, target, dtype=dtype)
+    drafter = load_any_drafter(drafter_path, target, dtype=dtype)
+    if isinstance(drafter, Eagle3Drafter):  # the adaptive block is DFlash's (its per-position confidences)
+        args.adaptive = False
     runner = Runner(target, drafter, args)
     report = {
         "command": command_line("dflash_jax", invocation(args)), "environment": environment(),
@@ -454,14 +480,17 @@ def run(args) -> dict:
         "busy_warning": machine["busy_warning"],
         "settings": options(args) | {"target": _portable(target_name), "drafter": _portable(drafter_dir),
                                   "prompt_sources": {n: _portable(w) for n, w in sources.items()},
-                                  "block_size": args.block_size or drafter.config.block_size,
+                                  "block_size": args.block_size or drafter_block_size(drafter),
+                                  "method": drafter_method(drafter),
                                   "enable_thinking": args.thinking,
                                   "chat_template_has_thinking_switch": has_thinking_switch(target.tokenizer)},
         "datasets": {}, "complete": False,
     }
     t0 = time.perf_counter()
     total = sum(len(s.turns) for v in sets.values() for s in v)
-    with progress(total=total, desc=f"bench (AR + {tree_args.label(args)})", unit="prompt") as bar:
+    label = method_label({"settings": {"tree": args.tree, "tree_topk": args.tree_topk,
+                                       "method": drafter_method(drafter)}})
+    with progress(total=total, desc=f"bench (AR + {label})", unit="prompt") as bar:
         for name, samples in sets.items():
             try:
                 bar.set_postfix(dataset=name)

@@ -15,7 +15,15 @@ inside the on-device decode loop, without host dispatch. The parts:
   * the whole iteration and the whole AR step, from the real decode loop (``engine.decode``
     with a fixed number of iterations).
 
+With ``--eagle3-drafter NAME`` it also profiles each drafting METHOD (:data:`METHODS`): DFlash's chain
+(one drafter pass over its block) and tree of 16, against EAGLE-3's chain of 7 sequential
+steps and its trees of 16 (top-4) and 60 (top-10) nodes at depth 7. Per method: the draft (the
+proposer's ``propose`` / ``propose_tree``) and the verify (the target over the block or the
+tree) of one iteration, each jitted alone at the context (:func:`step_ms`: the median of
+``--repeats`` runs, host dispatch included), and the whole iteration from the decode loop.
+
     python -m dflash_jax iteration-profile --out results/iteration_profile
+    python -m dflash_jax iteration-profile --eagle3-drafter embedded-eagle3 --out results/eagle3/iteration_profile
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.files import write_text
+from dflash_jax.bench.drafters import NAMES_HELP
 
 LENGTHS = (1, 4, 8, 16)
 
@@ -79,7 +88,9 @@ def loop_program(fn, n: int, carried: int | None = None):
 def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options) -> float:
     """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
     median of ``repeats`` runs after a compiling one."""
-    budget = iterations * (drafter.config.block_size if drafter is not None else 1) + 1
+    bs = 1 if drafter is None else (options.get("block_size") if isinstance(options.get("block_size"), int)
+                                    else getattr(drafter, "block_size", None) or drafter.config.block_size)
+    budget = iterations * bs + 1
     times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
              for _ in range(repeats + 1)]
     return float(np.median(times[1:]))
@@ -150,8 +161,95 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
             "verify_block_over_verify1": parts[f"verify {bs}"] / parts["verify 1"]}
 
 
+METHODS = (
+    ("DFlash chain", "dflash", {}),
+    ("DFlash tree 16", "dflash", {"tree": 16, "tree_topk": 4}),
+    ("EAGLE-3 chain, 7 steps", "eagle3", {"block_size": 8}),
+    ("EAGLE-3 tree 16", "eagle3", {"block_size": 8, "tree": 16, "tree_topk": 4}),
+    ("EAGLE-3 tree 60", "eagle3", {"block_size": 8, "tree": 60, "tree_topk": 10}),
+)
+"""(label, drafter kind, ``generate`` options) of the per-method profile: DFlash at its drafter's
+block, EAGLE-3 with 7 steps (block 8), the paper's EAGLE-3 trees of 16 and 60 nodes."""
+
+
+def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None, tree: int | None = None,
+            tree_topk: int = 4, verify: bool = True) -> dict:
+    """Milliseconds of one draft and (``verify``) one verify of an iteration at the context of
+    ``prompt`` ([[token ids]]): the proposer's ``propose`` (``propose_tree`` with ``tree`` nodes),
+    and the target over the block (under the ancestor mask for a tree), each jitted alone, the
+    median of ``repeats`` runs after a compiling one (host dispatch included: one call each)."""
+    from dflash_jax.decoding import tree as trees
+
+    pre = prepare_decode(target, prompt, 8, drafter=drafter, block_size=block_size, tree=tree,
+                         tree_topk=tree_topk if tree else 4)
+    spec, dp, state, key = pre.spec, pre.drafter_params, pre.state, jax.random.key(0)
+    tp = target.params
+    if tree:
+        draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose_tree(
+            spec, tp, dp, st.proposer, engine.committed(st), k, spec.verify))
+    else:
+        draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose(
+            spec, tp, dp, st.proposer, engine.committed(st), k))
+    out = {"draft_ms": 1e3 * time_fn(draft, tp, dp, state, key, repeats=repeats)}
+    if not verify:
+        return out
+    proposed = draft(tp, dp, state, key)[0]
+    if tree:
+        mask = trees.ancestor_mask(proposed, spec.block_size - 1)
+        run = jax.jit(functools.partial(engine.verify_tree, spec))
+        out["verify_ms"] = 1e3 * time_fn(run, tp, proposed, mask, state.tcache, repeats=repeats)
+    else:
+        block = jnp.concatenate([state.bonus[:, None], proposed.tokens], axis=1)
+        positions = state.tcache.lengths[:, None] + jnp.arange(block.shape[1], dtype=jnp.int32)
+        run = jax.jit(functools.partial(engine.verify, spec))
+        out["verify_ms"] = 1e3 * time_fn(run, tp, block, positions, state.tcache, repeats=repeats)
+    return out
+
+
+def method_profile(target, drafters: dict, context: int, repeats: int, iterations: int,
+                   methods=METHODS) -> dict:
+    """Per method of ``methods`` whose drafter kind is in ``drafters`` ({"dflash": ..., "eagle3":
+    ...}): :func:`step_ms`'s draft and verify, the decode loop's whole iteration, and the AR
+    step, in milliseconds, at a ``context``-token prompt."""
+    V = target.config.vocab_size
+    prompt = [(np.arange(context) * 7919 % V).tolist()]
+    rows = []
+    for label, kind, options in methods:
+        if kind not in drafters:
+            continue
+        d = drafters[kind]
+        bs = options.get("block_size") or getattr(d, "block_size", None) or d.config.block_size
+        steps = step_ms(target, d, prompt, repeats, bs, options.get("tree"), options.get("tree_topk", 4))
+        it = 1e3 * loop_time(target, d, prompt, iterations, repeats, **({"block_size": bs} | options))
+        rows.append({"method": label, "kind": kind, "block_size": bs, "tree": options.get("tree"),
+                     "tree_topk": options.get("tree_topk"), "verify_rows": options.get("tree") or bs,
+                     **steps, "iteration_ms": it})
+    ar = 1e3 * loop_time(target, None, prompt, iterations, repeats)
+    for r in rows:
+        r["iteration_over_ar_step"] = r["iteration_ms"] / ar
+        r["draft_share"] = r["draft_ms"] / (r["draft_ms"] + r["verify_ms"])
+    return {"context": context, "ar_step_ms": ar, "rows": rows}
+
+
+def methods_markdown(m: dict) -> str:
+    """The per-method table."""
+    lines = ["| method | block | verify rows | draft ms | verify ms | draft share | iteration ms (decode loop) | "
+             "iteration / AR step |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['block_size']} | {r['verify_rows']} | {r['draft_ms']:.2f} | {r['verify_ms']:.2f} | "
+              f"{100 * r['draft_share']:.0f} % | {r['iteration_ms']:.2f} | {r['iteration_over_ar_step']:.2f} |"
+              for r in m["rows"]]
+    return "\n".join(lines + ["", f"AR step {m['ar_step_ms']:.2f} ms (decode loop), context {m['context']}; draft "
+                               "and verify each jitted alone (one call, host dispatch included)."])
+
+
 def plot(report: dict):
-    fig, (a, b) = new_figure(1, 2, figsize=(12, 4))
+    methods = report.get("methods")
+    if report["result"] is None:  # --methods-only
+        fig, c = new_figure(1, 1, figsize=(8, 4))
+        _plot_methods(c, methods)
+        return fig
+    fig, axes = new_figure(1, 3 if methods else 2, figsize=(18 if methods else 12, 4))
+    a, b = axes[0], axes[1]
     parts = report["result"]["parts_ms"]
     a.barh(list(parts)[::-1], list(parts.values())[::-1])
     a.set(xlabel="ms per call (in one compiled loop)", title="parts of an iteration")
@@ -160,10 +258,27 @@ def plot(report: dict):
     b.set_xticks(range(len(loops)), [k.replace("DFlash iteration, ", "DFlash\n") for k in loops], fontsize=8)
     b.set(ylabel="ms per iteration (decode loop)",
           title=f"{report['environment']['device']} ({report['cpu'] or '?'}), load {report['load_average'][0]:.1f}")
+    if methods:
+        _plot_methods(axes[2], methods)
     return fig
 
 
+def _plot_methods(c, methods: dict) -> None:
+    """Draft and verify per method, stacked, the decode loop's iteration and the AR step."""
+    rows = methods["rows"]
+    names = [r["method"].replace(", ", "\n") for r in rows]
+    c.bar(names, [r["draft_ms"] for r in rows], label="draft (jitted alone)")
+    c.bar(names, [r["verify_ms"] for r in rows], bottom=[r["draft_ms"] for r in rows], label="verify (jitted alone)")
+    c.plot(names, [r["iteration_ms"] for r in rows], "k_", ms=20, mew=2, label="iteration (decode loop)")
+    c.axhline(methods["ar_step_ms"], color="0.4", ls="--", lw=0.8, label="AR step")
+    c.tick_params(axis="x", labelsize=7)
+    c.set(ylabel="ms per iteration", title="per method: DFlash's one pass vs EAGLE-3's k steps")
+    c.legend(fontsize=7)
+
+
 def markdown(report: dict) -> str:
+    if report["result"] is None:
+        return methods_markdown(report["methods"])
     r = report["result"]
     lines = ["| part | ms |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in r["parts_ms"].items()]
     lines += [f"| sum of the parts of a block-{r['block_size']} iteration | {r['sum_of_parts_ms']:.2f} |", "",
@@ -171,6 +286,8 @@ def markdown(report: dict) -> str:
     lines += [f"| {k} | {v:.2f} |" for k, v in r["loops_ms"].items()]
     lines += ["", f"iteration / AR step: {r['iteration_over_ar_step']:.2f} (the tau at which DFlash "
               f"breaks even); verify {r['block_size']} / verify 1: {r['verify_block_over_verify1']:.2f}"]
+    if report.get("methods"):
+        lines += ["", methods_markdown(report["methods"])]
     return "\n".join(lines)
 
 
@@ -186,18 +303,33 @@ def add_arguments(p) -> None:
     p.add_argument("--calls", type=int, default=20, help="calls per compiled timing loop")
     p.add_argument("--iterations", type=int, default=24, help="decode-loop iterations per timing")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each part, the median reported")
+    p.add_argument("--eagle3-drafter", metavar="NAME",
+                   help="also profile each drafting method against an EAGLE-3 drafter: " + NAMES_HELP)
+    p.add_argument("--methods-only", action="store_true",
+                   help="with --eagle3-drafter: the per-method profile only (not the parts of a DFlash iteration)")
     p.add_argument("--out", default="runs/iteration_profile", help="output directory")
 
 
 def run(args) -> dict:
+    from dflash_jax.bench.drafters import load_eagle3_drafter
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype))
-    drafter = load_drafter(args.drafter, target, dtype=jnp.dtype(args.dtype))
-    result = measure(target, drafter, args.context, args.calls, args.repeats, args.iterations)
+    if args.methods_only and not args.eagle3_drafter:
+        raise ValueError("--methods-only goes with --eagle3-drafter NAME (the per-method profile)")
+    dtype = jnp.dtype(args.dtype)
+    target = load_target(args.target, dtype=dtype)
+    drafter = load_drafter(args.drafter, target, dtype=dtype)
+    load = load_average()
+    result = None if args.methods_only else measure(target, drafter, args.context, args.calls, args.repeats,
+                                                    args.iterations)
+    methods = None
+    if args.eagle3_drafter:
+        drafters = {"dflash": drafter, "eagle3": load_eagle3_drafter(args.eagle3_drafter, target, dtype=dtype)}
+        methods = method_profile(target, drafters, args.context, args.repeats, args.iterations) | {
+            "eagle3": args.eagle3_drafter}
     report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),
               "dtype": args.dtype, "environment": environment(), "cpu": cpu_model(),
-              "load_average": load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "result": result}
+              "load_average": load, "load_average_after": load_average(),
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result, "methods": methods}
     table = markdown(report)
     print(table)
     stem = write_report(report, args.out, f"iteration_profile_{report['environment']['platform']}_{args.dtype}", plot)
