@@ -18,9 +18,10 @@ trained for 30 Adam steps with the training-time test (3 steps, weights 0.8^s, h
 the target's argmax) on the target's greedy continuations of the two test prompts and six
 others. A random drafter is never accepted (every iteration would start one token after the
 last) and one trained on other prompts only is accepted about once in ten iterations (this
-target's text is hard to predict from 32 sequences); trained on the test text, every
-acceptance length from 0 to 6 occurs and several verified rows enter the drafter's context at
-once (asserted). What it proposes is compared with the reference whatever its quality.
+target's text is hard to predict from 32 sequences); trained on the test text, from none to a
+whole block of drafts is accepted (3 at block 4, 7 in the tree of 16), so several verified rows
+enter the drafter's context at once (asserted). What it proposes is compared with the reference
+whatever its quality.
 
 * chains (block 4 and 8) and trees (8 nodes top-2, 16 nodes top-4; block 8) on a ragged batch
   of two prompts: every iteration's proposal equals the reference's (chain tokens up to the
