@@ -33,6 +33,15 @@ whatever its quality.
   when it equals the target's argmax instead of its sample) is rejected;
 * refusals: ``sampled_draft=True``, a drafter for another target (hidden size, vocabulary),
   feature layers outside the target.
+
+Mutation audit (done when the test was written, each in a separate copy of the repository;
+every one fails ``test_proposals_equal_the_reference``): (1) a committed entry's feature paired
+with its own token x_j instead of the next one (``idx`` without ``+ 1`` in the proposer's
+``_commit_rows``: fails chain-4); (2) the chain's drafted entries one position too far
+(``pos = start + i + 1`` in ``propose``: fails chain-4); (3) the tree's frontier entries seeing
+their siblings' and cousins' scratch entries (the mask without the ancestor test: fails both
+trees); (4) a frontier node fed the output of the wrong parent (``fi % K`` for ``fi // K`` when
+the next frontier's features are gathered: fails both trees).
 """
 
 from __future__ import annotations
@@ -236,7 +245,7 @@ def test_proposals_equal_the_reference(pair, run):
     bs, nodes, topk = RUNS[name]
     ref = Eagle3Reference(drafter.config, drafter.params, drafter.d2t,
                           target.params["embed_tokens"]["embedding"])
-    compared = total = 0
+    compared = total = off_chain = 0
     for b, (prompt, seq, acc) in enumerate(zip(prompts, res.sequences, res.acceptance_lengths)):
         full = prompt + seq
         taps = committed_taps(target, drafter.config.target_layer_ids, full)
@@ -266,8 +275,12 @@ def test_proposals_equal_the_reference(pair, run):
                 assert got[path][0] == rank, (where, path, got[path], rank)
                 assert abs(got[path][1] - score) < 1e-4, (where, path, got[path], score)
             assert int(np.sum(rec[6])) == 1 + len(chosen)  # valid: the root and the chosen nodes
-    print(f"{name}: {compared} of {total} {'draft tokens' if nodes is None else 'trees'} compared")
+            # nodes below an ancestor of rank > 0: drafted from a frontier node off the chain
+            off_chain += sum(any(want[path[:k]][0] > 0 for k in range(1, len(path))) for path in want)
+    print(f"{name}: {compared} of {total} {'draft tokens' if nodes is None else 'trees'} compared, "
+          f"{off_chain} tree nodes below a rank > 0 ancestor")
     assert compared >= 0.9 * total, (compared, total)
+    assert nodes is None or off_chain >= 10, off_chain  # the frontier's other nodes are expanded
 
 
 def test_reference_tree_is_the_chain_at_top1(pair):
