@@ -76,7 +76,7 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(eagle3=RANDOM, eagle3_steps=(2,), eagle3_trees=("5:2",), eagle3_tree_steps=2,
                   dflash_blocks=(4,), dflash_trees=(), datasets=("gsm8k",), max_samples=2, max_new_tokens=16,
                   timing_repeats=2),
-    # the committed run: the five sets, the grid, the shipped EAGLE-3 drafter
+    # the committed run: the five sets, the grid of the module docstring, the shipped EAGLE-3 drafter
     "cpu": dict(eagle3=EMBEDDED_EAGLE3, datasets=DATASETS, max_samples=4, max_new_tokens=64),
 }
 

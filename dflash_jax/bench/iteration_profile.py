@@ -48,6 +48,7 @@ from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.files import write_text
 from dflash_jax.bench.drafters import NAMES_HELP
+from dflash_jax.progress import progress
 
 LENGTHS = (1, 4, 8, 16)
 
@@ -214,16 +215,17 @@ def method_profile(target, drafters: dict, context: int, repeats: int, iteration
     V = target.config.vocab_size
     prompt = [(np.arange(context) * 7919 % V).tolist()]
     rows = []
-    for label, kind, options in methods:
-        if kind not in drafters:
-            continue
-        d = drafters[kind]
-        bs = options.get("block_size") or getattr(d, "block_size", None) or d.config.block_size
-        steps = step_ms(target, d, prompt, repeats, bs, options.get("tree"), options.get("tree_topk", 4))
-        it = 1e3 * loop_time(target, d, prompt, iterations, repeats, **({"block_size": bs} | options))
-        rows.append({"method": label, "kind": kind, "block_size": bs, "tree": options.get("tree"),
-                     "tree_topk": options.get("tree_topk"), "verify_rows": options.get("tree") or bs,
-                     **steps, "iteration_ms": it})
+    chosen = [m for m in methods if m[1] in drafters]
+    with progress(total=len(chosen), desc="profiling the methods", unit="method") as bar:
+        for label, kind, options in chosen:
+            d = drafters[kind]
+            bs = options.get("block_size") or getattr(d, "block_size", None) or d.config.block_size
+            steps = step_ms(target, d, prompt, repeats, bs, options.get("tree"), options.get("tree_topk", 4))
+            it = 1e3 * loop_time(target, d, prompt, iterations, repeats, **({"block_size": bs} | options))
+            rows.append({"method": label, "kind": kind, "block_size": bs, "tree": options.get("tree"),
+                         "tree_topk": options.get("tree_topk"), "verify_rows": options.get("tree") or bs,
+                         **steps, "iteration_ms": it})
+            bar.update(1)
     ar = 1e3 * loop_time(target, None, prompt, iterations, repeats)
     for r in rows:
         r["iteration_over_ar_step"] = r["iteration_ms"] / ar
