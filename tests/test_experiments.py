@@ -113,7 +113,9 @@ def test_the_adaptive_inference_block_size_is_a_cell_of_the_block_size_ablation(
     its acceptance, and the option parses from the command line."""
     root, work, _, block = smoke
     copy = tmp_path / "work"
-    shutil.copytree(work, copy)
+    # the trained drafters' Orbax checkpoints (about 1 GB, nine tenths of the work directory)
+    # are not copied: reusing a finished drafter reads only its train.json and exported drafter/
+    shutil.copytree(work, copy, ignore=shutil.ignore_patterns("checkpoints"))
     drafters = sorted(os.listdir(copy / "drafters"))
     table = ablate_block_size.run("smoke", out=str(tmp_path / "out"), work=str(copy), train_block_sizes=(16,),
                                   eval_block_sizes=(16, "adaptive"))
