@@ -190,6 +190,11 @@ class Trainer:
     """
 
     record_added = RECORD_ADDED  # settings added to the run record after runs were started
+    method = "dflash"  # train's --method
+
+    def _method_flag(self) -> str:
+        """What the messages' `train` commands add for this method (nothing for the default)."""
+        return "" if self.method == "dflash" else f" --method {self.method}"
 
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
@@ -296,7 +301,8 @@ class Trainer:
         return (f"a run's settings cannot change, its length neither (the learning rate decays to 0 at "
                 f"its last step): resume with the same settings, or train on from this run's weights "
                 f"(step {steps[-1]}) in a new run directory: `python -m dflash_jax export --run {run} --out "
-                f"{export}`, then `python -m dflash_jax train --init-from {export} --run NEW_RUN_DIR "
+                f"{export}`, then `python -m dflash_jax train{self._method_flag()} --init-from {export} "
+                f"--run NEW_RUN_DIR "
                 f"...` with the new settings")
 
     def _shown_paths(self, step: int) -> tuple[str, str]:
@@ -314,7 +320,8 @@ class Trainer:
                 f"{os.path.join(run, CHECKPOINTS, str(step))}); nothing to train. Export it with "
                 f"`python -m dflash_jax export --run {run} --out {export}` and evaluate it with "
                 f"`python -m dflash_jax bench --target {target} --drafter {export}`; to train "
-                f"on, start a new run from the export: `python -m dflash_jax train --init-from {export} "
+                f"on, start a new run from the export: `python -m dflash_jax "
+                f"train{self._method_flag()} --init-from {export} "
                 f"--run NEW_RUN_DIR ...`")
 
     def init_state(self, seed: int | None = None) -> dict:
