@@ -278,3 +278,31 @@ def test_each_methods_options_are_refused_with_the_other(tmp_path):
         main([*base, "--ttt-steps", "3"])
     with pytest.raises(ValueError, match="ttt_decay must be in"):
         main(["--method", "eagle3", *base, "--ttt-decay", "1.5"])
+
+
+def test_loss_at_the_trainers_rows_equals_the_whole_sequence(pair):
+    """The trainer runs the drafter only at ``loss_rows`` (the positions from ttt_steps + 1
+    before each response on): the loss and metrics equal those over every position; rows that
+    start too late (one position after the needed start) change them."""
+    target, drafter = pair
+    L, steps = 40, 4
+    rng = np.random.default_rng(9)
+    tokens = rng.integers(0, 32, size=(2, L)).astype(np.int32)
+    lengths = np.array([L, 31])
+    tokens[1, lengths[1]:] = 0
+    mask = np.zeros((2, L), bool)
+    mask[0, 22:] = True
+    mask[1, 12:lengths[1]] = True
+    valid = np.arange(L)[None] < lengths[:, None]
+    w = jnp.asarray(0.8 ** np.arange(steps), jnp.float32)
+    args = (drafter.params, target.params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(valid),
+            jnp.asarray(VOCAB), w)
+    full, mf = e3.eval_eagle3_loss(*args, cfg=drafter.config, tcfg=CFG)
+    rows = e3.loss_rows(mask, lengths, steps, bucket=8)
+    assert rows.shape[1] < L  # the prompt's positions are skipped
+    part, mp = e3.eval_eagle3_loss(*args, jnp.asarray(rows), cfg=drafter.config, tcfg=CFG)
+    assert float(part) == pytest.approx(float(full), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(mp["step_loss"]), np.asarray(mf["step_loss"]), rtol=1e-5)
+    assert int(mp["num_labels"]) == int(mf["num_labels"])
+    late, _ = e3.eval_eagle3_loss(*args, jnp.asarray(np.minimum(rows + 1, L)), cfg=drafter.config, tcfg=CFG)
+    assert float(late) != pytest.approx(float(full), rel=1e-4)

@@ -22,8 +22,8 @@ output of the entry that predicted x (training-time test, "TTT", trains exactly 
       writes the rows' K/V at cache ``slots`` (RoPE at ``positions``), then each row attends
       to the cache slots ``mask`` allows (its own slot included by the caller); inference;
   logits(hidden [..., D]) -> [..., Vd]
-  unroll(embeds [B, L, D], taps [B, L, 3*Dt], valid bool[B, L], steps) -> hidden [steps, B, L, D]
-      training-time test over whole sequences (below).
+  unroll(embeds [B, L, D], taps [B, L, 3*Dt], valid bool[B, L], steps, rows) -> hidden [steps, B, W, D]
+      training-time test over whole sequences, outputs at positions ``rows`` int32[B, W] (below).
 
 The cache is a one-layer :class:`~dflash_jax.nn.cache.KVCache`.
 
@@ -148,7 +148,7 @@ class Eagle3Model(nn.Module):
         attn = segmented_attention(q, [(cache.k[0], cache.v[0], mask)])
         return lay.finish(features, attn), cache
 
-    def unroll(self, embeds, taps, valid, steps: int):
+    def unroll(self, embeds, taps, valid, steps: int, rows=None):
         """Training-time test (module docstring).
 
         Args:
@@ -156,28 +156,40 @@ class Eagle3Model(nn.Module):
           taps: [B, L, 3*Dt] the target's features at positions 0 .. L-1.
           valid: bool[B, L] real positions (False: padding; never seen as a key).
           steps: k, the drafting steps unrolled.
-        Returns hidden [k, B, L, D]: step s at position j predicts x_{j+2+s}.
+          rows: int32[B, W] the positions j whose outputs are wanted (default all L, in
+            order). Every position's step-0 keys and values are computed (they are the
+            context), but the attention, MLP and later steps run only at ``rows``: a loss that
+            counts only the response's predictions needs only the positions from k + 1 before
+            the response on, a fraction of the sequence after a long prompt.
+        Returns hidden [k, B, W, D]: step s at position ``rows[b, w]`` predicts x_{j+2+s}.
         """
         cfg, lay = self.cfg, self.midlayer
         B, L, _ = embeds.shape
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         G = H // Hkv
         pos = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-        causal = (pos[:, None, :] <= pos[:, :, None]) & valid[:, None, :]  # [B, Lq, Lk]
-        causal = causal[:, None, None]  # [B, 1, 1, Lq, Lk]
-        features = self.project(taps)
+        rows = pos if rows is None else rows.astype(jnp.int32)
+        W = rows.shape[1]
+        at_rows = lambda x: jnp.take_along_axis(x, rows.reshape(B, W, *([1] * (x.ndim - 2))), axis=1)
+        causal = (pos[:, None, :] <= rows[:, :, None]) & valid[:, None, :]  # [B, W, L]
+        causal = causal[:, None, None]  # [B, 1, 1, W, L]
+        features_all = self.project(taps)
+        tok0 = jnp.pad(embeds[:, 1:], ((0, 0), (0, 1), (0, 0)))  # x_{j+1}
+        q_all, k0, v0 = lay.self_attn.qkv(lay.inputs(tok0, features_all), pos)
+        features = at_rows(features_all)
+        scale = Dh ** -0.5
         own_k, own_v, outs = [], [], []
-        k0 = v0 = None
         for s in range(int(steps)):
-            tok = jnp.pad(embeds[:, 1 + s:], ((0, 0), (0, 1 + s), (0, 0)))  # x_{j+1+s}
-            q, k, v = lay.self_attn.qkv(lay.inputs(tok, features), pos + s)
-            qg = q.reshape(B, L, Hkv, G, Dh)
             if s == 0:
-                k0, v0 = k, v
+                q = at_rows(q_all)
             else:
+                nxt = rows + 1 + s  # x_{j+1+s}; zeros past the sequence, as step 0's padding
+                tok = jnp.where((nxt < L)[..., None],
+                                jnp.take_along_axis(embeds, jnp.minimum(nxt, L - 1)[..., None], axis=1), 0)
+                q, k, v = lay.self_attn.qkv(lay.inputs(tok.astype(embeds.dtype), features), rows + s)
                 own_k.append(k)
                 own_v.append(v)
-            scale = Dh ** -0.5
+            qg = q.reshape(B, W, Hkv, G, Dh)
             s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0, preferred_element_type=jnp.float32) * scale
             scores, masks = [jnp.where(causal, s0, -jnp.inf)], [causal]
             for ki in own_k:  # its own chain's entries: the same position, later steps
@@ -190,7 +202,7 @@ class Eagle3Model(nn.Module):
             for p, vi in zip(probs[1:], own_v):
                 out = out + jnp.einsum("bkgt,btkd->btkgd", p[..., 0].astype(vi.dtype), vi,
                                        preferred_element_type=jnp.float32)
-            features = lay.finish(features, out.reshape(B, L, H, Dh).astype(q.dtype))
+            features = lay.finish(features, out.reshape(B, W, H, Dh).astype(q.dtype))
             outs.append(features)
         return jnp.stack(outs)
 

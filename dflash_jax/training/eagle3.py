@@ -151,8 +151,8 @@ def step_ce(model: Eagle3Model, params, hidden, log_p, counted, label):
     return jnp.sum(jnp.where(counted, ce, 0.0)), jnp.sum(correct)
 
 
-def eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, *, cfg: Eagle3Config,
-                tcfg: TargetConfig):
+def eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, rows=None, *,
+                cfg: Eagle3Config, tcfg: TargetConfig):
     """The training-time-test loss (module docstring) and metrics.
 
     Args:
@@ -163,6 +163,9 @@ def eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, *, cf
       valid: bool[B, L] real tokens (False: padding).
       vocab: int32[Vd] the draft vocabulary's target ids (sorted; draft id = index).
       weights: float32[k] the weight of each unrolled step (k = the steps unrolled).
+      rows: int32[B, W] the positions the drafter runs at (``Eagle3Model.unroll``; default all);
+        they must include every position of a counted pair (:func:`loss_rows` gives them), and
+        entries >= L are padding (never counted).
     Returns (loss, metrics): ``loss`` = sum_s weights[s] * loss_s; metrics ``loss``,
     ``step_loss`` float32[k], ``accuracy_per_pos`` float32[k] (top-1 agreement with the
     target's argmax at step s, over the counted pairs) and ``num_labels`` (step 0's count).
@@ -170,11 +173,17 @@ def eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, *, cf
     steps = int(weights.shape[0])
     target_logits, taps = teacher(tcfg, tparams, tokens, cfg.target_layer_ids)
     log_p, counted, label = ttt_targets(target_logits, loss_mask, vocab, steps)
+    if rows is not None:
+        B, L = tokens.shape
+        inside = rows < L
+        rows = jnp.minimum(rows, L - 1)
+        at = lambda x: jnp.take_along_axis(x, rows.reshape(1, *rows.shape, *([1] * (x.ndim - 3))), axis=2)
+        log_p, counted, label = at(log_p), at(counted) & inside[None], at(label)
     model = Eagle3Model(cfg)
     emb = family_of(tcfg).embed(tparams, tokens)
     dtype = jax.tree.leaves(params)[0].dtype
     hidden = model.apply({"params": params}, emb.astype(dtype), taps.astype(dtype), valid, steps,
-                         method=Eagle3Model.unroll)  # [k, B, L, D]
+                         rows, method=Eagle3Model.unroll)  # [k, B, W, D]
     # rematerialised: the backward pass keeps no [B, L, Vd] logits per step
     ce_of = jax.checkpoint(functools.partial(step_ce, model))
     losses, accs = [], []
@@ -190,9 +199,26 @@ def eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, *, cf
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "tcfg"))
-def eval_eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, *, cfg, tcfg):
+def eval_eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, rows=None, *, cfg, tcfg):
     """Jitted :func:`eagle3_loss` (tests and evaluation)."""
-    return eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, cfg=cfg, tcfg=tcfg)
+    return eagle3_loss(params, tparams, tokens, loss_mask, valid, vocab, weights, rows, cfg=cfg, tcfg=tcfg)
+
+
+def loss_rows(loss_mask: np.ndarray, lengths: np.ndarray, steps: int, bucket: int = 32) -> np.ndarray:
+    """The positions the training-time test must run at (host side): a pair (j, s) counts only
+    when x_{j+2+s} is a response token, so a row needs the positions from ``steps + 1`` before its
+    first response token to its end. int32[B, W], W the longest such span rounded up to
+    ``bucket`` (fewer shapes to compile); entries past a row's span run on past it (>= L: padding).
+
+    loss_mask: bool[B, L]; lengths: int[B] real tokens per row."""
+    mask = np.asarray(loss_mask, bool)
+    B, L = mask.shape
+    first = np.where(mask.any(1), mask.argmax(1), np.asarray(lengths))
+    start = np.maximum(first - 1 - int(steps), 0)
+    span = int(np.max(np.asarray(lengths) - start, initial=1))
+    W = min(L, max(bucket, -(-span // bucket) * bucket))
+    start = np.minimum(start, L - W)  # keep every row's window inside the sequence
+    return (start[:, None] + np.arange(W)[None, :]).astype(np.int32)
 
 
 # ------------------------------------------------------------------ the trainer
@@ -265,11 +291,11 @@ class Eagle3Trainer(Trainer):
         params = init_eagle3_params(self.dcfg, key, jnp.float32)
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
 
-    def _train_step(self, state, tparams, tokens, loss_mask, valid):
+    def _train_step(self, state, tparams, tokens, loss_mask, valid, rows):
         def loss_fn(p):
             p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)
             return eagle3_loss(p, tparams, tokens, loss_mask, valid, self._vocab_dev, self.weights,
-                               cfg=self.dcfg, tcfg=self.target.config)
+                               rows, cfg=self.dcfg, tcfg=self.target.config)
 
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
@@ -279,13 +305,15 @@ class Eagle3Trainer(Trainer):
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     def step_inputs(self, step: int):
-        """(tokens int32[B, W], loss_mask bool[B, W], valid bool[B, W]) of training step
-        ``step``: the DFlash trainer's rows (same data order), W its longest row rounded up."""
+        """(tokens int32[B, W], loss_mask bool[B, W], valid bool[B, W], rows int32[B, R]) of
+        training step ``step``: the DFlash trainer's rows (same data order), W its longest row
+        rounded up; ``rows`` (:func:`loss_rows`): the positions the drafter runs at."""
         _, ids = batch_rows(step, len(self.data), self.cfg.batch_size, self.cfg.seed, BATCH_STREAM)
         width = batch_width(self.data.lengths[ids], self.data.seq_len)
         tokens, mask = self.data.tokens[ids, :width], self.data.loss_mask[ids, :width]
         valid = np.arange(width)[None, :] < self.data.lengths[ids][:, None]
-        return jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(valid)
+        rows = loss_rows(mask, np.minimum(self.data.lengths[ids], width), int(self.ecfg.ttt_steps))
+        return jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(valid), jnp.asarray(rows)
 
     def drafter(self, params) -> Eagle3Drafter:
         """The drafter of ``params`` in the target's dtype, with this run's vocabulary."""
