@@ -109,7 +109,9 @@ emit({
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel_training")
-    return root, run_on_devices(TRAIN, devices=8, args=[root])
+    # fast_compile (multidevice): the single-device steps the meshes are held to run in the same
+    # subprocess, under the same flags
+    return root, run_on_devices(TRAIN, devices=8, args=[root], fast_compile=True)
 
 
 def test_sharded_steps_equal_the_single_device_steps(trained):
@@ -181,7 +183,7 @@ def test_bad_meshes_are_refused_before_any_work(tmp_path):
     """A batch that data does not divide, a model axis that does not divide the target's KV
     heads, FSDP without a mesh: clear errors, before the run directory exists (the command
     refuses the batch before it loads the target, which here does not even exist)."""
-    r = run_on_devices(BAD, devices=8, args=[tmp_path])
+    r = run_on_devices(BAD, devices=8, args=[tmp_path], fast_compile=True)
     e = r["errors"]
     assert set(e) == {"batch", "heads", "fsdp", "cli"}, e
     assert e["batch"].startswith("batch_size 6 cannot be split over the mesh's data=4 shards")
