@@ -24,12 +24,11 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from dflash_jax.config import Eagle3Config, TargetConfig
 from dflash_jax.files import write_json
@@ -297,12 +296,7 @@ class Eagle3Trainer(Trainer):
             return eagle3_loss(p, tparams, tokens, loss_mask, valid, self._vocab_dev, self.weights,
                                rows, cfg=self.dcfg, tcfg=self.target.config)
 
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-        updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state["step"])}
-        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+        return self._optimizer_step(state, loss_fn)
 
     def step_inputs(self, step: int):
         """(tokens int32[B, W], loss_mask bool[B, W], valid bool[B, W], rows int32[B, R]) of

@@ -355,6 +355,11 @@ class Trainer:
                                 dcfg=self.dcfg, tcfg=self.target.config,
                                 anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk)
 
+        return self._optimizer_step(state, loss_fn)
+
+    def _optimizer_step(self, state, loss_fn):
+        """One AdamW step on ``loss_fn(params) -> (loss, metrics)`` (gradients in float32):
+        (the new state, the metrics with the gradient norm and learning rate)."""
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
