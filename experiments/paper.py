@@ -11,8 +11,8 @@
     python -m experiments.paper all --preset smoke  # seconds: what CI runs
     experiments.paper.run("table1", preset="smoke") -> dict
 
-table1's EAGLE-3 columns (``--eagle3``: ``embedded-eagle3`` by default with the cpu preset, a
-directory, ``random`` for a random-weight drafter, ``none`` for no columns) are ``bench
+table1's EAGLE-3 columns (``--eagle3``: ``embedded-eagle3`` by default with the cpu preset
+when it is installed (``none`` without it), a directory, ``random`` for a random-weight drafter, ``none`` for no columns) are ``bench
 --drafter EAGLE3`` on the same prompts at T = 0: the chain of ``block_size - 1`` = 7 steps and the
 trees ``--eagle3-trees`` (default 16 nodes with top-4 and 60 with EAGLE-3's default top-10, the
 paper's two budgets), beside the paper's EAGLE-3 numbers (Qwen3-8B, T = 0: tree 16 1.76x / tau
@@ -118,9 +118,14 @@ class Options:
     runs: tuple[str, ...] = ()
 
 
+# table1's EAGLE-3 columns by default when the embedded EAGLE-3 drafter is installed (without
+# it the cpu preset makes table1 without them, as before; --eagle3 DIR names another one)
+_CPU_EAGLE3 = ("embedded-eagle3" if os.path.exists(os.path.join(EMBEDDED_EAGLE3_DIR, "config.json"))
+               else "none")
+
 PRESETS = {
     "smoke": dict(datasets=("gsm8k", "humaneval"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16)),
-    "cpu": dict(block_sizes=(4, 8, 16), eagle3="embedded-eagle3", repeats=3),
+    "cpu": dict(block_sizes=(4, 8, 16), eagle3=_CPU_EAGLE3, repeats=3),
     "gpu": dict(target=None, max_samples=128, max_new_tokens=2048, block_sizes=(4, 8, 12, 16)),
 }
 
