@@ -48,14 +48,13 @@ from dflash_jax.cli import run_cli
 from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.experiments import framework
-from dflash_jax.files import atomic_path, write_json, write_text
 from dflash_jax.progress import progress
 from dflash_jax.prompts import encode_prompt
 from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure
 
 NAME = "ablate_tree"
 CHAIN = "chain"
-TABLE = "table.json"
+TABLE = framework.TABLE
 
 PRESETS: dict[str, dict] = {
     # seconds of decoding, one set, two prompts: every stage runs (the test); no finding
@@ -403,37 +402,14 @@ def readme(table: dict, md: str) -> str:
 
 
 def write_outputs(table: dict, out: str) -> None:
-    import matplotlib.pyplot as plt
-
-    os.makedirs(out, exist_ok=True)
     md = markdown(table)
-    write_text(os.path.join(out, "table.md"), md + "\n")
-    fig = plot(table)
-    fig.tight_layout()
-    with atomic_path(os.path.join(out, "plot.png"), keep_extension=True) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    write_text(os.path.join(out, "README.md"), readme(table, md))
-    write_json(os.path.join(out, TABLE), table)  # last: marks the set complete
+    framework.write_table_set(out, md, plot(table), readme(table, md), table)
 
 
 def check_out(out: str, overwrite: bool) -> None:
     """``--out`` may be new, empty, or hold a table of this experiment (replaced only with
     ``--overwrite``); anything else is refused before anything runs."""
-    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
-        return
-    if not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is a file, not a directory")
-    path = os.path.join(out, TABLE)
-    if not os.path.exists(path):
-        raise ValueError(f"--out {out!r} is a non-empty directory without a {TABLE}: give another --out")
-    with open(path) as f:
-        old = json.load(f)
-    if old.get("experiment") != NAME:
-        raise ValueError(f"--out {out!r} holds the results of {old.get('experiment')!r}, not {NAME!r}; give another --out")
-    if not overwrite:
-        raise ValueError(f"--out {out!r} already holds {NAME} results (`{old.get('command')}`); pass --overwrite "
-                         "to replace them, or give another --out")
+    framework.check_measured_out(out, NAME, overwrite)
 
 
 def default_out(preset: str) -> str:

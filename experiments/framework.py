@@ -820,44 +820,79 @@ def label_text(row: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- outputs
-def check_out(out: str, experiment: Experiment, identity: dict, overwrite: bool) -> None:
-    """``--out`` may be new, empty, or hold this experiment's table of the same settings
-    (rewritten); anything else needs another --out, or --overwrite for a table of the same
-    experiment. Raises before anything runs."""
+def existing_table(out: str) -> dict | None:
+    """The table an ``--out`` directory holds, or None where it is new or empty; raises where it
+    is a file or a non-empty directory without a table (nothing in it is overwritten)."""
     if not os.path.isdir(out) or not os.listdir(out):
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"--out {out!r} is a file, not a directory")
-        return
+        return None
     path = os.path.join(out, TABLE)
     if not os.path.exists(path):
         raise ValueError(f"--out {out!r} is a non-empty directory without a {TABLE}: it does not hold this "
                          "experiment's results and nothing in it is overwritten; give another --out")
     with open(path) as f:
-        old = json.load(f)
-    if old.get("experiment") != experiment.name:
+        return json.load(f)
+
+
+def check_experiment_of(old: dict, out: str, name: str) -> None:
+    if old.get("experiment") != name:
         raise ValueError(f"--out {out!r} holds the results of experiment {old.get('experiment')!r}, not "
-                         f"{experiment.name!r}; give another --out")
+                         f"{name!r}; give another --out")
+
+
+def check_out(out: str, experiment: Experiment, identity: dict, overwrite: bool) -> None:
+    """``--out`` may be new, empty, or hold this experiment's table of the same settings
+    (rewritten); anything else needs another --out, or --overwrite for a table of the same
+    experiment. Raises before anything runs."""
+    old = existing_table(out)
+    if old is None:
+        return
+    check_experiment_of(old, out, experiment.name)
     if comparable_identity(old.get("identity")) != comparable_identity(identity) and not overwrite:
         raise ValueError(f"--out {out!r} holds {experiment.name} results of other settings (preset "
                          f"{old.get('preset')!r}, `{old.get('command')}`); give another --out, or --overwrite "
                          "to replace them")
 
 
-def write_outputs(table: Table, out: str, identity: dict) -> None:
+def check_measured_out(out: str, name: str, overwrite: bool) -> None:
+    """``--out`` of a measurement-only experiment (no training: ``ablate_tree``,
+    ``ablate_budget``): new, empty, or holding that experiment's table, replaced only with
+    ``--overwrite``. Raises before anything runs."""
+    old = existing_table(out)
+    if old is None:
+        return
+    check_experiment_of(old, out, name)
+    if not overwrite:
+        raise ValueError(f"--out {out!r} already holds {name} results (`{old.get('command')}`); pass --overwrite "
+                         "to replace them, or give another --out")
+
+
+def save_plot(fig, path: str) -> None:
+    """Writes ``fig`` to ``path`` atomically (laid out first unless it lays itself out) and closes it."""
     import matplotlib.pyplot as plt
 
-    os.makedirs(out, exist_ok=True)
-    md = table.to_markdown()
-    write_text(os.path.join(out, "table.md"), md + "\n\nThe paper, same ablation:\n\n"
-               + _paper_markdown(table.experiment) + "\n")
-    fig = table.plot()
     if fig.get_layout_engine() is None:  # a figure laid out as it is drawn (constrained) keeps its layout
         fig.tight_layout()
-    with atomic_path(os.path.join(out, "plot.png"), keep_extension=True) as tmp:
+    with atomic_path(path, keep_extension=True) as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    write_text(os.path.join(out, "README.md"), readme(table, md))
-    write_json(os.path.join(out, TABLE), table.to_json() | {"identity": identity})  # last: marks the set complete
+
+
+def write_table_set(out: str, md: str, fig, readme_text: str, table: dict) -> None:
+    """An output set: ``table.md``, ``plot.png``, ``README.md``, then ``table.json`` (written
+    last: it marks the set complete)."""
+    os.makedirs(out, exist_ok=True)
+    write_text(os.path.join(out, "table.md"), md + "\n")
+    save_plot(fig, os.path.join(out, "plot.png"))
+    write_text(os.path.join(out, "README.md"), readme_text)
+    write_json(os.path.join(out, TABLE), table)
+
+
+def write_outputs(table: Table, out: str, identity: dict) -> None:
+    md = table.to_markdown()
+    write_table_set(out, md + "\n\nThe paper, same ablation:\n\n" + _paper_markdown(table.experiment), table.plot(),
+                    readme(table, md), table.to_json() | {"identity": identity})
 
 
 def _paper_markdown(experiment: Experiment) -> str:

@@ -64,6 +64,7 @@ from dflash_jax.reporting import command_line, cpu_model, environment, load_aver
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding import engine
 from dflash_jax.bench import harness
+from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
 from dflash_jax.bench.drafters import EMBEDDED_EAGLE3, NAMES_HELP, RANDOM, load_eagle3_drafter
 from dflash_jax.bench.harness import drafter_block_size
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
@@ -191,14 +192,7 @@ NO_EAGLE3 = "none"
 
 def eagle3_tree(value) -> tuple[int, int]:
     """One ``--eagle3-trees`` value ``N:TOPK``."""
-    try:
-        n, k = (int(x) for x in str(value).split(":"))
-    except ValueError:
-        raise ValueError(f"--eagle3-trees {value!r}: give N:TOPK (node budget and children per node), "
-                         "e.g. 16:4 60:10") from None
-    if n < 2 or k < 1:
-        raise ValueError(f"--eagle3-trees {value!r}: a tree needs N >= 2 nodes and TOPK >= 1")
-    return n, k
+    return parse_tree_spec(value, "--eagle3-trees")
 
 
 def _embedded_target(opt: Options) -> bool:

@@ -839,10 +839,16 @@ def run(args) -> dict:
     }
     stem = (f"{name}_d{drafter.num_layers}_bs{args.block_size}_S{args.context}"
             f"_b{args.batch}")
-    path = write_report(report, args.out, stem, plot)
-    table = markdown(report)
-    write_text(path + ".md", table)
-    print(table)
+    return publish(report, args.out, stem, plot, markdown)
+
+
+def publish(report: dict, out: str, stem: str, plot, markdown) -> dict:
+    """Writes a roofline report (JSON, plot, and ``markdown(report)`` as .md) under ``out`` and
+    prints the markdown; returns the report. Every roofline command ends here."""
+    path = write_report(report, out, stem, plot)
+    text = markdown(report)
+    write_text(path + ".md", text)
+    print(text)
     return report
 
 

@@ -53,12 +53,12 @@ import dataclasses
 import time
 from typing import Sequence
 
+from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
 from dflash_jax.config import DrafterConfig, Eagle3Config, TargetConfig
-from dflash_jax.files import write_text
-from dflash_jax.reporting import command_line, environment, new_figure, write_report
+from dflash_jax.reporting import command_line, environment, new_figure
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools import roofline_tree
-from dflash_jax.tools.roofline import Cost, DEVICES
+from dflash_jax.tools.roofline import Cost, DEVICES, publish
 
 QWEN3_8B_DRAFT_VOCAB = 32000
 """Draft vocabulary of the released EAGLE-3 drafters for Qwen3-8B (and SpecForge's default)."""
@@ -316,14 +316,7 @@ def plot(report: dict):
 
 def tree_spec(text: str) -> tuple[int, int]:
     """One ``--eagle3-trees`` value ``N:TOPK``."""
-    try:
-        n, k = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise ValueError(f"--eagle3-trees {text!r}: give N:TOPK (node budget and children per node), "
-                         "e.g. 16:4 60:10") from None
-    if n < 2 or k < 1:
-        raise ValueError(f"--eagle3-trees {text!r}: a tree needs N >= 2 nodes and TOPK >= 1")
-    return n, k
+    return parse_tree_spec(text, "--eagle3-trees")
 
 
 def run_eagle3(args) -> dict:
@@ -360,8 +353,4 @@ def run_eagle3(args) -> dict:
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     stem = f"eagle3_{name}_k{args.eagle3_steps}_S{args.context}_b{args.batch}"
-    path = write_report(report, args.out, stem, plot)
-    text = markdown(report)
-    write_text(path + ".md", text)
-    print(text)
-    return report
+    return publish(report, args.out, stem, plot, markdown)

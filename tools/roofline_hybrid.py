@@ -56,11 +56,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dflash_jax.config import DrafterConfig
-from dflash_jax.files import write_text
 from dflash_jax.nn import gated_delta
-from dflash_jax.reporting import command_line, environment, new_figure, write_report
+from dflash_jax.reporting import command_line, environment, new_figure
 from dflash_jax.tools import roofline as dense
-from dflash_jax.tools.roofline import Cost, DEVICES
+from dflash_jax.tools.roofline import Cost, DEVICES, publish
 
 MODES = ("snapshot", "replay")
 CHUNK = 64
@@ -395,11 +394,7 @@ def run_hybrid(args) -> dict:
               "taus": TAUS, "models": models, "results": rows,
               "device_profiles": {k: dataclasses.asdict(DEVICES[k]) for k in devices},
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path = write_report(report, args.out, "roofline_hybrid", plot)
-    text = markdown(report)
-    write_text(path + ".md", text)
-    print(text)
-    return report
+    return publish(report, args.out, "roofline_hybrid", plot, markdown)
 
 
 def markdown(report: dict) -> str:
