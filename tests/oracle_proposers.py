@@ -25,6 +25,18 @@ from dflash_jax.decoding.sampling import process_logits
 from dflash_jax.proposers import Proposal, Proposer
 
 
+def randomise_norms(params, key):
+    """Every RMSNorm ``weight`` leaf drawn from 1 + 0.2 N(0, 1) (random_init sets them to 1),
+    so that a proposal test sees the norms' weights used (tests of the DFlash and EAGLE-3
+    proposers against their references)."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+    keys = jax.random.split(key, len(leaves))
+    out = [(1.0 + 0.2 * jax.random.normal(k, leaf.shape, jnp.float32)).astype(leaf.dtype)
+           if "weight" in jax.tree_util.keystr(path) else leaf
+           for (path, leaf), k in zip(leaves, keys)]
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
 @dataclasses.dataclass(frozen=True)
 class OracleProposer(Proposer):
     corrupt: float = 0.0

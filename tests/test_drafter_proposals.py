@@ -61,6 +61,8 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.proposers import DFlashProposer
 
+from oracle_proposers import randomise_norms
+
 MARGIN = 1e-4  # a decision closer than this (logits / log-probs) may flip with float rounding
 MIN_ITERATIONS = 4
 S_PAD = 128  # the reference runs on sequences padded to this length (one compiled program)
@@ -76,16 +78,6 @@ PAIRS = {"random": (8, 24), "embedded": (16, 48)}
 
 
 # ---------------------------------------------------------------------------- models
-def _randomise_norms(params, key):
-    """Every RMSNorm ``weight`` leaf drawn from 1 + 0.2 N(0, 1) (random_init sets them to 1)."""
-    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
-    keys = jax.random.split(key, len(leaves))
-    out = [(1.0 + 0.2 * jax.random.normal(k, leaf.shape, jnp.float32)).astype(leaf.dtype)
-           if "weight" in jax.tree_util.keystr(path) else leaf
-           for (path, leaf), k in zip(leaves, keys)]
-    return jax.tree_util.tree_unflatten(tree, out)
-
-
 @functools.lru_cache(maxsize=None)
 def pair(name: str):
     """(target, drafter, prompts) of one of ``PAIRS``."""
@@ -93,10 +85,10 @@ def pair(name: str):
         target, drafter = dj.load_embedded(dtype=jnp.float32)
         return target, drafter, [target.tokenizer.encode(p) for p in EMBEDDED_PROMPTS]
     target = dj.Target.random(TINY, seed=0, init_scale=0.35)
-    target = dataclasses.replace(target, params=_randomise_norms(target.params, jax.random.key(10)))
+    target = dataclasses.replace(target, params=randomise_norms(target.params, jax.random.key(10)))
     drafter = dj.Drafter.random(target, num_layers=2, block_size=PAIRS[name][0], seed=1,
                                 init_scale=0.35, target_layer_ids=(1, 3))
-    drafter = dataclasses.replace(drafter, params=_randomise_norms(drafter.params, jax.random.key(11)))
+    drafter = dataclasses.replace(drafter, params=randomise_norms(drafter.params, jax.random.key(11)))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TINY.vocab_size - 1, size=n).tolist() for n in (5, 11)]
     return target, drafter, prompts

@@ -63,6 +63,7 @@ from dflash_jax.proposers.eagle3 import Eagle3Proposer
 
 import exact_sampling
 from eagle3_reference import Eagle3Reference
+from oracle_proposers import randomise_norms
 
 pytestmark = pytest.mark.xdist_group("eagle3_proposer")
 
@@ -79,16 +80,6 @@ RUNS = {"chain-4": (4, None, None), "chain-8": (8, None, None),
 
 
 # ---------------------------------------------------------------------------- the pair
-def _randomise_norms(params, key):
-    """Every RMSNorm ``weight`` leaf drawn from 1 + 0.2 N(0, 1) (random_init sets them to 1)."""
-    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
-    keys = jax.random.split(key, len(leaves))
-    out = [(1.0 + 0.2 * jax.random.normal(k, leaf.shape, jnp.float32)).astype(leaf.dtype)
-           if "weight" in jax.tree_util.keystr(path) else leaf
-           for (path, leaf), k in zip(leaves, keys)]
-    return jax.tree_util.tree_unflatten(tree, out)
-
-
 def train_ttt(target, drafter, seqs, steps: int, ttt: int, lr: float):
     """The drafter's parameters after ``steps`` Adam steps of the training-time test on the
     sequences int[B, L]: step s at position j is scored against the target's argmax at j+1+s
@@ -147,7 +138,7 @@ def pair():
     vocab = np.argsort(-counts, kind="stable")[:DRAFT_VOCAB]
     drafter = Eagle3Drafter.random(target, draft_vocab=vocab, target_layer_ids=LAYERS, seed=1, init_scale=0.2)
     assert np.any(drafter.d2t != 0) and drafter.config.draft_vocab_size < TINY.vocab_size
-    params = _randomise_norms(drafter.params, jax.random.key(11))
+    params = randomise_norms(drafter.params, jax.random.key(11))
     drafter = dataclasses.replace(drafter, params=params)
     params, loss = train_ttt(target, drafter, seqs, TRAIN_STEPS, TTT, LR)
     print(f"TTT loss after {TRAIN_STEPS} steps: {loss:.3f}")

@@ -127,12 +127,7 @@ def training_stage(run_dir: str, data_dir: str, **record) -> dict:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     train = run["train"]
-    curve = []
-    for i, r in enumerate(rows):
-        if "eval_tau" in r:
-            window = [x["loss"] for x in rows[max(0, i - 49):i + 1]]
-            curve.append({"step": r["step"], "eval_tau": round(r["eval_tau"], 4),
-                          "train_loss_last_50": round(sum(window) / len(window), 4)})
+    curve = tau_curve(rows)
     return {**record, "steps": train["steps"], "batch_size": train["batch_size"],
             "num_anchors": train["num_anchors"], "learning_rate": train["learning_rate"],
             "warmup_fraction": train["warmup_fraction"], "weight_decay": train["weight_decay"],
@@ -140,6 +135,18 @@ def training_stage(run_dir: str, data_dir: str, **record) -> dict:
             "sequences": data["sequences"],
             "response_tokens": data["response_tokens"],
             "minutes": round(sum(r.get("time_s", 0.0) for r in rows) / 60, 1), "curve": curve}
+
+
+def tau_curve(rows: list[dict]) -> list[dict]:
+    """The held-out tau of a run's ``metrics.jsonl`` rows against steps, each with the mean
+    training loss of the 50 steps up to it."""
+    curve = []
+    for i, r in enumerate(rows):
+        if "eval_tau" in r:
+            window = [x["loss"] for x in rows[max(0, i - 49):i + 1]]
+            curve.append({"step": r["step"], "eval_tau": round(r["eval_tau"], 4),
+                          "train_loss_last_50": round(sum(window) / len(window), 4)})
+    return curve
 
 
 def continued_text(st: dict) -> str:
@@ -160,3 +167,145 @@ def continued_text(st: dict) -> str:
   | 0 | {st['eval_tau_before']:.2f} | |
 {chr(10).join('  ' + r for r in rows.splitlines())}
 """
+
+
+# ---------------------------------------------------------------------------- the EAGLE-3 drafter
+def safetensors_params(path: str, skip: tuple[str, ...] = ()) -> int:
+    """The number of parameters in a safetensors file (from its header: any dtype), leaving out
+    the tensors named in ``skip``."""
+    import math
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__" and k not in skip)
+
+
+def _metric_rows(run_dir: str) -> list[dict]:
+    """``metrics.jsonl`` of a run, one row per step (a step logged again after a resume keeps its
+    last row: the one the resumed run computed)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = {r["step"]: r for r in (json.loads(line) for line in f if line.strip())}
+    return [rows[k] for k in sorted(rows)]
+
+
+def dflash_budget(recipe: dict) -> dict:
+    """The shipped DFlash drafter's training budget, summed over its stages in ``recipe.json``:
+    steps, sequences seen (steps x batch), response tokens in them (at each stage's data's mean
+    response length), and the minutes where a stage recorded them."""
+    stages = [{"steps": recipe["steps"], "batch_size": recipe["batch_size"], "minutes": None, "tokens_per_seq": None}]
+    if recipe.get("finetune"):
+        stages.append({"steps": recipe["finetune"]["steps"], "batch_size": recipe["finetune"]["batch_size"],
+                       "minutes": None, "tokens_per_seq": None})
+    stages += [{"steps": c["steps"], "batch_size": c["batch_size"], "minutes": c.get("minutes"),
+                "tokens_per_seq": c["response_tokens"] / c["sequences"]} for c in recipe.get("continued", [])]
+    timed = [s for s in stages if s["minutes"] is not None]
+    return {"stages": len(stages), "steps": sum(s["steps"] for s in stages),
+            "sequences_seen": sum(s["steps"] * s["batch_size"] for s in stages),
+            "timed_stages": len(timed), "timed_steps": sum(s["steps"] for s in timed),
+            "timed_minutes": round(sum(s["minutes"] for s in timed), 1),
+            "timed_response_tokens_seen": round(sum(s["steps"] * s["batch_size"] * s["tokens_per_seq"] for s in timed))}
+
+
+def eagle3_recipe(run_dir: str, data_dir: str, eagle3_dir: str, dflash_dir: str, **record) -> dict:
+    """``recipe.json`` of a shipped EAGLE-3 drafter, from its ``train`` run directory (settings,
+    held-out tau against steps, minutes of steps), its ``train-data`` directory (sequences,
+    response tokens), its exported directory (parameters) and the DFlash drafter it is compared
+    with (its budget); ``record``: what those do not know (date, prompts, commands, why it
+    stopped where it did)."""
+    run = _load(os.path.join(run_dir, "run.json"))
+    data = _load(os.path.join(data_dir, "metadata.json"))
+    rows = _metric_rows(run_dir)
+    train, e3 = run["train"], run["eagle3"]
+    done = rows[-1]["step"] if rows else 0
+    per_seq = data["response_tokens"] / data["sequences"]
+    params = safetensors_params(os.path.join(eagle3_dir, "model.safetensors"), skip=("d2t", "t2d"))
+    dflash_params = safetensors_params(os.path.join(dflash_dir, "model.safetensors"))
+    return {**record, "method": "eagle3", "feature_layers": run["drafter"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+            "draft_vocab_size": run["drafter"]["draft_vocab_size"], "parameters": params,
+            "dflash_parameters": dflash_params, "steps_scheduled": train["steps"], "steps": done,
+            "batch_size": train["batch_size"], "learning_rate": train["learning_rate"],
+            "warmup_fraction": train["warmup_fraction"], "weight_decay": train["weight_decay"],
+            "ttt_steps": e3["ttt_steps"], "ttt_decay": e3["ttt_decay"], "sequences": data["sequences"],
+            "response_tokens": data["response_tokens"], "sequences_seen": done * train["batch_size"],
+            "response_tokens_seen": round(done * train["batch_size"] * per_seq),
+            "minutes": round(sum(r.get("time_s", 0.0) for r in rows) / 60, 1), "curve": tau_curve(rows),
+            "final_accuracy_per_step": rows[-1].get("accuracy_per_pos") if rows else None,
+            "dflash_budget": dflash_budget(_load(os.path.join(dflash_dir, "recipe.json")))}
+
+
+def eagle3_card(eagle3_dir: str, recipe: dict) -> str:
+    """The EAGLE-3 drafter's model card (README.md) from its ``config.json`` and ``recipe``."""
+    c = _load(os.path.join(eagle3_dir, "config.json"))
+    r, d = recipe, recipe["dflash_budget"]
+    curve = "\n".join(f"| {x['step']} | {x['eval_tau']:.2f} | {x['train_loss_last_50']:.3f} |" for x in r["curve"])
+    acc = r.get("final_accuracy_per_step")
+    acc_text = (" Training accuracy of the last step by drafting step (step 1 = the first draft token): "
+                + ", ".join(f"{a:.2f}" for a in acc) + "." if acc else "")
+    stopped = (f" The schedule was set for {r['steps_scheduled']} steps (warmup and cosine decay over those); "
+               f"it was stopped at step {r['steps']}: {r['why_stopped']}" if r["steps"] < r["steps_scheduled"] else "")
+    return f"""# dflash-jax embedded EAGLE-3 drafter
+
+The EAGLE-3 drafter of the embedded target (`../target`), the baseline the shipped DFlash
+drafter (`../drafter`) is compared with (docs/eagle3.md). It is stored in the released EAGLE-3
+layout: `config.json` (`LlamaForCausalLMEagle3`, `eagle_config`) and `model.safetensors`
+(bfloat16, with `d2t` and `t2d`). Load it with `load_any_drafter("embedded-eagle3", target)`,
+or use `bench --drafter embedded-eagle3`.
+
+- **Architecture.** One decoder layer, hidden {c['hidden_size']}, SwiGLU {c['intermediate_size']},
+  {c['num_attention_heads']} query and {c['num_key_value_heads']} KV heads of {c['head_dim']}.
+  The features are the outputs of target layers {r['feature_layers']}, joined and projected by `fc`.
+  The drafter has its own LM head over a draft vocabulary of {r['draft_vocab_size']} tokens: the
+  most frequent response tokens of the training data. The embedding is the target's.
+  It has {r['parameters'] / 1e6:.2f}M parameters without the embedding. The DFlash drafter has
+  {r['dflash_parameters'] / 1e6:.2f}M, with neither embedding nor LM head (it uses the target's).
+- **Data.** {r['prompts']} These prompts were answered greedily by the target:
+  {r['sequences']} sequences with {r['response_tokens'] / 1e3:.0f}K response tokens. The DFlash
+  drafter's last stages were trained on the same kind of data, in more of it.
+- **Recipe** (`train --method eagle3`, the DFlash trainer's loop). Training-time test of
+  {r['ttt_steps']} steps, step losses weighted {r['ttt_decay']}^s. Soft labels: the target's
+  distribution over the draft vocabulary. Batch {r['batch_size']}, AdamW lr {r['learning_rate']}
+  (warmup {r['warmup_fraction']:.0%}, cosine), weight decay {r['weight_decay']}, float32 on
+  2 CPU cores.{stopped}
+- **Commands:** {r['commands']}
+
+## Budget, beside the DFlash drafter's
+
+| | EAGLE-3 (this drafter) | DFlash (`../drafter`) |
+|---|---|---|
+| parameters (without the target's embedding and head) | {r['parameters'] / 1e6:.2f}M | {r['dflash_parameters'] / 1e6:.2f}M |
+| optimiser steps (batch 8) | {r['steps']} | {d['steps']} over {d['stages']} stages |
+| sequences seen | {r['sequences_seen']} ({r['sequences_seen'] / r['sequences']:.1f} epochs of {r['sequences']}) | {d['sequences_seen']} |
+| response tokens in the sequences seen | {r['response_tokens_seen'] / 1e6:.2f}M | {d['timed_response_tokens_seen'] / 1e6:.2f}M in the {d['timed_stages']} timed stages alone |
+| minutes of steps on 2 CPU cores | {r['minutes']} | {d['timed_minutes']} for the {d['timed_stages']} timed stages ({d['timed_steps']} steps); more before them |
+
+The budgets are **not** equal. The EAGLE-3 drafter had about {d['sequences_seen'] / max(r['sequences_seen'], 1):.0f}x
+fewer sequences. A step took {60 * r['minutes'] / max(r['steps'], 1):.1f} s for EAGLE-3 against
+{60 * d['timed_minutes'] / max(d['timed_steps'], 1):.1f} s for DFlash (the timed stages). EAGLE-3 unrolls
+{r['ttt_steps']} drafting steps at every response position, where DFlash trains one pass per
+block at its anchors. A comparison drawn from these two drafters is therefore a comparison at
+these budgets. The held-out curve below shows how far the EAGLE-3 drafter had got.
+
+## Held-out tau against steps
+
+These are 16 prompts held out of the training data, 64 new tokens, greedy, a chain of
+{r['ttt_steps']} drafting steps (so tau is at most {r['ttt_steps'] + 1}).{acc_text}
+
+| step | held-out tau | training loss, mean of the last 50 steps |
+|---|---|---|
+{curve}
+"""
+
+
+def write_eagle3_card(eagle3_dir: str, run_dir: str, data_dir: str, dflash_dir: str, **record) -> dict:
+    """Writes ``recipe.json``, ``training_metrics.jsonl`` (the run's, one row per step) and
+    ``README.md`` into the exported EAGLE-3 directory; returns the recipe."""
+    from dflash_jax.files import write_json, write_text
+
+    recipe = eagle3_recipe(run_dir, data_dir, eagle3_dir, dflash_dir, **record)
+    write_json(os.path.join(eagle3_dir, "recipe.json"), recipe)
+    write_text(os.path.join(eagle3_dir, "training_metrics.jsonl"),
+               "".join(json.dumps(r) + "\n" for r in _metric_rows(run_dir)))
+    write_text(os.path.join(eagle3_dir, "README.md"), eagle3_card(eagle3_dir, recipe))
+    return recipe
