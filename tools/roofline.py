@@ -73,9 +73,8 @@ import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.files import write_text
 from dflash_jax.hub import resolve_checkpoint
-from dflash_jax.reporting import command_line, environment, new_figure, write_report
+from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.nn.cache import KVCache
@@ -839,17 +838,7 @@ def run(args) -> dict:
     }
     stem = (f"{name}_d{drafter.num_layers}_bs{args.block_size}_S{args.context}"
             f"_b{args.batch}")
-    return publish(report, args.out, stem, plot, markdown)
-
-
-def publish(report: dict, out: str, stem: str, plot, markdown) -> dict:
-    """Writes a roofline report (JSON, plot, and ``markdown(report)`` as .md) under ``out`` and
-    prints the markdown; returns the report. Every roofline command ends here."""
-    path = write_report(report, out, stem, plot)
-    text = markdown(report)
-    write_text(path + ".md", text)
-    print(text)
-    return report
+    return publish_report(report, args.out, stem, plot, markdown)
 
 
 def main(argv=None) -> dict:

@@ -55,10 +55,10 @@ from typing import Sequence
 
 from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
 from dflash_jax.config import DrafterConfig, Eagle3Config, TargetConfig
-from dflash_jax.reporting import command_line, environment, new_figure
+from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools import roofline_tree
-from dflash_jax.tools.roofline import Cost, DEVICES, publish
+from dflash_jax.tools.roofline import Cost, DEVICES
 
 QWEN3_8B_DRAFT_VOCAB = 32000
 """Draft vocabulary of the released EAGLE-3 drafters for Qwen3-8B (and SpecForge's default)."""
@@ -353,4 +353,4 @@ def run_eagle3(args) -> dict:
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     stem = f"eagle3_{name}_k{args.eagle3_steps}_S{args.context}_b{args.batch}"
-    return publish(report, args.out, stem, plot, markdown)
+    return publish_report(report, args.out, stem, plot, markdown)

@@ -57,9 +57,9 @@ import numpy as np
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.nn import gated_delta
-from dflash_jax.reporting import command_line, environment, new_figure
+from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
-from dflash_jax.tools.roofline import Cost, DEVICES, publish
+from dflash_jax.tools.roofline import Cost, DEVICES
 
 MODES = ("snapshot", "replay")
 CHUNK = 64
@@ -394,7 +394,7 @@ def run_hybrid(args) -> dict:
               "taus": TAUS, "models": models, "results": rows,
               "device_profiles": {k: dataclasses.asdict(DEVICES[k]) for k in devices},
               "env": environment(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    return publish(report, args.out, "roofline_hybrid", plot, markdown)
+    return publish_report(report, args.out, "roofline_hybrid", plot, markdown)
 
 
 def markdown(report: dict) -> str:

@@ -73,9 +73,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.reporting import command_line, environment, new_figure
+from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
-from dflash_jax.tools.roofline import Cost, DEVICES, publish
+from dflash_jax.tools.roofline import Cost, DEVICES
 
 MXFP4_BYTES = 17 / 32
 """Bytes per parameter of an MXFP4 tensor: 32 e2m1 values (16 bytes) and one u8 scale."""
@@ -697,7 +697,7 @@ def run_moe(args) -> dict:
 
     report["settings"] |= {"latency_us": pc.LATENCY_US,
                            "nvlink": {k: dataclasses.asdict(v) for k, v in pc.NODES.items()}}
-    return publish(report, args.out, "moe", plot, markdown)
+    return publish_report(report, args.out, "moe", plot, markdown)
 
 
 def markdown(report: dict) -> str:

@@ -57,9 +57,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.reporting import command_line, environment, new_figure
+from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
-from dflash_jax.tools.roofline import Cost, DEVICES, Device, publish
+from dflash_jax.tools.roofline import Cost, DEVICES, Device
 
 NODES = (16, 32, 64, 128, 256)
 """Node budgets the report predicts the speedup for (``--tree`` with no value)."""
@@ -372,4 +372,4 @@ def run_tree(args) -> dict:
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     stem = f"tree_{name}_d{drafter.num_layers}_bs{curve.block_size}_S{args.context}_b{args.batch}"
-    return publish(report, args.out, stem, plot, markdown)
+    return publish_report(report, args.out, stem, plot, markdown)
