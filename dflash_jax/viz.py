@@ -228,8 +228,6 @@ def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup"))
     ``keys``, left: our rows (the average over the prompt sets with its 95 % interval, and each
     set as a marker); right: the paper's rows for the same ablation, per prompt set."""
     rows, paper = table["rows"], table.get("paper") or []
-    if not isinstance(paper, list):  # not per-set rows (ablate_budget keeps the paper's averages by method)
-        paper = []
     fig, axes = _figure(2, len(keys), height=3.0)
     label_keys = list(rows[0]["label"]) if rows else []
     env = table.get("environment", {})
