@@ -51,6 +51,8 @@ COMMANDS = {
     "gpu-compile": ("dflash_jax.tools.gpu_compile",
                     "compile the block-attention kernel for H100/H200/B200 without a GPU: registers, spills, occupancy"),
     "gpu-suite": ("dflash_jax.tools.gpu_suite", "every GPU measurement in one command (--smoke: tiny shapes, any machine)"),
+    "throughput": ("dflash_jax.bench.throughput",
+                   "batched decoding: aggregate vs per-user tokens/s per batch size, AR / DFlash fixed / adaptive"),
     "train-speed": ("dflash_jax.bench.train_speed", "drafter training throughput benchmark"),
     "train-data": ("dflash_jax.training.cli.train_data",
                    "regenerate responses to prompt files with the target (token shards)"),
@@ -70,7 +72,7 @@ COMMANDS = {
 # modules of their own (see experiment_entries).
 EXPERIMENTS = "experiments"
 GROUPS = {
-    "run and benchmark": ["generate", "bench", "spec-speed", "decode-speed", "iteration-profile",
+    "run and benchmark": ["generate", "bench", "throughput", "spec-speed", "decode-speed", "iteration-profile",
                           "tree-bench", "tree-verify-cost", "train-speed", "load-report"],
     "train a drafter": ["train-data", "features", "train", "export"],
     EXPERIMENTS: [],
