@@ -61,7 +61,7 @@ def pooled_prompts(target, datasets: Sequence[str], n: int, seed: int = 0, data_
     for i in range(per_set):
         for d in datasets:
             if i < len(sets[d]):
-                pool.append((d, encode_prompt(list(sets[d][i].turns[:1]), target.tokenizer)))
+                pool.append((d, encode_prompt(sets[d][i].turns[0], target.tokenizer)))
     if len(pool) < n:
         raise ValueError(f"the prompt sets {', '.join(datasets)} hold {len(pool)} prompts; a batch of {n} "
                          "needs as many: give more sets or a smaller --batch-sizes")
