@@ -48,6 +48,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
     python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
+    python -m dflash_jax.tools.roofline --throughput  # throughput against interactivity, batch 1 ... 1024
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
 the same components, with the routed experts' bytes counted for the experts the rows route to.
@@ -57,6 +58,8 @@ Tree verification (``--tree``, docs/trees.md) in :mod:`dflash_jax.tools.roofline
 rows verified per iteration, tau(N) from a measured curve scaled to the paper's, the best N.
 EAGLE-3 against DFlash (``--eagle3``) in :mod:`dflash_jax.tools.roofline_eagle3`: k sequential
 1-layer drafting steps (chain, or trees of K frontier nodes per step) against one drafter pass.
+Throughput against interactivity (``--throughput``) in :mod:`dflash_jax.tools.roofline_throughput`:
+aggregate and per-user tokens/s per batch size, where the verify turns compute-bound.
 """
 
 from __future__ import annotations
@@ -765,6 +768,11 @@ def add_arguments(p) -> None:
     p.add_argument("--eagle3-draft-vocab", type=int, default=32000,
                    help="with --eagle3: the EAGLE-3 drafter's draft vocabulary (default 32000, the released "
                         "Qwen3-8B drafters')")
+    p.add_argument("--throughput", action="store_true",
+                   help="throughput against interactivity: aggregate and per-user tokens/s of AR and DFlash "
+                        "(the drafter's block and the best block per batch) for batch sizes 1 ... 1024 as memory "
+                        "allows, at the paper's tau per prompt set, Qwen3-8B on one H100 and one B200 and "
+                        "gpt-oss-120b on 8 x B200 (tools/roofline_throughput.py); writes gpu_predicted.{json,md,png}")
     p.add_argument("--out", default="runs/roofline", help="output directory")
 
 
@@ -785,6 +793,10 @@ def check_args(args) -> None:
 
 
 def run(args) -> dict:
+    if getattr(args, "throughput", False):
+        from dflash_jax.tools import roofline_throughput
+
+        return roofline_throughput.run_throughput(args)
     if getattr(args, "eagle3", False):
         from dflash_jax.tools import roofline_eagle3
 
