@@ -471,6 +471,9 @@ def markdown(report: dict) -> str:
         cells = [f"{cb[m]['forward'] or f'> {SEARCH_LIMIT}'} ({cb[m]['linears'] or f'> {SEARCH_LIMIT}'})"
                  for m in METHODS]
         lines.append(f"| {s['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "(The linears: the dense target's matrices; gpt-oss-120b's attention projections and routers, "
+              "its routed experts being a component of their own. Past the drafter's block's turn its aggregate "
+              "stops growing with the batch: every further user divides the per-user speed.)"]
     c = report["comparison"]
     sg = c["sglang"]
     lines += ["", f"**Against SGLang** (B200, Qwen3-8B, MATH-500; measured {sg['measured']['1']}x at "
@@ -558,7 +561,7 @@ def plot(report: dict):
                title=f"{s['label']}\n{s['plot_set']}, tau {d['tau']:.2f} at block {s['block_size']}")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, which="both", lw=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+    axes[len(axes) // 2].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.suptitle(f"predicted by the roofline: batch 1 ... {max(report['settings']['batches'])} as memory allows, "
                  f"S = {report['settings']['context']}, {report['settings']['dtype']}; ring: the target "
                  "forward turns compute-bound")
