@@ -135,7 +135,10 @@ def test_memory_refusal_past_capacity():
 def test_bad_command_lines_refused(tmp_path):
     out = ["--out", str(tmp_path / "o")]
     for argv, match in ((["--batch", "4"], "leave out --batch"), (["--moe", "gpt-oss-20b"], "leave out --moe"),
-                        (["--tau", "5"], "leave out --tau"), (["--context", "1"], "--context must be >= 2")):
+                        (["--tau", "5"], "leave out --tau"), (["--context", "1"], "--context must be >= 2"),
+                        (["--target", "embedded", "--drafter", "embedded"], "leave out --target"),
+                        (["--dtype", "float32"], "--dtype float32 is not modelled"),
+                        (["--drafter-layers", "0"], "--drafter-layers must be >= 1")):
         with pytest.raises(ValueError, match=match):
             rtp.main(argv + out)
     assert not (tmp_path / "o").exists()

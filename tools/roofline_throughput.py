@@ -354,10 +354,15 @@ def run_throughput(args) -> dict:
     for flag, bad in (("--moe", args.moe), ("--hybrid", args.hybrid), ("--tree", args.tree is not None),
                       ("--eagle3", args.eagle3), ("--bench-json", args.bench_json),
                       ("--batch", args.batch != 1), ("--tau", list(args.tau) != [dense.PAPER["tau"]]),
-                      ("--block-size", args.block_size)):
+                      ("--block-size", args.block_size), ("--target", args.target), ("--drafter", args.drafter)):
         if bad:
-            raise ValueError(f"--throughput sweeps its own batch sizes at the paper's tau per prompt set and "
-                             f"the drafters' own blocks: leave out {flag}")
+            raise ValueError(f"--throughput sweeps its own batch sizes for Qwen3-8B and gpt-oss-120b at the paper's "
+                             f"tau per prompt set and the drafters' own blocks: leave out {flag}")
+    if dense.DTYPE_BYTES[args.dtype] != 2:
+        raise ValueError(f"--throughput models 2-byte weights and K/V (gpt-oss-120b's non-expert weights are bf16): "
+                         f"--dtype {args.dtype} is not modelled, use bfloat16 or float16")
+    if args.drafter_layers < 1:
+        raise ValueError(f"--drafter-layers must be >= 1, got {args.drafter_layers}")
     name, target, drafter = dense.load_pair(args)
     if args.context < 2:
         raise ValueError(f"--context must be >= 2 (a prompt of S / 2 and S new tokens), got {args.context}")
@@ -433,7 +438,7 @@ def markdown(report: dict) -> str:
              f"- context: the mean cached positions of a step S = {st['context']} (a prompt of "
              f"{st['prompt_len']} and {st['new_tokens']} new tokens: prompt + half the output); memory holds "
              f"every sequence's K/V at its end ({st['final_context']} positions); a batch fits when the "
-             f"weights + K/V per GPU stay within {st['memory_fraction']:.0%} of its memory (logits and "
+             f"pair's weights + K/V per GPU (the drafter's counted for AR too) stay within {st['memory_fraction']:.0%} of its memory (logits and "
              "other activations are left to the rest);",
              f"- {st['dtype']} weights, K/V and activations, float32 logits; gpt-oss-120b's experts MXFP4 "
              "(17/32 bytes per parameter), tensor parallel over 8 GPUs (every expert split by its columns, "
@@ -443,7 +448,7 @@ def markdown(report: dict) -> str:
              "verify run one after the other (no overlap); weights read once per step for the whole batch, "
              "K/V, attention, logits and FLOPs per row (batch x block rows);",
              "- acceptance: tau per prompt set at the drafter's block (Qwen3-8B: the paper's Table 1, T = 0, "
-             "5-layer drafter, block 16; gpt-oss-120b: its drafter's model card, 8 layers, block 10, "
+             "5-layer drafter, block 16, 'average' the paper's average over its seven sets; gpt-oss-120b: its drafter's model card, 8 layers, block 10, "
              "'average' the mean of its two sets); the same tau at every batch (a real batch's rows differ); "
              "for other blocks, geometric: per-row acceptance alpha fitted to tau at the drafter's block, "
              "tau(bs) = (1 - alpha^bs) / (1 - alpha); the best block searched over 2 ... the drafter's block;",
