@@ -367,6 +367,7 @@ def run_throughput(args) -> dict:
     if args.context < 2:
         raise ValueError(f"--context must be >= 2 (a prompt of S / 2 and S new tokens), got {args.context}")
     context, final = args.context, args.context // 2 + args.context
+    scs = scenarios(context, final, args.drafter_layers, dense.DTYPE_BYTES[args.dtype], target, drafter)
     report = {
         "benchmark": "roofline_throughput",
         "command": command_line("dflash_jax", invocation(args)),
@@ -375,12 +376,11 @@ def run_throughput(args) -> dict:
                      "memory_fraction": pc.MEMORY_FRACTION, "latency_us": pc.LATENCY_US,
                      "methods": {m: LABELS[m] for m in METHODS}},
         "sglang": SGLANG, "nvidia": NVIDIA,
-        "scenarios": [analyse(sc) for sc in scenarios(context, final, args.drafter_layers,
-                                                        dense.DTYPE_BYTES[args.dtype], target, drafter)],
+        "scenarios": [analyse(sc) for sc in scs],
         "env": environment(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    report["comparison"] = comparison(report)
+    report["comparison"] = comparison(report, scs)
     return publish_report(report, args.out, "gpu_predicted", plot, markdown)
 
 
@@ -388,12 +388,12 @@ def _scenario(report: dict, key: str) -> dict:
     return next(s for s in report["scenarios"] if s["key"] == key)
 
 
-def comparison(report: dict) -> dict:
+def comparison(report: dict, scs: Sequence[Scenario]) -> dict:
     """The predictions beside SGLang's (B200, Qwen3-8B, MATH-500, at its tau 8.01 too) and
     NVIDIA's gpt-oss-120b claim (aggregate at 500 and 600 tokens/s per user)."""
     out = {}
     b200 = _scenario(report, "qwen3-8b_b200")
-    sc = scenarios(report["settings"]["context"], report["settings"]["final_context"])[1]
+    sc = next(s for s in scs if s.key == "qwen3-8b_b200")
     at_sglang_tau = curves(sc, SGLANG["tau"])
     out["sglang"] = {"table1_tau": b200["sets"][SGLANG["set"]]["tau"],
                      "predicted": {str(b): b200["sets"][SGLANG["set"]]["speedup_at_batch"][str(b)] for b in (1, 32)},
