@@ -38,6 +38,13 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    (``xla``, ``pallas``), the chain (block 16) against trees of 16, 32 and 64 nodes: draft ms,
    verify ms of the tree beside a causal verify of as many plain rows, the iteration against an
    AR step (``spec_speed --tree``).
+10. ``throughput``: throughput against interactivity at Qwen3-8B shapes in bf16 (random
+   weights, a random 5-layer drafter charged every iteration), prompts of 512 tokens, 256 new
+   tokens per row, batches 1..32: AR against DFlash with a trained pair's acceptance emulated
+   (``dflash_jax.proposers.emulated``: geometric, alpha fitted to the paper's MATH-500 tau),
+   beside the roofline's prediction where ``dflash_jax.tools.roofline_throughput`` exists
+   (``dflash_jax.tools.emulated_throughput``; ``--smoke``: tiny, float32, batches 1 and 2,
+   the output must equal AR's).
 
 A stage that fails is recorded with its error and the suite goes on; the exit status is 1
 when any stage failed. Nothing needs the network: the prompt sets and the embedded model ship
@@ -60,7 +67,7 @@ from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment
 from dflash_jax.nn.attention import ATTENTION_IMPLS
 from dflash_jax.bench import decode_speed, harness, spec_speed
-from dflash_jax.tools import gdn_rollback, kernel_speed, moe_layer_speed
+from dflash_jax.tools import emulated_throughput, gdn_rollback, kernel_speed, moe_layer_speed
 
 MOE_TINY = {
     "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
@@ -257,9 +264,18 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
                     k: round(r[k], 3) for k in keys if r.get(k) is not None}
         return rows
 
+    def throughput():
+        rep = emulated_throughput.run_stage(d("throughput"), smoke)
+        return {"alpha": round(rep["alpha"], 4), "tau_model": round(rep["tau_model"], 3),
+                **{f"b{b}": {"speedup_same_batch": round(v["speedup_same_batch"], 3),
+                             "rows_equal_to_ar": v["rows_equal_to_ar"], "refine_passes": v["refine_passes"]}
+                   for b, v in rep["per_batch"].items()},
+                "predicted_speedup_same_batch": rep["prediction"].get("note") or {
+                    k: v["speedup_same_batch"] for k, v in rep["prediction"]["scenarios"].items()}}
+
     return [("exactness", exactness), ("kernel", kernel), ("decode", decode), ("spec", spec),
             ("bench", bench), ("moe", moe), ("moe_layer", moe_layer), ("hybrid", hybrid),
-            ("tree", tree)]
+            ("tree", tree), ("throughput", throughput)]
 
 
 def markdown(summary: dict) -> str:
