@@ -37,11 +37,21 @@ def randomise_norms(params, key):
     return jax.tree_util.tree_unflatten(tree, out)
 
 
+def first_row_confidence(q_logp):
+    """float32[B, bs-1]: ``log sum_v q_1(v)^2`` of the first draft row, for every row. An
+    autoregressive sampled proposer's later rows' q depend on its earlier draws, which the
+    adaptive verify length may not read (``Proposal.logp``); the first row's q depends only on
+    the committed prefix."""
+    first = jnp.log(jnp.sum(jnp.exp(2.0 * q_logp[:, 0]), axis=-1))
+    return jnp.broadcast_to(first[:, None], q_logp.shape[:2])
+
+
 @dataclasses.dataclass(frozen=True)
 class OracleProposer(Proposer):
     corrupt: float = 0.0
     q_temperature: float | None = None
     confidences: tuple[float, ...] | None = None
+    confidence_per_row: bool = False  # draw the claimed confidence per row, not per batch
 
     @property
     def sampled(self) -> bool:
@@ -73,10 +83,11 @@ class OracleProposer(Proposer):
         logp = None
         if want_logp and self.confidences is not None:
             levels = jnp.asarray(self.confidences)
-            level = levels[jax.random.randint(jax.random.fold_in(key, 1), (), 0, len(self.confidences))]
-            logp = jnp.full(drafts.shape, jnp.log(level))
-        elif want_logp and q_logp is not None:
-            logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0]
+            shape = drafts.shape[:1] if self.confidence_per_row else ()
+            level = levels[jax.random.randint(jax.random.fold_in(key, 1), shape, 0, len(self.confidences))]
+            logp = jnp.broadcast_to(jnp.log(level)[..., None], drafts.shape)
+        elif want_logp and q_logp is not None:  # sampled: a confidence that reads no drawn token
+            logp = first_row_confidence(q_logp)
         return Proposal(drafts, q_logp, logp), state
 
 
@@ -93,6 +104,7 @@ class TableProposer(Proposer):
 
     prefix_logits: object
     q_temperature: float | None = None
+    peek: bool = False  # sampled: the confidence reads the drawn tokens (a bug, for negative controls)
 
     @property
     def sampled(self) -> bool:
@@ -121,7 +133,10 @@ class TableProposer(Proposer):
             value = jnp.where(length + 1 < depth, value * V + tok, 0)
         drafts = jnp.stack(drafts, 1)
         q_logp = jnp.stack(qs, 1) if qs else None
-        logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0] if want_logp and qs else None
+        logp = None
+        if want_logp and qs:
+            logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0] if self.peek \
+                else first_row_confidence(q_logp)
         return Proposal(drafts, q_logp, logp), state
 
 

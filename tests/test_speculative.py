@@ -164,15 +164,16 @@ SAMPLING_CASES = {
 }
 
 
-def run_case(setup, case, groups=1, seed=3, adaptive=None):
+def run_case(setup, case, groups=1, seed=3, adaptive=None, peek=False):
     """generate on ROWS * groups rows of one case, with a fresh proposer object (a new engine
     spec, so the engine is traced anew: a patched ``accept`` is what runs); and the exact
     joint of the first DEPTH tokens. ``adaptive``: options of ``block_size="adaptive"``
-    (``verify_lengths``, ``cost_table``) instead of the fixed block."""
+    (``verify_lengths``, ``cost_table``) instead of the fixed block; ``peek``: the table
+    proposer's confidence reads its drawn tokens (a bug, ``TableProposer.peek``)."""
     target, drafter, prefix_logits = setup
     proposer, sampled_draft, kw = SAMPLING_CASES[case]
     custom = None if proposer == "dflash" else TableProposer(
-        prefix_logits, q_temperature=Q_TEMPERATURE if sampled_draft else None)
+        prefix_logits, q_temperature=Q_TEMPERATURE if sampled_draft else None, peek=peek)
     block = dict(block_size="adaptive", **adaptive) if adaptive else dict(block_size=BLOCK)
     r = dj.generate(target, [PROMPT] * (ROWS * groups), DEPTH, drafter=drafter, proposer=custom,
                     sampled_draft=sampled_draft, seed=seed, **block, **kw)

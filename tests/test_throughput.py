@@ -66,8 +66,14 @@ def test_wasted_rows_count_rows_past_acceptance_budget_and_finish():
     # a 4-row block, budget 9 (8 from the decode loop). Row 0: 3 + 3 + 4 emitted, 8 kept: 2 rows past
     # its acceptance, 2 past its budget. Row 1: 4 + 4, finished after 2 iterations, then its 4 rows
     # idle in the third.
-    w = tp.wasted_rows([[3, 3, 4], [4, 4]], [4, 4, 4], max_new=9)
+    w = tp.wasted_rows([[3, 3, 4], [4, 4]], [[4, 4, 4], [4, 4]], max_new=9)
     assert w == {"verified": 24, "useful": 16, "wasted_share": pytest.approx(1 - 16 / 24)}
+    # lengths chosen per iteration: row 1's idle third iteration verifies the batch's 8 rows
+    w = tp.wasted_rows([[3, 3, 4], [4, 4]], [[4, 4, 8], [8, 4]], max_new=9)
+    assert w["verified"] == 16 + 12 + 8
+    # per row: row 1 verified its own lengths, then idles at the short length given
+    w = tp.wasted_rows([[3, 3, 4], [4, 4]], [[4, 4, 8], [8, 4]], max_new=9, idle_length=2)
+    assert w["verified"] == 16 + 12 + 2
 
 
 def test_the_curve_reading_by_hand():

@@ -36,14 +36,19 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
+from dflash_jax.decoding.adaptive import ADAPTIVE, per_row_lengths
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.progress import Bar, progress
 from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence, new_figure,
                                   publish_report, start_measurement)
 
-AR, DFLASH, ADAPTIVE_METHOD = "ar", "dflash", "adaptive"
-METHODS = (AR, DFLASH, ADAPTIVE_METHOD)
-LABELS = {AR: "AR", DFLASH: "DFlash, fixed block", ADAPTIVE_METHOD: "DFlash, adaptive block (batch-wide)"}
+AR, DFLASH, ADAPTIVE_METHOD, PER_ROW = "ar", "dflash", "adaptive", "adaptive_rows"
+METHODS = (AR, DFLASH, ADAPTIVE_METHOD, PER_ROW)
+LABELS = {AR: "AR", DFLASH: "DFlash, fixed block", ADAPTIVE_METHOD: "DFlash, adaptive block (batch-wide)",
+          PER_ROW: "DFlash, adaptive per row"}
+OPTIONS = {AR: {}, DFLASH: {}, ADAPTIVE_METHOD: {"block_size": ADAPTIVE},
+           PER_ROW: {"block_size": ADAPTIVE, "verify_per_row": True}}
+"""The ``generate`` options of each method (besides the drafter)."""
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
@@ -69,17 +74,21 @@ def pooled_prompts(target, datasets: Sequence[str], n: int, seed: int = 0, data_
 
 
 # ---------------------------------------------------------------------------- one batch
-def wasted_rows(acceptance_lengths: Sequence[Sequence[int]], verify_lengths: Sequence[int],
-                max_new: int) -> dict:
+def wasted_rows(acceptance_lengths: Sequence[Sequence[int]], verify_lengths: Sequence[Sequence[int]],
+                max_new: int, idle_length: int | None = None) -> dict:
     """Verified rows of one batch run and how many were wasted.
 
     ``acceptance_lengths``: per row, the tokens each of its iterations emitted (accepted drafts
-    + the bonus); ``verify_lengths``: the rows verified per row in each iteration of the batch
-    (all rows verify the same length; one entry per loop iteration). A row's useful rows are
-    the tokens it kept: at most its ``max_new`` budget less the first token, which the prefill
-    made; every other verified row is waste: past its acceptance, past its budget, or after it
-    finished."""
-    verified = len(acceptance_lengths) * int(np.sum(verify_lengths))
+    + the bonus); ``verify_lengths``: per row, the block rows verified in each of its iterations.
+    A row that finished early is still verified while the others run (a static batch): at the
+    batch's length of that iteration (the longest-running row's record), or at ``idle_length``
+    when lengths are chosen per row (finished rows are verified at the short length unless every
+    row verifies long: a lower bound). A row's useful rows are the tokens it kept: at most its
+    ``max_new`` budget less the first token, which the prefill made; every other verified row
+    is waste: past its acceptance, past its budget, or after it finished."""
+    longest = max(verify_lengths, key=len)
+    idle = lambda n: int(np.sum(longest[n:])) if idle_length is None else idle_length * (len(longest) - n)
+    verified = sum(int(np.sum(v)) + idle(len(v)) for v in verify_lengths)
     useful = sum(min(int(np.sum(a)), max_new - 1) for a in acceptance_lengths)
     return {"verified": verified, "useful": useful, "wasted_share": 1.0 - useful / verified if verified else 0.0}
 
@@ -89,10 +98,11 @@ def padding_share(prompt_lengths: Sequence[int]) -> float:
     return 1.0 - float(np.sum(prompt_lengths)) / (len(prompt_lengths) * max(prompt_lengths))
 
 
-def batch_record(method: str, batch: int, results: Sequence, max_new: int) -> dict:
+def batch_record(method: str, batch: int, results: Sequence, max_new: int, idle_length: int | None = None) -> dict:
     """The measurement of one (method, batch size) from its timed runs (``GenerateResult``s of
     the same prompts): speeds from each run and from their mean decode time, per-row tau and
-    per-user speed, the wasted verify rows and the padding."""
+    per-user speed, the wasted verify rows (``idle_length``: :func:`wasted_rows`) and the
+    padding."""
     last = results[-1]
     times = [r.decode_time_s for r in results]
     decode_s = float(np.mean(times))
@@ -100,8 +110,8 @@ def batch_record(method: str, batch: int, results: Sequence, max_new: int) -> di
     per_iter = decode_s / last.num_steps
     per_user = (max_new - 1) / (iters * per_iter)
     tau = np.array([float(np.mean(a)) for a in last.acceptance_lengths])
-    longest = int(np.argmax(iters))
-    verify = last.verify_lengths[longest] if last.verify_lengths else [1] * last.num_steps
+    verify = last.verify_lengths or [[1] * len(a) for a in last.acceptance_lengths]  # AR: one row
+    waste = wasted_rows(last.acceptance_lengths, verify, max_new, idle_length)
     pct = lambda x, q: float(np.percentile(x, q))
     return {
         "method": method, "batch": batch, "runs": len(results), "decode_s_runs": times, "decode_s": decode_s,
@@ -111,8 +121,8 @@ def batch_record(method: str, batch: int, results: Sequence, max_new: int) -> di
         "per_user_tokens_per_s": {"mean": float(per_user.mean()), "p10": pct(per_user, 10), "p90": pct(per_user, 90)},
         "tau": {"mean": float(tau.mean()), "p10": pct(tau, 10), "p90": pct(tau, 90)},
         "tau_rows": tau.tolist(), "iterations_rows": iters.astype(int).tolist(),
-        "verify_rows_per_iteration": float(np.mean(verify)),
-        "verify": wasted_rows(last.acceptance_lengths, verify, max_new),
+        "verify_rows_per_iteration": waste["verified"] / (batch * last.num_steps),
+        "verify": waste,
         "prompt_padding_share": padding_share(last.prompt_lengths),
     }
 
@@ -122,19 +132,19 @@ def measure(target, drafter, prompts: Sequence[Sequence[int]], batches: Sequence
     """Every (method, batch size): a compiling warm-up run, then ``repeats`` timed runs of the
     first B ``prompts``. Greedy; stop tokens ignored. Returns {"rows": [batch_record ...],
     "same_output": {batch: every speculative method's rows equal AR's}}."""
-    from dflash_jax.decoding.adaptive import ADAPTIVE
     from dflash_jax.decoding.generation import generate
 
     check_settings(batches, max_new, methods, repeats, len(prompts))
     if any(m != AR for m in methods) and drafter is None:
         raise ValueError("the DFlash methods need a drafter")
     rows, same = [], {}
+    short = per_row_lengths(drafter.config.block_size)[0] if PER_ROW in methods else None
     bar = progress(total=len(batches) * len(methods), desc="throughput (batch x method)", unit="run")
     for b in batches:
         batch_prompts = [list(p) for p in prompts[:b]]
         outputs = {}
         for m in methods:
-            kw = ({} if m == AR else {"drafter": drafter, "block_size": ADAPTIVE if m == ADAPTIVE_METHOD else None})
+            kw = OPTIONS[m] | ({} if m == AR else {"drafter": drafter})
             run = lambda: generate(target, batch_prompts, max_new, stop_token_ids=(), pad_to=pad_to, **kw)
             run()  # compiles (and, for the adaptive block, measures this device's cost table once)
             results = [run() for _ in range(repeats)]
@@ -142,7 +152,7 @@ def measure(target, drafter, prompts: Sequence[Sequence[int]], batches: Sequence
                 if r.num_generated != [max_new] * b:
                     raise RuntimeError(f"{m} at batch {b}: rows generated {r.num_generated} tokens, not {max_new} each")
             outputs[m] = results[-1].sequences
-            rows.append(batch_record(m, b, results, max_new))
+            rows.append(batch_record(m, b, results, max_new, short if m == PER_ROW else None))
             bar.update(1)
             r = rows[-1]
             Bar.write(f"batch {b:3d} {LABELS[m]}: {r['aggregate_tokens_per_s']:.1f} tok/s aggregate, "
@@ -257,7 +267,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCHES), metavar="B",
                    help="batch sizes (rows decoded together)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
-                   help="ar, dflash (fixed block), adaptive (DFlash with the batch-wide adaptive block)")
+                   help="ar, dflash (fixed block), adaptive (DFlash with the batch-wide adaptive block), "
+                        "adaptive_rows (DFlash with the verify length chosen per row)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
     p.add_argument("--data-dir", default=None, help="read the prompt sets from this directory")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens every row generates (stop tokens ignored)")

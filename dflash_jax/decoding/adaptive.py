@@ -15,6 +15,20 @@ mesh). It depends only on the drafter's output, never on the target's verdict, s
 still equals autoregressive output and the sampling rules stay lossless (a shorter draft is just
 a shorter proposal).
 
+Per row (``verify_per_row=True``): with ragged acceptance, one length for the whole batch
+verifies long blocks for rows whose drafts are weak. A mask over a dense [B, L] verify would
+save no compute, so the rows are grouped instead, inside static shapes: two lengths (short,
+long; default 4 and the block size), and each iteration verifies the k rows that gain the most
+from the long length at the long length and the other B - k at the short one, as two target
+passes of [k, long] and [B - k, short] rows. k is one of a few static splits (default 0, B/4,
+B/2, 3B/4, B: :func:`row_splits`), chosen by ``engine.choose_row_split`` from the same expected
+tokens and a measured cost per split. A group's rows are gathered out of the decode state
+before its pass and scattered back after (``nn.cache.take_rows`` / ``put_rows``): a copy of
+those rows' K/V per iteration, the price of the smaller passes. Splits 0 and B are the
+batch-wide verify at one length (no copy). The choice again depends only on the drafter's
+output, so greedy output equals autoregressive output and sampling stays exact (each group
+accepts with the usual rule and its own random key).
+
 This module holds the options (the lengths, a cost table's checks); ``decoding.costs``
 measures and caches the tables. A user may pass ``cost_table={L: seconds, ...}`` instead; it
 must give one positive cost per length.
@@ -30,6 +44,8 @@ import numpy as np
 
 DEFAULT_LENGTHS = (4, 8, 16)
 ADAPTIVE = "adaptive"
+PER_ROW_SHORT = 4  # per-row verification's default short length (the long one: the block size)
+SPLIT_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def block_size_arg(text: str) -> int | str:
@@ -65,24 +81,58 @@ def verify_lengths(block_size: int, lengths: Sequence[int] | None = None) -> tup
     return tuple(sorted(out))
 
 
-def check_cost_table(table: Mapping, lengths: tuple[int, ...]) -> tuple[float, ...]:
+def per_row_lengths(block_size: int, lengths: Sequence[int] | None = None) -> tuple[int, int]:
+    """Per-row verification's (short, long) lengths: ``lengths`` (checked as
+    :func:`verify_lengths`; exactly two) or (4, the block size)."""
+    if lengths is None:
+        lengths = (min(PER_ROW_SHORT, block_size - 1), block_size) if block_size > 2 else (1, block_size)
+    out = verify_lengths(block_size, lengths)
+    if len(out) != 2:
+        raise ValueError(f"per-row verification groups rows into a short and a long verify length: give "
+                         f"verify_lengths=(short, long), e.g. (4, {block_size}), not {tuple(lengths)}")
+    return out
+
+
+def row_splits(batch: int, splits: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Per-row verification's static splits for ``batch`` rows (one device's rows on a mesh):
+    how many rows may verify the long length: ``splits`` (checked: integers in 0..batch,
+    distinct), or 0, B/4, B/2, 3B/4 and B rounded, deduplicated; ascending."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if splits is None:
+        return tuple(sorted({int(round(f * batch)) for f in SPLIT_FRACTIONS}))
+    out = []
+    for k in splits:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= batch:
+            raise ValueError(f"row_splits must be integers in 0..{batch} (rows per device that may verify "
+                             f"the long length), got {k!r} in {tuple(splits)}")
+        out.append(int(k))
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"row_splits must be distinct and non-empty, got {tuple(splits)}")
+    return tuple(sorted(out))
+
+
+def check_cost_table(table: Mapping, lengths: tuple[int, ...], what: str = "verify length",
+                     ) -> tuple[float, ...]:
     """The costs of ``table`` ({verify length: seconds per iteration}) in the order of
-    ``lengths``; a missing, extra, non-numeric or non-positive entry is a ``ValueError``."""
+    ``lengths``; a missing, extra, non-numeric or non-positive entry is a ``ValueError``.
+    Per-row verification's tables are keyed by split (``what="split"``: the number of rows
+    verified at the long length)."""
     if not isinstance(table, Mapping):
-        raise ValueError(f"cost_table must be a mapping {{verify length: seconds per iteration}}, "
+        raise ValueError(f"cost_table must be a mapping {{{what}: seconds per iteration}}, "
                          f"got {type(table).__name__}")
     try:
         costs = {int(k): v for k, v in table.items()}
     except (TypeError, ValueError):
-        raise ValueError(f"cost_table keys must be verify lengths (integers), got {list(table)}") from None
+        raise ValueError(f"cost_table keys must be {what}s (integers), got {list(table)}") from None
     missing = [L for L in lengths if L not in costs]
     extra = sorted(set(costs) - set(lengths))
     if missing or extra:
         raise ValueError(
-            f"cost_table has costs for lengths {sorted(costs)} but the verify lengths are "
+            f"cost_table has costs for {what}s {sorted(costs)} but the {what}s are "
             f"{list(lengths)}" + (f": missing {missing}" if missing else "")
-            + (f"; not verify lengths: {extra}" if extra else "")
-            + ". Give one cost (seconds per iteration) per verify length, or cost_table=None to "
+            + (f"; not {what}s: {extra}" if extra else "")
+            + f". Give one cost (seconds per iteration) per {what}, or cost_table=None to "
               "measure them on this device (cached)")
     out = []
     for L in lengths:
@@ -90,6 +140,6 @@ def check_cost_table(table: Mapping, lengths: tuple[int, ...]) -> tuple[float, .
         if isinstance(c, bool) or not isinstance(c, (int, float, np.floating, np.integer)) \
                 or not math.isfinite(c) or c <= 0:
             raise ValueError(f"cost_table[{L}] = {c!r}: costs must be positive finite numbers "
-                             "(seconds per iteration at that verify length)")
+                             f"(seconds per iteration at that {what})")
         out.append(float(c))
     return tuple(out)

@@ -54,13 +54,18 @@ def device_signature(mesh=None) -> dict:
             "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-def cost_key(target, drafter, lengths: tuple[int, ...], batch: int, device: dict | None = None) -> dict:
-    """Everything a measured cost table depends on (compared whole when a cached table is read)."""
+def cost_key(target, drafter, lengths: tuple[int, ...], batch: int, device: dict | None = None,
+             splits: tuple[int, ...] | None = None) -> dict:
+    """Everything a measured cost table depends on (compared whole when a cached table is read).
+    ``splits``: per-row verification's (the table is then per split)."""
     dtype = lambda params: sorted({str(x.dtype) for x in jax.tree_util.tree_leaves(params)})
-    return {"target": target.config.to_hf_dict(), "drafter": drafter.config.to_hf_dict(),
-            "dtype": dtype(target.params) + dtype(drafter.params), "verify_lengths": list(lengths),
-            "batch": int(batch), "context": MEASURE_CONTEXT, "loop_version": engine.LOOP_VERSION,
-            "device": device_signature(target.mesh) if device is None else device}
+    key = {"target": target.config.to_hf_dict(), "drafter": drafter.config.to_hf_dict(),
+           "dtype": dtype(target.params) + dtype(drafter.params), "verify_lengths": list(lengths),
+           "batch": int(batch), "context": MEASURE_CONTEXT, "loop_version": engine.LOOP_VERSION,
+           "device": device_signature(target.mesh) if device is None else device}
+    if splits is not None:
+        key["row_splits"] = list(splits)
+    return key
 
 
 def cache_path(key: dict) -> str:
@@ -83,22 +88,26 @@ def read_cached(key: dict) -> dict[int, float] | None:
 
 
 def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
-               refresh: bool = False, quiet: bool = False) -> dict[int, float]:
+               refresh: bool = False, quiet: bool = False, splits: tuple[int, ...] | None = None
+               ) -> dict[int, float]:
     """The per-iteration cost (seconds) of each verify length for this model pair, batch and
     device: the cached table when one matches, else measured (:func:`measure_costs`) and cached
-    (written atomically; concurrent measurements of the same key are serialised)."""
-    key = cost_key(target, drafter, lengths, batch)
+    (written atomically; concurrent measurements of the same key are serialised). With
+    ``splits`` (per-row verification, ``lengths`` = (short, long)): the cost of each split."""
+    key = cost_key(target, drafter, lengths, batch, splits=splits)
     if not refresh and (hit := read_cached(key)) is not None:
-        check_cost_table(hit, lengths)
+        check_cost_table(hit, lengths if splits is None else splits, "verify length" if splits is None else "split")
         return hit
     path = cache_path(key)
     with exclusive(path + ".lock"):
         if not refresh and (hit := read_cached(key)) is not None:  # measured meanwhile
             return hit
         if not quiet:
-            print(f"measuring the cost of an iteration at verify lengths {list(lengths)} on this "
-                  f"device (once; cached in {path})", file=sys.stderr)
-        costs = measure_costs(target, drafter, lengths, batch)
+            what = f"verify lengths {list(lengths)}" if splits is None else \
+                f"row splits {list(splits)} (rows verifying {lengths[1]} rows, the rest {lengths[0]})"
+            print(f"measuring the cost of an iteration at {what} on this device (once; cached in {path})",
+                  file=sys.stderr)
+        costs = measure_costs(target, drafter, lengths, batch, splits=splits)
         write_json(path, {"key": key, "costs": {str(k): v for k, v in costs.items()},
                           "unit": "seconds per decode iteration",
                           "measured": {"time": _time_text(), "load_average": load_average()}})
@@ -107,13 +116,15 @@ def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
 
 def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
                   context: int = MEASURE_CONTEXT, iterations: int = MEASURE_ITERATIONS,
-                  repeats: int = MEASURE_REPEATS) -> dict[int, float]:
+                  repeats: int = MEASURE_REPEATS, splits: tuple[int, ...] | None = None
+                  ) -> dict[int, float]:
     """Seconds per decode iteration with the verify length forced to each of ``lengths``
     (the real on-device loop: draft of the whole block, verify + accept of L rows, commit),
     the median of ``repeats`` timed runs of ``iterations`` iterations after a warm-up, at a
     context of ``context`` prompt tokens. The lengths take turns (one run of each per round,
     after one compiling round), so a load that comes and goes during the measurement slows
-    them alike: the choice depends only on their ratios."""
+    them alike: the choice depends only on their ratios. With ``splits`` (per-row
+    verification): the seconds per iteration with the split forced to each of them instead."""
     V, longest = target.config.vocab_size, max(lengths)
     # a budget no run can exhaust before its timed iterations (a full block accepted each time)
     # and the context, both within the cache (a small target's max_len shortens them)
@@ -121,14 +132,15 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     budget = iterations * longest + 1
     context = max(1, min(context, target.max_len - budget))
     prompt = [(np.arange(context) * 7919 % V).tolist()] * batch  # fixed tokens, no stop ids
-    times = {L: [] for L in lengths}
+    forced = {L: dict(verify_lengths=(L,), cost_table={L: 1.0}) for L in lengths} if splits is None else \
+        {k: dict(verify_lengths=lengths, verify_per_row=True, row_splits=(k,), cost_table={k: 1.0}) for k in splits}
+    times = {k: [] for k in forced}
     for r in range(repeats + 1):  # the first round compiles
-        for L in lengths:
-            t = iteration_seconds(target, drafter, prompt, budget, iterations, block_size=ADAPTIVE,
-                                  verify_lengths=(L,), cost_table={L: 1.0})
+        for k, options in forced.items():
+            t = iteration_seconds(target, drafter, prompt, budget, iterations, block_size=ADAPTIVE, **options)
             if r:
-                times[L].append(t)
-    return {L: float(np.median(t)) for L, t in times.items()}
+                times[k].append(t)
+    return {k: float(np.median(t)) for k, t in times.items()}
 
 
 def iteration_seconds(target, drafter, prompt, budget: int, iterations: int, **options) -> float:

@@ -57,6 +57,7 @@ from dflash_jax.decoding import tree as trees
 from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
 from dflash_jax.decoding.tree import TreeVerify
 from dflash_jax.nn.tree_attention import TreeAttention
+from dflash_jax.nn.cache import put_rows, take_rows
 from dflash_jax.parallel import rules, vocab
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
 
@@ -85,10 +86,21 @@ class AdaptiveVerify:
     ``lengths`` (static, ascending, each <= the block size), chosen by :func:`choose_verify_length`
     from the proposer's confidence and ``costs``, the seconds of an iteration at each length
     (same order; measured by ``costs.cost_table`` or given); one compiled verify branch per
-    length (``lax.switch``)."""
+    length (``lax.switch``).
+
+    Per row (``splits`` set; ``decoding.adaptive``): ``lengths`` is (short, long) and each
+    iteration verifies the k rows whose drafts promise the most from the long length at the
+    long length and the others at the short one, k one of ``splits`` (row counts, ascending,
+    0 and the batch included) chosen by :func:`choose_row_split`; ``costs`` are then the
+    seconds of an iteration at each split (same order); one compiled branch per split."""
 
     lengths: tuple[int, ...]
     costs: tuple[float, ...]
+    splits: tuple[int, ...] | None = None
+
+    @property
+    def per_row(self) -> bool:
+        return self.splits is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +297,19 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, pparams, tokens, lengths
 
 
 # ---------------------------------------------------------------------------- adaptive length
+def expected_tokens(lengths, draft_logp, state: DecodeState, max_new) -> jax.Array:
+    """float32[B, len(lengths)]: the tokens each row is expected to emit when its first L block
+    rows are verified, for each L of ``lengths`` (:func:`choose_verify_length`), capped by its
+    remaining budget; 0 for a row that is done."""
+    lengths = jnp.asarray(lengths, jnp.int32)
+    B = draft_logp.shape[0]
+    reach = jnp.exp(jnp.cumsum(draft_logp.astype(jnp.float32), axis=1))  # P(drafts 1..k accepted)
+    prefix = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), jnp.cumsum(reach, axis=1)], axis=1)
+    expected = 1.0 + prefix[:, lengths - 1]  # [B, n_lengths] tokens emitted verifying L rows
+    expected = jnp.minimum(expected, (max_new - state.n).astype(jnp.float32)[:, None])
+    return jnp.where(state.done[:, None], 0.0, expected)
+
+
 def choose_verify_length(policy: AdaptiveVerify, draft_logp, state: DecodeState, max_new) -> jax.Array:
     """The index into ``policy.lengths`` of this iteration's verify length (one for the
     whole batch, or for a data shard's rows on a mesh).
@@ -300,14 +325,27 @@ def choose_verify_length(policy: AdaptiveVerify, draft_logp, state: DecodeState,
       draft_logp: float32[B, bs-1] the proposer's log-probability of each draft token.
       state: the carry (``n``, ``done``); max_new: int32[B] budgets.
     """
-    lengths = jnp.asarray(policy.lengths, jnp.int32)
-    B = draft_logp.shape[0]
-    reach = jnp.exp(jnp.cumsum(draft_logp.astype(jnp.float32), axis=1))  # P(drafts 1..k accepted)
-    prefix = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), jnp.cumsum(reach, axis=1)], axis=1)
-    expected = 1.0 + prefix[:, lengths - 1]  # [B, n_lengths] tokens emitted verifying L rows
-    expected = jnp.minimum(expected, (max_new - state.n).astype(jnp.float32)[:, None])
-    total = jnp.sum(jnp.where(state.done[:, None], 0.0, expected), axis=0)
+    total = jnp.sum(expected_tokens(policy.lengths, draft_logp, state, max_new), axis=0)
     return jnp.argmax(total / jnp.asarray(policy.costs, jnp.float32)).astype(jnp.int32)
+
+
+def choose_row_split(policy: AdaptiveVerify, draft_logp, state: DecodeState, max_new):
+    """Per-row verification (``policy.splits``): which rows verify the long length.
+
+    Each row's gain from the long length over the short one is its expected tokens at the long
+    length less those at the short (:func:`expected_tokens`; 0 for a done row). The rows are
+    ordered by gain, largest first (ties: the lower row index); at split k the first k verify
+    long, the rest short, and the batch expects ``sum(short) + the k largest gains`` tokens.
+    Divided by the measured cost of an iteration at that split, the largest wins (ties: the
+    smaller split).
+
+    Returns (index into ``policy.splits`` int32[], order int32[B]: the rows by gain)."""
+    e = expected_tokens(policy.lengths, draft_logp, state, max_new)  # [B, 2]
+    gain = e[:, 1] - e[:, 0]
+    order = jnp.argsort(-gain, stable=True).astype(jnp.int32)
+    top = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(gain[order])])  # [B + 1]
+    total = jnp.sum(e[:, 0]) + top[jnp.asarray(policy.splits, jnp.int32)]
+    return jnp.argmax(total / jnp.asarray(policy.costs, jnp.float32)).astype(jnp.int32), order
 
 
 # ---------------------------------------------------------------------------- acceptance
@@ -507,36 +545,73 @@ def _tree_iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_i
     return state.replace(proposer=pstate)
 
 
+def _verify_rows(spec: EngineSpec, tparams, block, positions, tcache, draft, q_logp, done, key):
+    """Verify + accept + rollback of a block of L rows (``block`` int32[R, L], ``positions``,
+    ``draft`` int32[R, L-1], ``q_logp`` or None, ``done`` bool[R]) for R rows whose decode
+    state is ``tcache``. Returns (accepted int32[R], bonus int32[R], taps [R, bs, k*D] padded
+    to the block with zeros (rows past L are never committed, so never read) or None, the
+    rolled-back state)."""
+    L = block.shape[1]
+    start = tcache.lengths
+    logits, taps, tcache = verify(spec, tparams, block, positions, tcache)
+    accepted, bonus = accept(spec.acceptance, spec.sampling, draft, q_logp, logits, key, spec.ops)
+    tcache = tcache.rollback(jnp.where(done, start, start + accepted + 1))  # as :func:`rollback`
+    if taps is not None:
+        taps = jnp.pad(taps, ((0, 0), (0, spec.block_size - L), (0, 0)))
+    return accepted, bonus, taps, tcache
+
+
 def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions,
                      proposal: Proposal, max_new, key):
-    """Verify + accept + rollback of the first L block rows, L chosen by
-    :func:`choose_verify_length` from the proposal's log-probabilities (one ``lax.switch``
-    branch per static length). The taps come back padded to the block (the rows past L are
-    never committed, so their zeros are never read)."""
+    """Verify + accept + rollback with the verify length chosen per iteration: the first L
+    block rows of every row, L chosen by :func:`choose_verify_length` (one ``lax.switch``
+    branch per static length), or, per row (``policy.splits``), the rows split into a long
+    and a short group by :func:`choose_row_split` (one branch per split; a group's rows are
+    taken out of the decode state, verified, and put back: ``nn.cache.take_rows``). Returns
+    (accepted, bonus, taps, the rolled-back state, the rows verified: int32[] or int32[B])."""
     if proposal.logp is None:
         raise ValueError("the adaptive verify length is chosen from the proposer's confidence: "
                          "its propose(..., want_logp=True) must return Proposal.logp")
     policy = spec.verify
-    choice = choose_verify_length(policy, proposal.logp, state, max_new)
-    bs = spec.block_size
+    B = block.shape[0]
+    operands = (block, positions, state.tcache, proposal.tokens, proposal.q_logp)
 
-    def branch(L):
+    def group(operands, L, rows=None, k=key):
+        block, positions, tcache, draft, q_logp = operands
+        done = state.done
+        if rows is not None:
+            take = lambda x: None if x is None else jnp.take(x, rows, axis=0)
+            block, positions, draft, q_logp, done = map(take, (block, positions, draft, q_logp, done))
+            tcache = take_rows(tcache, rows, B)
+        return _verify_rows(spec, tparams, block[:, :L], positions[:, :L], tcache, draft[:, :L - 1],
+                            None if q_logp is None else q_logp[:, :L - 1], done, k)
+
+    if not policy.per_row:
+        choice = choose_verify_length(policy, proposal.logp, state, max_new)
+        accepted, bonus, taps, tcache = jax.lax.switch(
+            choice, [functools.partial(group, L=L) for L in policy.lengths], operands)
+        return accepted, bonus, taps, tcache, jnp.asarray(policy.lengths, jnp.int32)[choice]
+
+    short, long = policy.lengths
+    choice, order = choose_row_split(policy, proposal.logp, state, max_new)
+
+    def split(k):
         def run(operands):
-            block, positions, tcache, draft, q_logp = operands
-            logits, taps, tcache = verify(spec, tparams, block[:, :L], positions[:, :L], tcache)
-            accepted, bonus = accept(spec.acceptance, spec.sampling, draft[:, :L - 1],
-                                     None if q_logp is None else q_logp[:, :L - 1], logits, key,
-                                     spec.ops)
-            tcache = rollback(state, accepted, tcache)  # here: the branches' states must agree
-            if taps is not None:
-                taps = jnp.pad(taps, ((0, 0), (0, bs - L), (0, 0)))
-            return accepted, bonus, taps, tcache
+            if k in (0, B):  # one group: the batch-wide verify at one length
+                L = long if k else short
+                return (*group(operands, L), jnp.full((B,), L, jnp.int32))
+            k_long, k_short = jax.random.split(key)
+            rows = (order[:k], order[k:])
+            parts = (group(operands, long, rows[0], k_long), group(operands, short, rows[1], k_short))
+            merge = lambda i: jnp.zeros((B,) + parts[0][i].shape[1:], parts[0][i].dtype) \
+                .at[rows[0]].set(parts[0][i]).at[rows[1]].set(parts[1][i])
+            taps = None if parts[0][2] is None else merge(2)
+            tcache = put_rows(put_rows(operands[2], rows[0], parts[0][3], B), rows[1], parts[1][3], B)
+            verified = jnp.full((B,), short, jnp.int32).at[rows[0]].set(long)
+            return merge(0), merge(1), taps, tcache, verified
         return run
 
-    accepted, bonus, taps, tcache = jax.lax.switch(
-        choice, [branch(L) for L in policy.lengths],
-        (block, positions, state.tcache, proposal.tokens, proposal.q_logp))
-    return accepted, bonus, taps, tcache, jnp.asarray(policy.lengths, jnp.int32)[choice]
+    return jax.lax.switch(choice, [split(k) for k in policy.splits], operands)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

@@ -42,8 +42,13 @@ class GenerateOptions:
       (``decoding.adaptive``); the chosen lengths are in ``GenerateResult.verify_lengths``.
     verify_lengths: adaptive mode: the static verify lengths (default 4, 8, 16 up to the
       drafter's block size).
-    cost_table: adaptive mode: {verify length: seconds per iteration}; default None: measured
-      once on this device and cached (``adaptive.cost_table``).
+    cost_table: adaptive mode: {verify length: seconds per iteration} ({split: seconds} per
+      row); default None: measured once on this device and cached (``adaptive.cost_table``).
+    verify_per_row: adaptive mode: choose per row instead of per batch: rows are grouped into a
+      short and a long verify length (``verify_lengths``: two, default 4 and the block size),
+      the split chosen per iteration (``decoding.adaptive``).
+    row_splits: with ``verify_per_row``: the splits (how many rows may verify the long length;
+      default 0, B/4, B/2, 3B/4, B of one device's B rows).
     num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
     sampled_draft: sample the draft from the drafter's distribution and use rejection
       sampling, instead of the greedy draft the paper uses (both are lossless).
@@ -67,6 +72,8 @@ class GenerateOptions:
     block_size: int | str | None = None
     verify_lengths: tuple[int, ...] | None = None
     cost_table: Mapping[int, float] | None = None
+    verify_per_row: bool = False
+    row_splits: tuple[int, ...] | None = None
     num_denoise_steps: int = 1
     sampled_draft: bool = False
     proposer: Proposer | None = None
@@ -237,8 +244,11 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     adaptive = isinstance(block_size, str)
     if adaptive and block_size != ADAPTIVE:
         raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
-    if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None):
-        raise ValueError("verify_lengths and cost_table belong to the adaptive block size: pass "
+    if opt.row_splits is not None and not opt.verify_per_row:
+        raise ValueError("row_splits belongs to per-row verification: pass verify_per_row=True (and "
+                         f"block_size={ADAPTIVE!r}) with it")
+    if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None or opt.verify_per_row):
+        raise ValueError("verify_lengths, cost_table and verify_per_row belong to the adaptive block size: pass "
                          f"block_size={ADAPTIVE!r} with them (got block_size={block_size!r})")
     if drafter is None and opt.proposer is not None:  # a custom proposer alone
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 2:
@@ -292,7 +302,20 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     elif opt.tree_topk != 4:
         raise ValueError(f"tree_topk={opt.tree_topk!r} belongs to tree verification: pass "
                          "tree=N (nodes per iteration) with it")
-    if adaptive:
+    if adaptive and opt.verify_per_row:
+        if opt.tree is not None:
+            raise ValueError("verify_per_row chooses chain verify lengths per row; a tree's size is fixed "
+                             "per iteration: pass one of tree=N and verify_per_row=True")
+        lengths = adaptive_mod.per_row_lengths(bs, opt.verify_lengths)
+        data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
+        splits = adaptive_mod.row_splits(B // data, opt.row_splits)
+        if opt.cost_table is None:
+            raise ValueError(f"verify_per_row needs a cost_table here ({{split: seconds per iteration}}, "
+                             f"splits {list(splits)}; dflash_jax.decoding.costs.cost_table measures and "
+                             "caches one; generate and generate_stream do that themselves)")
+        verify = engine.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, splits, "split"),
+                                       splits)
+    elif adaptive:
         lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
         if opt.cost_table is None:
             raise ValueError(f"block_size={ADAPTIVE!r} needs a cost_table here ({{verify length: "

@@ -130,3 +130,32 @@ class RecurrentState:
         rows = jnp.arange(self.snapshots.shape[1])
         kept = self.snapshots[:, rows, index]  # [layers, B, *S]
         return RecurrentState(kept, None, lengths, lengths)
+
+
+# ---------------------------------------------------------------------------- rows of a state
+# A rolled-back decode state (what the decode loop carries) holds arrays of two kinds: per-row
+# int32[B] (lengths, start) and per-layer [layers, B, ...] (K/V, conv windows, recurrent
+# states). Per-row adaptive verification (``decoding.adaptive``) verifies groups of rows at
+# different lengths: it takes the groups' rows out of the state and puts them back after.
+def _row_axis(x: jax.Array, batch: int) -> int:
+    axis = 0 if x.ndim == 1 else 1
+    if x.shape[axis] != batch:
+        raise ValueError(f"a decode-state array of shape {x.shape} has no batch axis of {batch} rows "
+                         "where a rolled-back state keeps it (int32[B] or [layers, B, ...]); roll "
+                         "the state back first, or give the family's state that layout")
+    return axis
+
+
+def take_rows(state, rows: jax.Array, batch: int):
+    """The decode state of the rows ``rows`` (int32[R], indices into ``batch`` rows) of the
+    rolled-back ``state`` (any of this module's states, or a family's composite of them): a
+    state of R rows."""
+    return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=_row_axis(x, batch)), state)
+
+
+def put_rows(state, rows: jax.Array, part, batch: int):
+    """``state`` (B = ``batch`` rows) with the rows ``rows`` (int32[R]) replaced by the R-row
+    state ``part`` (rolled back, the same structure)."""
+    def put(x, p):
+        return x.at[rows].set(p) if _row_axis(x, batch) == 0 else x.at[:, rows].set(p)
+    return jax.tree_util.tree_map(put, state, part)

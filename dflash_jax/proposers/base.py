@@ -48,8 +48,14 @@ class Proposal(NamedTuple):
     tokens: int32[B, bs-1] the proposed tokens of block rows 1..bs-1.
     q_logp: float32[B, bs-1, V] the distribution each token was sampled from (a sampled
       proposal, verified by rejection sampling); None for a greedy proposal.
-    logp: float32[B, bs-1] the proposer's log-probability of each of its tokens (what the
-      adaptive verify length reads), or None when not asked for (``want_logp``).
+    logp: float32[B, bs-1] the proposer's confidence in each block row, as a log-probability
+      that a draft there is accepted (what the adaptive verify length reads), or None when not
+      asked for (``want_logp``). A greedy proposal gives its tokens' log-probabilities. A
+      sampled one must not read the sampled tokens: the verify length would then depend on the
+      draft it truncates, and rejection sampling is exact only for a draft drawn from q whatever
+      is verified of it (a row that drew an unlikely token would verify it less often, which
+      skews the output; ``docs/adaptive.md``). DFlash gives ``log sum_v q(v)^2``, the chance
+      that two draws from q agree, which its one parallel pass computes before any token is drawn.
     """
 
     tokens: jax.Array

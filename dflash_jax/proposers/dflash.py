@@ -84,7 +84,9 @@ class DFlashProposer(Proposer):
         if self.sample:
             q_logp = process_logits(logits, spec.sampling, ops)
             draft = jnp.where(filled, fill, ops.categorical(key, q_logp))
-            return Proposal(draft, q_logp, ops.take(q_logp, draft) if want_logp else None), state
+            # the confidence may not read the drawn tokens (``Proposal.logp``): q's self-agreement
+            logp = jnp.log(ops.sum(jnp.exp(2.0 * q_logp))) if want_logp else None
+            return Proposal(draft, q_logp, logp), state
         draft = jnp.where(filled, fill, ops.argmax(logits))
         logp = ops.take(ops.log_softmax(logits.astype(jnp.float32)), draft) if want_logp else None
         return Proposal(draft, None, logp), state

@@ -97,7 +97,10 @@ class EmulatedProposer(Proposer):
     of the row = ``rows[b, p]``), -1 past ``known[b]`` tokens. alpha: the per-position
     acceptance of the model. drafter: a DFlash drafter config whose forward is charged each
     iteration (its parameters are ``generate``'s ``drafter``); charge: run it (default: when
-    given). Build one with :meth:`from_reference`."""
+    given). Build one with :meth:`from_reference`. ``rows=None`` (``known=()``): the rows are
+    an input of the compiled loop instead of a constant of it, read from the parameters
+    (``{"rows", "drafter"}``; :func:`emulated_generate` with ``as_input=True`` builds them), so
+    that a new continuation of the same shape reuses the compiled loop."""
 
     rows: Any
     known: tuple[int, ...]
@@ -107,6 +110,10 @@ class EmulatedProposer(Proposer):
 
     def __post_init__(self):
         _check_alpha(self.alpha)
+        if self.rows is None:
+            if self.known or not self.charged:
+                raise ValueError("rows=None (the rows an input) needs known=() and a charged drafter config")
+            return
         rows = np.asarray(self.rows)
         if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
             raise ValueError(f"rows must be an int array [B, W] (prompt + continuation per row), got "
@@ -162,9 +169,16 @@ class EmulatedProposer(Proposer):
     def tap_layer_ids(self) -> tuple[int, ...]:
         return self.drafter.target_layer_ids if self.charged else ()
 
+    def _split(self, params):
+        """(rows int32[B, W], the drafter's parameters) of this proposer and ``params``."""
+        if self.rows is None:
+            return params["rows"], params["drafter"]
+        return jnp.asarray(self.rows, jnp.int32), params
+
     def init(self, spec, params, taps, positions, lengths, cache_len, dtype, *, tokens=None, tparams=None):
         if not self.charged:
             return None
+        _, params = self._split(params)
         if params is None:
             raise ValueError("the emulated proposer charges a DFlash drafter's forward: pass the drafter "
                              "(generate(..., drafter=d)) or charge=False")
@@ -178,7 +192,7 @@ class EmulatedProposer(Proposer):
         if not spec.sampling.greedy:
             raise ValueError("the emulated proposer emulates greedy acceptance (the target accepts exactly "
                              "the drafts that equal its continuation): decode with temperature 0")
-        rows = jnp.asarray(self.rows, jnp.int32)
+        rows, params = self._split(params)
         bs, V = spec.block_size, spec.target.vocab_size
         B = committed.start.shape[0]
         if B != rows.shape[0]:
@@ -198,15 +212,22 @@ class EmulatedProposer(Proposer):
         return Proposal(tokens, None, logp), state
 
     def observe(self, spec, params, state, taps, positions):
-        return self._dflash().observe(spec, params, state, taps, positions) if self.charged else state
+        return self._dflash().observe(spec, None, state, taps, positions) if self.charged else state
+
+
+_AS_INPUT: dict = {}  # (alpha, drafter config, charge) -> the one proposer reading its rows from its params
 
 
 def emulated_generate(target, prompts, max_new_tokens, proposer: EmulatedProposer, *, drafter=None,
-                      **options):
+                      as_input: bool = False, **options):
     """``generate(target, prompts, max_new_tokens, drafter=drafter, proposer=proposer,
     **options)`` after the emulation's checks: greedy (temperature 0), the prompts the proposer
-    was built from, a budget it knows. Block size: the drafter's (else ``block_size=``)."""
+    was built from, a budget it knows. Block size: the drafter's (else ``block_size=``).
+    ``as_input``: the continuation goes in as an input of the compiled loop (with the drafter's
+    parameters), so that another continuation of the same shape and the same alpha, drafter and
+    charge reuses the compiled loop (needs a charged drafter, on one device)."""
     from dflash_jax.decoding.generation import generate
+    from dflash_jax.models.handles import Drafter
 
     if not isinstance(proposer, EmulatedProposer):
         raise ValueError(f"proposer must be an EmulatedProposer, got {type(proposer).__name__}")
@@ -217,4 +238,13 @@ def emulated_generate(target, prompts, max_new_tokens, proposer: EmulatedPropose
         raise ValueError("the emulated proposer charges a DFlash drafter's forward: pass drafter=, or build "
                          "it with charge=False")
     proposer.check_budget(prompts, max_new_tokens)
+    if as_input and proposer.rows is not None:
+        if not proposer.charged or drafter.mesh is not None:
+            raise ValueError("as_input=True passes the continuation with a charged drafter's parameters, on "
+                             "one device: give the proposer a drafter config and the drafter (no mesh)")
+        key = (proposer.alpha, proposer.drafter, proposer.charge)
+        dynamic = _AS_INPUT.setdefault(key, EmulatedProposer(None, (), *key))
+        drafter = Drafter(drafter.config, {"rows": jnp.asarray(proposer.rows, jnp.int32),
+                                           "drafter": drafter.params}, drafter.path)
+        proposer = dynamic
     return generate(target, prompts, max_new_tokens, drafter=drafter, proposer=proposer, **options)
