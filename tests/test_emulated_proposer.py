@@ -9,6 +9,8 @@ random pair) on a tiny random target:
   draft later), and the mean is within 4 standard errors of ``geometric_tau(alpha, 16)``;
 * the model's formulas against ``tools.roofline``'s independent ones;
 * the charged drafter is in the compiled loop (its matrix products are not dead code);
+* the continuation as an input of the compiled loop: the same run, and no recompilation for a
+  new continuation;
 * the refusals."""
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ def test_greedy_output_equals_autoregressive(runs):
     n = [len(a) for a in runs["ch"].acceptance_lengths]
     assert [a[:k - 1] for a, k in zip(runs["ch"].acceptance_lengths, n)] == \
            [a[:k - 1] for a, k in zip(runs["em"].acceptance_lengths, n)]
+
+
+def test_the_continuation_as_an_input_reuses_the_compiled_loop(runs):
+    """as_input=True: the same tokens and acceptance as the constant continuation; a second
+    continuation of the same shape (another proposer object) runs without compiling."""
+    t, d, prompts, n = runs["target"], runs["drafter"], runs["prompts"], runs["short"]
+    first = emulated_generate(t, prompts, n, runs["charged"], drafter=d, stop_token_ids=(), seed=3, as_input=True)
+    assert first.sequences == runs["ch"].sequences
+    assert first.acceptance_lengths == runs["ch"].acceptance_lengths
+    again = EmulatedProposer.from_reference(prompts, runs["ar"].sequences, runs["alpha"], d.config)
+    second = emulated_generate(t, prompts, n, again, drafter=d, stop_token_ids=(), seed=4, as_input=True)
+    assert second.decode_compile_s == 0.0 and second.sequences == first.sequences
+    assert second.acceptance_lengths != first.acceptance_lengths  # another seed, other draws
 
 
 def test_acceptance_follows_the_truncated_geometric_model(runs):

@@ -13,8 +13,9 @@ random prompts (a stated length) are decoded with a fixed budget per row (stop t
   ``repeats`` timed runs. In bfloat16 the 16-row verify and the 1-row AR step round
   differently, so the target may choose another token than AR did after a near-tie; the
   continuation is then replaced by the emulated run's own output and the run repeated (at
-  most ``refine`` times; each is a compile) until the output is the continuation it was given,
-  so the acceptance follows the model (the agreement with AR is recorded).
+  most ``refine`` times; the continuation is an input of the compiled loop, so these do not
+  compile) until the output is the continuation it was given, so the acceptance follows the
+  model (the agreement with AR is recorded).
 
 Each (method, B) is recorded with ``dflash_jax.bench.throughput.batch_record``; the speedup at a
 fixed interactivity with ``fixed_interactivity``. The roofline's prediction for Qwen3-8B at the
@@ -65,8 +66,8 @@ def measure(target, drafter, prompts, batches, max_new: int, tau: float, repeats
         while True:
             proposer = EmulatedProposer.from_reference(p, continuation, alpha, drafter.config)
             em_run = lambda: emulated_generate(target, p, max_new, proposer, drafter=drafter,
-                                               stop_token_ids=(), seed=seed)
-            first = em_run()  # compiles
+                                               stop_token_ids=(), seed=seed, as_input=True)
+            first = em_run()  # compiles (the first pass)
             if first.sequences == continuation or passes >= refine:
                 break
             continuation, passes = first.sequences, passes + 1
