@@ -12,7 +12,7 @@ from dflash_jax.tools import gpu_suite, moe_layer_speed
 def test_smoke_suite_runs_every_stage(tmp_path):
     summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
     assert [s["name"] for s in summary["stages"]] == ["exactness", "kernel", "decode", "spec", "bench",
-                                                      "moe", "moe_layer", "hybrid", "tree"]
+                                                      "moe", "moe_layer", "hybrid", "tree", "throughput"]
     assert all(s["status"] == "ok" for s in summary["stages"]), summary["stages"]
     on_disk = json.loads((tmp_path / "suite.json").read_text())
     assert on_disk["stages"] == json.loads(json.dumps(summary["stages"]))
@@ -46,6 +46,16 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     # a tree of 32 nodes: greedy DFlash == AR in float32 (smoke: the XLA path)
     assert summary["stages"][8]["result"] == {"xla float32 tree32": {"dflash_equals_ar": True,
                                                                      "rows_equal": 1}}
+    # throughput: AR and the emulated-acceptance proposer at batches 1 and 2, float32, where the
+    # emulated output equals AR's (no refinement pass needed), recorded with the harness's rows
+    tp = summary["stages"][9]["result"]
+    assert tp["tau_model"] == pytest.approx(7.87, abs=1e-3)  # the paper's MATH-500 tau
+    assert {b: (tp[b]["rows_equal_to_ar"], tp[b]["refine_passes"]) for b in ("b1", "b2")} == {
+        "b1": (1, 0), "b2": (2, 0)}
+    rep = json.loads(next((tmp_path / "throughput").glob("throughput_*.json")).read_text())
+    assert {(r["method"], r["batch"]) for r in rep["rows"]} == {(m, b) for m in ("ar", "emulated") for b in (1, 2)}
+    assert all(r["tau"]["mean"] == 1.0 for r in rep["rows"] if r["method"] == "ar")
+    assert (tmp_path / "throughput" / f"{next((tmp_path / 'throughput').glob('*.json')).stem}.md").exists()
 
 
 def test_refusals(tmp_path):
