@@ -10,7 +10,7 @@ random pair) on a tiny random target:
 * the model's formulas against ``tools.roofline``'s independent ones;
 * the charged drafter is in the compiled loop (its matrix products are not dead code);
 * the continuation as an input of the compiled loop: the same run, and no recompilation for a
-  new continuation;
+  new continuation; a wrong continuation stays lossless, and its output repairs it;
 * the refusals."""
 
 from __future__ import annotations
@@ -93,6 +93,22 @@ def test_the_continuation_as_an_input_reuses_the_compiled_loop(runs):
     second = emulated_generate(t, prompts, n, again, drafter=d, stop_token_ids=(), seed=4, as_input=True)
     assert second.decode_compile_s == 0.0 and second.sequences == first.sequences
     assert second.acceptance_lengths != first.acceptance_lengths  # another seed, other draws
+
+
+def test_a_wrong_continuation_stays_lossless_and_its_output_repairs_it(runs):
+    """What the GPU stage's refinement relies on: a continuation that is not the target's
+    (one token changed, as a bf16 near-tie would) leaves the output AR's but loses acceptance
+    after it; the run's own output, given back as the continuation, is followed exactly."""
+    t, d, prompts, n, ar = runs["target"], runs["drafter"], runs["prompts"], runs["short"], runs["ar"]
+    wrong = [list(s[:n]) for s in ar.sequences]
+    wrong[0][10] = (wrong[0][10] + 1) % TINY.vocab_size
+    bad = EmulatedProposer.from_reference(prompts, wrong, 1.0, d.config)  # alpha 1: every right draft accepted
+    r = emulated_generate(t, prompts, n, bad, drafter=d, stop_token_ids=(), as_input=True)
+    assert r.sequences == [s[:n] for s in ar.sequences] != wrong
+    assert min(r.acceptance_lengths[0]) < BS and min(r.acceptance_lengths[1][:-1]) == BS
+    fixed = EmulatedProposer.from_reference(prompts, r.sequences, 1.0, d.config)
+    again = emulated_generate(t, prompts, n, fixed, drafter=d, stop_token_ids=(), as_input=True)
+    assert again.sequences == r.sequences and all(min(a[:-1]) == BS for a in again.acceptance_lengths)
 
 
 def test_acceptance_follows_the_truncated_geometric_model(runs):
