@@ -186,3 +186,11 @@ def test_bad_per_row_options_are_clear_errors(options, message):
     target, drafter = pair("qwen3", 0)
     with pytest.raises(ValueError, match=message):
         dj.generate(target, [[1, 2], [3]], 4, drafter=drafter, **options)
+
+
+def test_the_generate_command_refuses_per_row_without_the_adaptive_block():
+    from dflash_jax.decoding import cli
+
+    with pytest.raises(ValueError, match="--verify-per-row needs --block-size adaptive"):
+        cli.main(["--target", "embedded", "--drafter", "embedded", "--verify-per-row", "--max-new-tokens", "4",
+                  "--prompt", "hello"])

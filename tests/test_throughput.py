@@ -29,7 +29,7 @@ def tiny():
                                 target_layer_ids=(1, 3))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TINY.vocab_size - 1, size=n).tolist() for n in (5, 9, 3)]
-    measured = tp.measure(target, drafter, prompts, [1, 3], MAX_NEW, (tp.AR, tp.DFLASH), repeats=2)
+    measured = tp.measure(target, drafter, prompts, [1, 3], MAX_NEW, (tp.AR, tp.DFLASH, tp.PER_ROW), repeats=2)
     return target, drafter, prompts, measured
 
 
@@ -60,6 +60,23 @@ def test_numbers_follow_from_independent_runs(tiny):
     assert r["prompt_padding_share"] == pytest.approx(1 - 17 / 27)
     ar = _row(measured, tp.AR, 3)  # AR: one row verified per row and iteration, all kept
     assert ar["tau"]["mean"] == 1.0 and ar["iterations"] == MAX_NEW - 1 and ar["verify"]["wasted_share"] == 0.0
+
+
+def test_per_row_numbers_follow_from_an_independent_run(tiny):
+    """The per-row method's record against the same batch decoded again with the same (cached)
+    cost table: the same lengths chosen, rows verified counted by hand (a finished row idles at
+    the short length, 3 = the block less one)."""
+    target, drafter, prompts, measured = tiny
+    r = _row(measured, tp.PER_ROW, 3)
+    g = dj.generate(target, prompts, MAX_NEW, drafter=drafter, stop_token_ids=(), block_size="adaptive",
+                    verify_per_row=True)
+    assert g.sequences == dj.generate(target, prompts, MAX_NEW, stop_token_ids=()).sequences
+    assert r["tau_rows"] == pytest.approx([np.mean(a) for a in g.acceptance_lengths])
+    short = 3
+    verified = sum(sum(v) + (g.num_steps - len(v)) * short for v in g.verify_lengths)
+    assert r["verify"]["verified"] == verified
+    assert set(v for row in g.verify_lengths for v in row) <= {short, BLOCK}
+    assert r["verify_rows_per_iteration"] == pytest.approx(verified / (3 * g.num_steps))
 
 
 def test_wasted_rows_count_rows_past_acceptance_budget_and_finish():
@@ -107,11 +124,12 @@ def test_refusals(tiny, kwargs, match):
 
 
 def test_the_command_on_the_embedded_pair(tmp_path):
+    # (the adaptive methods measure their cost tables first: the tiny pair's tests cover them)
     report = tp.main(["--batch-sizes", "1", "2", "--max-new-tokens", "8", "--repeats", "1", "--datasets",
-                      "gsm8k", "mbpp", "--out", str(tmp_path)])
+                      "gsm8k", "mbpp", "--methods", "ar", "dflash", "--out", str(tmp_path)])
     assert report["same_output"] == {"1": True, "2": True}
     assert report["settings"]["prompt_sets_in_order"] == ["gsm8k", "mbpp"]
-    assert {(r["method"], r["batch"]) for r in report["rows"]} == {(m, b) for m in tp.METHODS for b in (1, 2)}
+    assert {(r["method"], r["batch"]) for r in report["rows"]} == {(m, b) for m in ("ar", "dflash") for b in (1, 2)}
     saved = json.loads((tmp_path / "throughput_cpu.json").read_text())
     assert saved["fixed_interactivity"] == report["fixed_interactivity"]
     md = (tmp_path / "throughput_cpu.md").read_text()

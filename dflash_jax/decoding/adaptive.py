@@ -13,7 +13,9 @@ and the cost from a per-device table of iteration times, one per length
 on-device loop, so nothing leaves the device. The choice is one per batch (per data shard on a
 mesh). It depends only on the drafter's output, never on the target's verdict, so greedy output
 still equals autoregressive output and the sampling rules stay lossless (a shorter draft is just
-a shorter proposal).
+a shorter proposal), provided a sampled draft's confidence does not read the tokens it drew
+(``proposers.base.Proposal.logp``: otherwise a row that drew an unlikely token would verify it
+less often, which skews the output).
 
 Per row (``verify_per_row=True``): with ragged acceptance, one length for the whole batch
 verifies long blocks for rows whose drafts are weak. A mask over a dense [B, L] verify would

@@ -50,6 +50,9 @@ def add_arguments(p) -> None:
                    help="speculative block size (default: the drafter's), or 'adaptive': verify "
                         "4, 8 or the whole block per iteration, by the drafter's confidence and "
                         "this device's measured (cached) iteration costs")
+    p.add_argument("--verify-per-row", action="store_true",
+                   help="with --block-size adaptive: choose per row, not per batch (rows grouped into "
+                        "4 and the whole block, by the drafter's confidence and the measured cost of each split)")
     tree_args.add_arguments(p)
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")
@@ -66,6 +69,8 @@ def run(args):
     if args.thinking and not args.chat:
         raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
     tree_args.check(args, has_drafter=args.drafter is not None)  # before anything is loaded
+    if args.verify_per_row and args.block_size != ADAPTIVE:
+        raise ValueError("--verify-per-row needs --block-size adaptive (it chooses the adaptive length per row)")
     import jax.numpy as jnp
 
 
@@ -93,7 +98,8 @@ def run(args):
            f"{len(prompts)} prompt(s) ...")
     r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 stop_token_ids=target.stop_token_ids, seed=args.seed, **tree_args.options(args))
+                 stop_token_ids=target.stop_token_ids, seed=args.seed, **tree_args.options(args),
+                 **({"verify_per_row": True} if args.verify_per_row else {}))
 
     if not is_main_process():  # every process holds the whole result; one prints it
         return r

@@ -54,7 +54,7 @@ class Proposal(NamedTuple):
       sampled one must not read the sampled tokens: the verify length would then depend on the
       draft it truncates, and rejection sampling is exact only for a draft drawn from q whatever
       is verified of it (a row that drew an unlikely token would verify it less often, which
-      skews the output; ``docs/adaptive.md``). DFlash gives ``log sum_v q(v)^2``, the chance
+      skews the output; ``docs/api.md``, the adaptive options). DFlash gives ``log sum_v q(v)^2``, the chance
       that two draws from q agree, which its one parallel pass computes before any token is drawn.
     """
 
