@@ -135,3 +135,14 @@ def test_the_command_on_the_embedded_pair(tmp_path):
     md = (tmp_path / "throughput_cpu.md").read_text()
     assert "Speedup over AR at a fixed per-user speed" in md and "| 2 | DFlash, fixed block |" in md
     assert (tmp_path / "throughput_cpu.png").stat().st_size > 0
+
+
+def test_the_compute_bound_batch_by_hand():
+    # rows verified per second: 16 rows / 10 ms at batch 1 = 1600; 32 / 12 ms = 2667;
+    # 64 / 22 ms = 2909; 128 / 44 ms = 2909: from batch 2 at >= 90 % of the largest rate
+    rows = [{"method": "dflash", "batch": b, "verify_rows_per_iteration": 16, "iteration_ms": ms}
+            for b, ms in [(1, 10.0), (2, 12.0), (4, 22.0), (8, 44.0)]]
+    assert tp.row_rates(rows, "dflash")[0] == (1, pytest.approx(1600))
+    assert tp.compute_bound_from(rows, "dflash") == 2
+    assert tp.compute_bound_from(rows, "dflash", share=0.95) == 4
+    assert tp.compute_bound_from(rows, "ar") is None

@@ -212,6 +212,28 @@ def fixed_interactivity(rows: Sequence[dict], methods: Sequence[str]) -> list[di
     return out
 
 
+SATURATION = 0.9
+
+
+def row_rates(rows: Sequence[dict], method: str) -> list[tuple[int, float]]:
+    """(batch, target rows verified per second) of a method, by batch: the batch's verified rows
+    per iteration (every row's block rows, finished rows included) over the iteration time."""
+    return sorted((r["batch"], r["batch"] * r["verify_rows_per_iteration"] / (r["iteration_ms"] / 1e3))
+                  for r in rows if r["method"] == method)
+
+
+def compute_bound_from(rows: Sequence[dict], method: str, share: float = SATURATION) -> int | None:
+    """The smallest batch from which the target's verify is compute-bound here, read off the
+    measurement: the first batch whose rows verified per second reach ``share`` of the largest
+    rate measured (past it, more rows per iteration cost proportionally more time, so a larger
+    batch or block buys no throughput). None without points."""
+    rates = row_rates(rows, method)
+    if not rates:
+        return None
+    top = max(r for _, r in rates)
+    return next(b for b, r in rates if r >= share * top)
+
+
 # ---------------------------------------------------------------------------- report
 def markdown(report: dict) -> str:
     s = report["settings"]
@@ -229,6 +251,15 @@ def markdown(report: dict) -> str:
                      f"{u['mean']:.1f} [{u['p10']:.1f}, {u['p90']:.1f}] | {t['mean']:.2f} [{t['p10']:.2f}, "
                      f"{t['p90']:.2f}] | {r['verify_rows_per_iteration']:.1f} | "
                      f"{100 * r['verify']['wasted_share']:.0f} % | {100 * r['prompt_padding_share']:.0f} % | {same} |")
+    lines += ["", f"Target rows verified per second (batch x rows verified per row and iteration, over the "
+              f"iteration time; the verify is compute-bound from the first batch at {100 * SATURATION:.0f} % of a "
+              "method's largest rate):", "",
+              "| method | " + " | ".join(f"batch {b}" for b in s["batch_sizes"]) + " | compute-bound from batch |",
+              "|---|" + "---|" * (len(s["batch_sizes"]) + 1)]
+    for m in s["methods"]:
+        rates = dict(row_rates(report["rows"], m))
+        lines.append(f"| {LABELS[m]} | " + " | ".join(f"{rates[b]:.0f}" if b in rates else "-" for b in s["batch_sizes"])
+                     + f" | {report['compute_bound_from'].get(m)} |")
     others = [m for m in s["methods"] if m != AR]
     if AR in s["methods"] and others:
         lines += ["", "Speedup over AR at a fixed per-user speed (the levels: AR's per-user speed at each batch; "
@@ -309,6 +340,7 @@ def run(args) -> dict:
                      "prompt_sets_in_order": [d for d, _ in pool]},
         **measured,
         "fixed_interactivity": fixed_interactivity(measured["rows"], args.methods) if AR in args.methods else [],
+        "compute_bound_from": {m: compute_bound_from(measured["rows"], m) for m in args.methods},
         "machine": machine_fields(cpu, load_before, warning),
         "env": environment(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
