@@ -187,5 +187,7 @@ def test_refusals(runs):
         emulated_generate(t, prompts, 8, runs["charged"])
     with pytest.raises(ValueError, match="give its config"):
         EmulatedProposer.from_reference(prompts, seqs, 0.5, charge=True)
+    with pytest.raises(ValueError, match="from_reference"):
+        emulated_generate(t, prompts, 8, EmulatedProposer(None, (), 0.5, d.config), drafter=d)
     with pytest.raises(ValueError, match="one continuation"):
         EmulatedProposer.from_reference(prompts, seqs[:-1], 0.5)

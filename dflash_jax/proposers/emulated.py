@@ -152,6 +152,9 @@ class EmulatedProposer(Proposer):
         """Refuses prompts that are not the continuation's, or a budget past what it knows
         (the engine would then verify drafts nobody knows: the acceptance would not follow the
         model)."""
+        if self.rows is None:
+            raise ValueError("this proposer reads its rows from its parameters: give emulated_generate one "
+                             "built with EmulatedProposer.from_reference (as_input=True makes the input form)")
         B = len(self.known)
         if len(prompts) != B:
             raise ValueError(f"the proposer holds {B} continuations but {len(prompts)} prompts were given")
