@@ -159,6 +159,15 @@ def test_rows_of_a_state_come_out_and_go_back():
     assert not np.asarray(back.k[:, [0, 2, 3]]).any()
     moved = cache_mod.put_rows(kv, jnp.array([0, 2]), part.replace(lengths=jnp.array([7, 7])), 5)
     assert moved.lengths.tolist() == [7, 1, 7, 1, 5]
+    # the block a group's forward wrote (slots 2..3 of its rows) put back alone == the whole rows
+    written = jnp.array([[2, 3], [6, 7]])
+    changed = part.replace(k=part.k.at[:, jnp.arange(2)[:, None], written].set(0.5), lengths=jnp.array([4, 8]))
+    whole = cache_mod.put_rows(kv, rows, changed, 5)
+    window = cache_mod.put_rows(kv, rows, changed, 5, written)
+    np.testing.assert_array_equal(whole.k, window.k)
+    np.testing.assert_array_equal(whole.lengths, window.lengths)
+    wrong = cache_mod.put_rows(kv, rows, changed, 5, written - 1)  # the wrong window misses a slot
+    assert not np.array_equal(whole.k, wrong.k)
     with pytest.raises(ValueError, match="no batch axis of 4 rows"):
         cache_mod.take_rows(kv, rows, 4)
 

@@ -606,7 +606,9 @@ def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, posit
             merge = lambda i: jnp.zeros((B,) + parts[0][i].shape[1:], parts[0][i].dtype) \
                 .at[rows[0]].set(parts[0][i]).at[rows[1]].set(parts[1][i])
             taps = None if parts[0][2] is None else merge(2)
-            tcache = put_rows(put_rows(operands[2], rows[0], parts[0][3], B), rows[1], parts[1][3], B)
+            slots = lambda i, L: jnp.take(operands[1], rows[i], axis=0)[:, :L]  # the K/V slots a group wrote
+            tcache = put_rows(put_rows(operands[2], rows[0], parts[0][3], B, slots(0, long)),
+                              rows[1], parts[1][3], B, slots(1, short))
             verified = jnp.full((B,), short, jnp.int32).at[rows[0]].set(long)
             return merge(0), merge(1), taps, tcache, verified
         return run

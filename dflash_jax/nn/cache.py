@@ -17,6 +17,8 @@ the one after the last kept row.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -153,9 +155,23 @@ def take_rows(state, rows: jax.Array, batch: int):
     return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=_row_axis(x, batch)), state)
 
 
-def put_rows(state, rows: jax.Array, part, batch: int):
+def put_rows(state, rows: jax.Array, part, batch: int, written: jax.Array | None = None):
     """``state`` (B = ``batch`` rows) with the rows ``rows`` (int32[R]) replaced by the R-row
-    state ``part`` (rolled back, the same structure)."""
+    state ``part`` (rolled back, the same structure).
+
+    ``written``: int32[R, T] the only K/V slots ``part`` changed since it was taken out of
+    ``state`` (the block its forward wrote): a :class:`KVCache`, also inside a composite state,
+    then gets only those slots and the lengths back instead of every slot of the rows; other
+    arrays (a recurrent state: one per row and layer) are put back whole."""
+    if written is not None and isinstance(state, KVCache):
+        dst, src = rows[:, None], jnp.arange(rows.shape[0])[:, None]
+        slot = lambda a, b: a.at[:, dst, written].set(b[:, src, written], mode="drop")
+        return state.replace(k=slot(state.k, part.k), v=slot(state.v, part.v),
+                             lengths=state.lengths.at[rows].set(part.lengths))
+    if written is not None and dataclasses.is_dataclass(state):
+        return state.replace(**{f.name: put_rows(getattr(state, f.name), rows, getattr(part, f.name), batch, written)
+                                for f in dataclasses.fields(state)})
+
     def put(x, p):
         return x.at[rows].set(p) if _row_axis(x, batch) == 0 else x.at[:, rows].set(p)
     return jax.tree_util.tree_map(put, state, part)
