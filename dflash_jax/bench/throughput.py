@@ -301,8 +301,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ar, dflash (fixed block), adaptive (DFlash with the batch-wide adaptive block), "
                         "adaptive_rows (DFlash with the verify length chosen per row)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
-    p.add_argument("--data-dir", default=None, help="read the prompt sets from this directory")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens every row generates (stop tokens ignored)")
+    p.add_argument("--data-dir", default=None,
+                   help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
+                        "instead of the copies shipped with the package; also $DFLASH_DATA_DIR")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt at most; here every row generates exactly this many "
+                        "(stop tokens ignored)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per (method, batch size)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt subsets")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
