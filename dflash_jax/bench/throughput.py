@@ -1,6 +1,7 @@
 """Throughput against interactivity: batched decoding measured the way serving engines report
-it. For each batch size, AR and DFlash (fixed block and, optionally, the batch-wide adaptive
-block) decode the same prompts with the same token budget per row, and the run records:
+it. For each batch size, AR and DFlash (fixed block, the adaptive verify length chosen per
+batch, and chosen per row) decode the same prompts with the same token budget per row, and the
+run records:
 
 Decode phase only: a row's tokens are the ones the decode loop makes, all but its first (the
 prefill makes the first), over the loop's time.
@@ -304,7 +305,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None,
                    help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
                         "instead of the copies shipped with the package; also $DFLASH_DATA_DIR")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt at most; here every row generates exactly this many "
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens generated per prompt at most; here every row generates exactly this many "
                         "(stop tokens ignored)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per (method, batch size)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt subsets")

@@ -87,7 +87,7 @@ def per_row_lengths(block_size: int, lengths: Sequence[int] | None = None) -> tu
     """Per-row verification's (short, long) lengths: ``lengths`` (checked as
     :func:`verify_lengths`; exactly two) or (4, the block size)."""
     if lengths is None:
-        lengths = (min(PER_ROW_SHORT, block_size - 1), block_size) if block_size > 2 else (1, block_size)
+        lengths = (min(PER_ROW_SHORT, block_size - 1), block_size)
     out = verify_lengths(block_size, lengths)
     if len(out) != 2:
         raise ValueError(f"per-row verification groups rows into a short and a long verify length: give "

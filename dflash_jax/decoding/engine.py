@@ -420,14 +420,16 @@ def verify_tree(spec: EngineSpec, tparams, tree: trees.Tree, mask: jax.Array, tc
 
 
 # ---------------------------------------------------------------------------- rollback
-def rollback(state: DecodeState, accepted: jax.Array, tcache):
+def rollback(state: DecodeState, accepted: jax.Array, tcache, done=None, start=None):
     """The target's decode state after verify (``tcache``, holding the whole block) rolled back
     to what each row keeps: ``start + accepted + 1`` positions (the anchor and the accepted
     drafts; the bonus, not yet seen by the target, is the next block's anchor), or ``start``
     for a row that was already done. A KV cache sets its length; a recurrent state restores
-    the state after the last kept row (``nn.cache``)."""
-    start = state.tcache.lengths
-    return tcache.rollback(jnp.where(state.done, start, start + accepted + 1))
+    the state after the last kept row (``nn.cache``). ``done`` / ``start`` (bool / int32[R]):
+    a group of rows' own, instead of ``state.done`` and ``state.tcache.lengths``."""
+    done = state.done if done is None else done
+    start = state.tcache.lengths if start is None else start
+    return tcache.rollback(jnp.where(done, start, start + accepted + 1))
 
 
 # ---------------------------------------------------------------------------- commit
@@ -555,7 +557,7 @@ def _verify_rows(spec: EngineSpec, tparams, block, positions, tcache, draft, q_l
     start = tcache.lengths
     logits, taps, tcache = verify(spec, tparams, block, positions, tcache)
     accepted, bonus = accept(spec.acceptance, spec.sampling, draft, q_logp, logits, key, spec.ops)
-    tcache = tcache.rollback(jnp.where(done, start, start + accepted + 1))  # as :func:`rollback`
+    tcache = rollback(None, accepted, tcache, done, start)
     if taps is not None:
         taps = jnp.pad(taps, ((0, 0), (0, spec.block_size - L), (0, 0)))
     return accepted, bonus, taps, tcache

@@ -16,10 +16,10 @@ import time
 import jax
 import numpy as np
 
-from dflash_jax import metrics, parallel
-from dflash_jax.decoding import adaptive, costs, engine
+from dflash_jax import metrics
+from dflash_jax.decoding import costs, engine
 from dflash_jax.decoding.adaptive import ADAPTIVE, verify_lengths
-from dflash_jax.decoding.prepare import GenerateOptions, _as_prompt_list, _prepare
+from dflash_jax.decoding.prepare import GenerateOptions, _as_prompt_list, _prepare, per_row_plan
 from dflash_jax.models.handles import Drafter, Target
 
 
@@ -116,9 +116,7 @@ def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> 
         return opt
     batch = len(_as_prompt_list(prompts, target.config.vocab_size))
     if opt.verify_per_row:
-        data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
-        lengths = adaptive.per_row_lengths(drafter.config.block_size, opt.verify_lengths)
-        splits = adaptive.row_splits(max(batch // data, 1), opt.row_splits)
+        lengths, splits = per_row_plan(target, batch, drafter.config.block_size, opt)
         return dataclasses.replace(opt, cost_table=costs.cost_table(target, drafter, lengths, batch, splits=splits))
     lengths = verify_lengths(drafter.config.block_size, opt.verify_lengths)
     return dataclasses.replace(opt, cost_table=costs.cost_table(target, drafter, lengths, batch))

@@ -94,6 +94,16 @@ class GenerateOptions:
         return cls(**options)
 
 
+def per_row_plan(target: Target, batch: int, block_size: int, opt: GenerateOptions
+                 ) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """Per-row verification's (short, long) lengths and splits for ``batch`` prompts (the
+    splits count one data shard's rows on a mesh), from ``opt``'s ``verify_lengths`` and
+    ``row_splits`` (``decoding.adaptive``)."""
+    data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
+    return (adaptive_mod.per_row_lengths(block_size, opt.verify_lengths),
+            adaptive_mod.row_splits(max(batch // data, 1), opt.row_splits))
+
+
 # ---------------------------------------------------------------------------- input checks
 def _unpack_encoding(prompts) -> list[list[int]]:
     """Token-id rows of what a tokenizer returns (``tokenizer(...)``,
@@ -306,9 +316,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
         if opt.tree is not None:
             raise ValueError("verify_per_row chooses chain verify lengths per row; a tree's size is fixed "
                              "per iteration: pass one of tree=N and verify_per_row=True")
-        lengths = adaptive_mod.per_row_lengths(bs, opt.verify_lengths)
-        data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
-        splits = adaptive_mod.row_splits(B // data, opt.row_splits)
+        lengths, splits = per_row_plan(target, B, bs, opt)
         if opt.cost_table is None:
             raise ValueError(f"verify_per_row needs a cost_table here ({{split: seconds per iteration}}, "
                              f"splits {list(splits)}; dflash_jax.decoding.costs.cost_table measures and "
