@@ -53,6 +53,7 @@ not a finding.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -80,16 +81,22 @@ from dflash_jax.datasets import DATA_DIR_ENV, default_data_dir
 from dflash_jax.embedded import corpus
 from dflash_jax.prompts import encode_prompt, humaneval_prompt
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
+from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
 from dflash_jax.progress import progress
-from dflash_jax.reporting import command_line, cpu_model, environment, portable_path
+from dflash_jax.reporting import command_line, cpu_model, environment, new_figure, portable_path
 from dflash_jax.bench.harness import responses
 from dflash_jax.viz import plot_against_paper
 from dflash_jax.experiments import paper_numbers as paper
 
-PRESETS = ("smoke", "cpu", "gpu")
-PROMPT_SOURCES = ("shipped", "embedded-recipe")
+PRESETS = ("smoke", "cpu", "cpu-full", "gpu")
+PROMPT_SOURCES = ("shipped", "embedded-recipe", "embedded-styles")
+# the five-style prompt list of the shipped drafter's later stages (docs/embedded-model.md):
+# `embedded-prompts --num 40000 --seed 18`; a run takes its first prompts that fit
+STYLES_POOL, STYLES_SEED = 40_000, 18
+GRID_OF = {"cpu-full": "cpu"}
+FEATURE_DTYPE = "bfloat16"  # offline features are stored in it (--offline-features)  # a preset whose grids default to another's
 HOME_ENV = "DFLASH_JAX_HOME"
 EMBEDDED = "embedded"  # --target embedded: the target shipped in the package
 TABLE = "table.json"
@@ -106,7 +113,9 @@ TRAIN_OWN = ("eval_every", "eval_max_new_tokens", "keep_checkpoints", "seed")
 HASH_ADDED = {"drafter": {"conditioning": "kv"},
               "train": {"anchors": "random", "anchor_chunk": DEFAULT_ANCHOR_CHUNK,
                         "context_chunk": DEFAULT_CONTEXT_CHUNK},
-              "evaluation": {"sampled_draft": False}}
+              "evaluation": {"sampled_draft": False},
+              "settings": {"offline_features": False, "curve_prompts": 0, "curve_every": 0,
+                           "regen_temperature": 0.0}}
 
 
 def _hashed(part: str, values: dict) -> dict:
@@ -173,6 +182,7 @@ def comparable_identity(identity: dict | None) -> dict | None:
         if isinstance(source, str) and source.endswith(".jsonl"):
             settings["prompt_source"] = recorded_path(source)
         settings.pop("data_dir", None)
+        out["settings"] = _hashed("settings", settings)
     return out
 
 
@@ -198,6 +208,14 @@ class Settings:
         regen_max_new_tokens: response tokens per training prompt
         regen_max_len: training sequence length (prompt + response)
         regen_batch_size: prompts per batch when regenerating
+        regen_temperature: temperature the target answers the training prompts at (0: its greedy
+            answers, the paper's recipe; a grid may vary it)
+        offline_features: train every drafter from the target's tapped features computed once
+            per data and taps (stored in bfloat16: half a float32 cache, rounded once) instead
+            of running the frozen target in every step; shared by every cell with those taps
+        curve_prompts: training sequences held out (the data's last ones) whose prompts measure
+            each drafter's held-out tau during training (0: none; the same for every cell)
+        curve_every: measure the held-out tau every this many steps (0: no curve)
         layers: drafter layers (a grid may vary it)
         block_size: training block size (a grid may vary it)
         taps: target layer ids the drafter reads (default: docs/method.md section 2's formula)
@@ -224,6 +242,10 @@ class Settings:
     regen_max_new_tokens: int = 64
     regen_max_len: int = 256
     regen_batch_size: int = 16
+    regen_temperature: float = 0.0
+    offline_features: bool = False
+    curve_prompts: int = 0
+    curve_every: int = 0
     layers: int = 1
     block_size: int = 16
     taps: tuple[int, ...] | None = None
@@ -255,6 +277,13 @@ BASE_PRESETS: dict[str, dict[str, Any]] = {
                 regen_max_len=384, regen_batch_size=32, steps=400, batch_size=4, num_anchors=32,
                 learning_rate=1e-3, checkpoint_every=50, max_samples=6, max_new_tokens=96,
                 taps=(1, 2, 3)),
+    # a budget at which the baseline drafter works (held-out tau >= 4): the shipped
+    # drafter's five-style prompts answered by the target, 4000 steps of 8 sequences, offline
+    # target features shared by every cell, the held-out tau curve every 500 steps
+    "cpu-full": dict(prompt_source="embedded-styles", num_prompts=16384, regen_max_new_tokens=128,
+                     regen_max_len=448, regen_batch_size=32, steps=4000, batch_size=8, num_anchors=32,
+                     learning_rate=1e-3, checkpoint_every=100, max_samples=10, max_new_tokens=128,
+                     taps=(1, 2, 3), offline_features=True, curve_prompts=16, curve_every=500),
     "gpu": dict(target=None, dtype="bfloat16", prompt_source=None, num_prompts=100_000,
                 regen_max_new_tokens=2048, regen_max_len=3072, regen_batch_size=64, layers=5,
                 steps=None, epochs=6, batch_size=32, num_anchors=512, checkpoint_every=1000,
@@ -273,6 +302,8 @@ class Cell:
     drafter: dict
     train: dict
     evaluation: dict
+    data: dict = dataclasses.field(default_factory=dict)  # the training data's settings where a cell
+    # has its own (regen_temperature); the run's otherwise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +325,9 @@ class Experiment:
     findings: Callable[["Table"], list[str]]
     # axis name -> the command-line type of one value (default: the axis's tuple[int, ...])
     axis_types: dict[str, Callable[[str], Any]] = dataclasses.field(default_factory=dict)
+    # (work, cell) -> a dict saved with the cell's measurement as "extra" (None: nothing), for a
+    # measurement of its own beside bench's (e.g. ablate_temperature's acceptance ceiling)
+    measure: Callable[["Work", Cell], dict | None] | None = None
 
 
 def stable_hash(obj: Any) -> str:
@@ -320,7 +354,9 @@ def preset_values(experiment: Experiment, preset: str) -> dict:
     values = {f.name: f.default for f in dataclasses.fields(Settings)}
     values |= {f.name: f.default for f in train_fields()}
     values |= BASE_PRESETS[preset]
-    values |= {name: tuple(per[preset]) for name, per in experiment.axes.items()}
+    # an axis without its own cpu-full grid has the cpu preset's (the same cells, a larger budget)
+    values |= {name: tuple(per[preset] if preset in per else per[GRID_OF.get(preset, preset)])
+               for name, per in experiment.axes.items()}
     return values
 
 
@@ -377,15 +413,27 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             raise ValueError(f"{name} must be >= 1, got {getattr(s, name)} ({flag(name)})")
     if s.timing_repeats < 0:
         raise ValueError(f"timing_repeats must be >= 0, got {s.timing_repeats}")
+    for name in ("curve_prompts", "curve_every"):
+        if getattr(s, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(s, name)} ({flag(name)})")
+    if s.curve_every and not s.curve_prompts:
+        raise ValueError(f"curve_every {s.curve_every} needs held-out prompts to measure tau on: give "
+                         "--curve-prompts N (e.g. 16), or --curve-every 0 for no curve")
+    if s.curve_prompts >= s.num_prompts:
+        raise ValueError(f"curve_prompts {s.curve_prompts} must be fewer than num_prompts {s.num_prompts}: the "
+                         "held-out prompts are taken from the training data (its last sequences)")
     check_prompt_sets(s.datasets, s.subset)
     if s.temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
+    if s.regen_temperature < 0:
+        raise ValueError(f"regen_temperature must be >= 0, got {s.regen_temperature}")
     cells = []
     for seed in range(s.seed, s.seed + s.seeds):
         for spec in experiment.cells(s, train, axes):
             d = {"layers": s.layers, "block_size": s.block_size, "taps": s.taps,
                  "mask_token_id": s.mask_token_id, "conditioning": "kv"} | spec.get("drafter", {})
-            unknown = set(spec) - {"label", "drafter", "train", "evaluation", "eval_block_size"}
+            unknown = set(spec) - {"label", "drafter", "train", "evaluation", "eval_block_size", "data"}
+            unknown |= set(spec.get("data", {})) - {"regen_temperature"}
             unknown |= set(spec.get("evaluation", {})) - {"temperature", "num_denoise_steps", "sampled_draft"}
             if unknown:
                 raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown entries {sorted(unknown)}")
@@ -423,7 +471,11 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             drafter = {"layers": d["layers"], "block_size": d["block_size"],
                        "taps": list(cfg.target_layer_ids), "mask_token_id": d["mask_token_id"],
                        "conditioning": d["conditioning"]}
-            cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev))
+            data = dict(spec.get("data", {}))
+            if data.get("regen_temperature", 0.0) < 0:
+                raise ValueError(f"cell {spec['label']}: regen_temperature must be >= 0, got {data['regen_temperature']}")
+            cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev,
+                              data=data))
     return cells
 
 
@@ -436,22 +488,40 @@ class Work:
         self.settings, self.target = settings, target
         self.target_id = target_identity(checkpoint_dir(settings.target))
 
-    def data_key(self) -> dict:
+    def regen_temperature(self, cell: Cell | None = None) -> float:
+        """The temperature the target answers ``cell``'s training prompts at (the cell's own, or the run's)."""
+        return float((cell.data if cell is not None else {}).get("regen_temperature", self.settings.regen_temperature))
+
+    def data_key(self, cell: Cell | None = None) -> dict:
         s = self.settings
         source = s.prompt_source if not s.prompt_source.endswith(".jsonl") else _file_hash(s.prompt_source)
-        return {"target": self.target_id, "prompt_source": source, "num_prompts": s.num_prompts,
-                "max_new_tokens": s.regen_max_new_tokens, "max_len": s.regen_max_len, "dtype": s.dtype}
+        key = {"target": self.target_id, "prompt_source": source, "num_prompts": s.num_prompts,
+               "max_new_tokens": s.regen_max_new_tokens, "max_len": s.regen_max_len, "dtype": s.dtype}
+        if self.regen_temperature(cell):  # only where set: the greedy data keep their key
+            key["temperature"] = self.regen_temperature(cell)
+        return key
 
     def drafter_key(self, cell: Cell) -> dict:
         train = {k: v for k, v in cell.train.items() if k not in TRAIN_NOT_HASHED}
-        return {"data": self.data_key(), "drafter": _hashed("drafter", cell.drafter), "train": _hashed("train", train)}
+        key = {"data": self.data_key(cell), "drafter": _hashed("drafter", cell.drafter), "train": _hashed("train", train)}
+        # what changes the trained drafter beyond these, only where set (earlier keys unchanged):
+        # bfloat16-rounded offline features, and fewer training sequences (the held-out ones)
+        if self.settings.offline_features:
+            key["features"] = FEATURE_DTYPE
+        if self.settings.curve_prompts:
+            key["held_out"] = self.settings.curve_prompts
+        return key
 
     def cell_key(self, cell: Cell) -> dict:
         return {"drafter": self.drafter_key(cell), "evaluation": _hashed("evaluation", cell.evaluation),
                 "dtype": self.settings.dtype}
 
-    def data_dir(self) -> str:
-        return os.path.join(self.root, "data", stable_hash(self.data_key()))
+    def data_dir(self, cell: Cell | None = None) -> str:
+        return os.path.join(self.root, "data", stable_hash(self.data_key(cell)))
+
+    def features_dir(self, taps, cell: Cell | None = None) -> str:
+        return os.path.join(self.root, "features", stable_hash({"data": self.data_key(cell), "taps": list(taps),
+                                                                "dtype": FEATURE_DTYPE}))
 
     def drafter_dir(self, cell: Cell) -> str:
         return os.path.join(self.root, "drafters", stable_hash(self.drafter_key(cell)))
@@ -470,16 +540,14 @@ def training_prompts(settings: Settings, tokenizer) -> list:
     response fits: rendered with the chat template, at most ``regen_max_len -
     regen_max_new_tokens`` tokens (longer ones are skipped, in order)."""
     s = settings
-    if s.prompt_source == "embedded-recipe":
+    if s.prompt_source == "embedded-styles":
+        pool = styles_pool(s)
+    elif s.prompt_source == "embedded-recipe":
         # the three styles the committed cells were trained on (the five-style mix of issue 18
         # is the embedded drafter's; since then the humaneval pool also holds class methods
         # and MBPP task 569, a copy of test task 104, is left out); the corpus reads both files
         # from one directory: links to where each one is
-        files = recipe_files(s)
-        with tempfile.TemporaryDirectory(prefix="dflash-recipe-") as data_dir:
-            for rel, path in files.items():
-                os.makedirs(os.path.dirname(os.path.join(data_dir, rel)), exist_ok=True)
-                _link(os.path.abspath(path), os.path.join(data_dir, rel))
+        with recipe_dir(s) as data_dir:
             pool = corpus.training_prompts(data_dir, 2 * s.num_prompts, seed=0,
                                            styles=("gsm8k", "mbpp", "humaneval"))
     elif s.prompt_source == "shipped":
@@ -498,6 +566,26 @@ def training_prompts(settings: Settings, tokenizer) -> list:
     return fits
 
 
+def styles_pool(settings: Settings) -> list:
+    """The 'embedded-styles' prompts in order: the shipped drafter's five-style list (GSM8K
+    train, synthetic competition math, stdlib functions and methods as HumanEval tasks, MBPP
+    non-test, synthetic chat; ``embedded-prompts --num 40000 --seed 18``), made from the same
+    files as 'embedded-recipe' (:func:`recipe_files`)."""
+    with recipe_dir(settings) as data_dir:
+        return corpus.training_prompts(data_dir, STYLES_POOL, seed=STYLES_SEED)
+
+
+@contextlib.contextmanager
+def recipe_dir(settings: Settings):
+    """A temporary directory holding the recipe's two data files (:func:`recipe_files`) as the
+    corpus reads them (``gsm8k/train.jsonl``, ``mbpp/sanitized-mbpp.json``), by link."""
+    with tempfile.TemporaryDirectory(prefix="dflash-recipe-") as data_dir:
+        for rel, path in recipe_files(settings).items():
+            os.makedirs(os.path.dirname(os.path.join(data_dir, rel)), exist_ok=True)
+            _link(os.path.abspath(path), os.path.join(data_dir, rel))
+        yield data_dir
+
+
 def _link(src: str, dst: str) -> None:
     """``dst`` names the file ``src``: a symbolic link, or a copy where links are not allowed."""
     try:
@@ -506,28 +594,31 @@ def _link(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
-def prepare_data(work: Work, bar_write=print) -> str:
-    """The regenerated training data (made once, reused by every cell and experiment; a second
-    process asking for the same data waits for the first)."""
-    out = work.data_dir()
+def prepare_data(work: Work, bar_write=print, cell: Cell | None = None) -> str:
+    """The regenerated training data of ``cell`` (default: the run's; made once, reused by every
+    cell and experiment with the same data settings; a second process asking for the same data
+    waits for the first)."""
+    out = work.data_dir(cell)
     meta = os.path.join(out, "metadata.json")
     with exclusive(out + ".lock"):
         if os.path.exists(meta):
             with open(meta) as f:
                 if json.load(f).get("complete"):
                     return out
-        _regenerate(work, out, bar_write)
+        _regenerate(work, out, bar_write, cell)
     return out
 
 
-def _regenerate(work: Work, out: str, bar_write) -> None:
+def _regenerate(work: Work, out: str, bar_write, cell: Cell | None = None) -> None:
 
     s = work.settings
-    bar_write(f"regenerating the training data: {s.num_prompts} prompts answered by the target -> {out}")
+    t = work.regen_temperature(cell)
+    bar_write(f"regenerating the training data: {s.num_prompts} prompts answered by the target"
+              + (f" at temperature {t:g}" if t else "") + f" -> {out}")
     regenerate(work.target, training_prompts(s, work.target.tokenizer), out, max_new_tokens=s.regen_max_new_tokens,
                max_len=s.regen_max_len, batch_size=s.regen_batch_size, shard_size=max(256, s.regen_batch_size),
-               source=f"experiments prompt_source={s.prompt_source}")
-    write_json(os.path.join(out, "key.json"), work.data_key())
+               source=f"experiments prompt_source={s.prompt_source}", temperature=t)
+    write_json(os.path.join(out, "key.json"), work.data_key(cell))
 
 
 def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
@@ -543,17 +634,20 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
         record = json.load(f)
     if "blocks_seen" not in record:  # records written before it was counted: counted now, not saved
         try:
-            record["blocks_seen"] = blocks_seen(cell, data_dir, record["steps"])
+            record["blocks_seen"] = blocks_seen(cell, data_dir, record["steps"], work.settings.curve_prompts)
         except FileNotFoundError:  # the data was removed since: the count is unknown
             record["blocks_seen"] = None
     return record
 
 
-def blocks_seen(cell: Cell, data_dir: str, steps: int) -> int:
+def blocks_seen(cell: Cell, data_dir: str, steps: int, held_out: int = 0) -> int:
     """The training blocks the cell's drafter really saw: valid anchors summed over its steps
     (``blocks`` is the budget, steps x sequences x anchors; fixed anchors, or sequences with
-    fewer valid anchors than ``num_anchors``, give fewer)."""
+    fewer valid anchors than ``num_anchors``, give fewer); ``held_out``: the data's last
+    sequences kept out of training (``curve_prompts``)."""
     data, cfg = TokenDataset(data_dir), TrainConfig(**cell.train)
+    if held_out:
+        data.hold_out(held_out)
     return int(sum(batch_for_step(s, data, cfg, cell.drafter["block_size"])[2].sum() for s in range(steps)))
 
 
@@ -569,8 +663,15 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
     dcfg = DrafterConfig.for_target(work.target.config, d["layers"], d["block_size"], d["mask_token_id"],
                                     tuple(d["taps"]), conditioning=d.get("conditioning", "kv"))
     data = TokenDataset(data_dir)
-    cfg = TrainConfig(**cell.train)
-    trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg)
+    s = work.settings
+    held_out = data.hold_out(s.curve_prompts) if s.curve_prompts else None
+    features = None
+    if s.offline_features and d.get("conditioning", "kv") != "none":
+        features = FeatureStore(prepare_features(work, data_dir, dcfg.target_layer_ids, cell), dcfg.target_layer_ids)
+        if held_out:
+            features.hold_out(s.curve_prompts)
+    cfg = TrainConfig(**cell.train, eval_every=s.curve_every if held_out else 0)
+    trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out)
     state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):
@@ -582,13 +683,41 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         rows = [json.loads(line) for line in f if line.strip()]
     record = {"steps": trainer.num_steps, "sequences_per_step": cfg.batch_size, "anchors_per_sequence": cfg.num_anchors,
               "blocks": trainer.num_steps * cfg.batch_size * cfg.num_anchors,
-              "blocks_seen": blocks_seen(cell, data_dir, trainer.num_steps),
+              "blocks_seen": blocks_seen(cell, data_dir, trainer.num_steps, s.curve_prompts),
               "tokens": trainer.num_steps * cfg.batch_size * data.seq_len,
               "minutes": sum(r.get("time_s", 0.0) for r in rows) / 60,
               "final_loss": rows[-1]["loss"] if rows else None,
               "final_accuracy_per_pos": rows[-1].get("accuracy_per_pos") if rows else None,
-              "training_sequences": len(data), "drafter_params": _count(state["params"])}
+              "training_sequences": len(data), "drafter_params": _count(state["params"]),
+              "curve": training_curve(rows), "held_out_prompts": s.curve_prompts,
+              "offline_features": FEATURE_DTYPE if features is not None else None}
     write_json(record_path, record)
+
+
+def training_curve(rows: list[dict], window: int = 50) -> list[dict]:
+    """The held-out tau curve of a run's metrics rows: per step with ``eval_tau``, the step, the
+    tau, and the training loss averaged over the ``window`` steps up to it."""
+    out = []
+    for i, r in enumerate(rows):
+        if r.get("eval_tau") is not None:
+            recent = [x["loss"] for x in rows[max(0, i - window + 1):i + 1] if "loss" in x]
+            out.append({"step": r["step"], "tau": float(r["eval_tau"]),
+                        "loss": float(np.mean(recent)) if recent else None})
+    return out
+
+
+def prepare_features(work: Work, data_dir: str, taps, cell: Cell | None = None) -> str:
+    """The data's offline target features for ``taps`` (computed once, in bfloat16, shared by
+    every drafter with those taps; a second process asking for them waits for the first)."""
+    out = work.features_dir(taps, cell)
+    with exclusive(out + ".lock"):
+        done = os.path.join(out, "complete.json")
+        if not os.path.exists(done):
+            print(f"offline target features (taps {list(taps)}) of {data_dir} -> {out}", file=sys.stderr, flush=True)
+            write_features(work.target, data_dir, out, taps, batch_size=work.settings.regen_batch_size,
+                           store_dtype=FEATURE_DTYPE)
+            write_json(done, {"data_dir": data_dir, "taps": list(taps)})
+    return out
 
 
 def _count(params) -> int:
@@ -597,22 +726,26 @@ def _count(params) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar) -> dict:
-    """The cell's evaluation (bench's protocol) and step times; writes and returns cell.json."""
+def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, remeasure: bool = False,
+                  measure: Callable[[Work, Cell], dict | None] | None = None) -> dict:
+    """The cell's evaluation (bench's protocol) and step times; writes and returns cell.json.
+    ``remeasure``: measure again even when a cell.json exists (its drafter reused), and
+    replace it: the quiet timing pass after cells were measured beside other work."""
     out = os.path.join(work.cell_dir(cell), "cell.json")
-    if os.path.exists(out):
+    if os.path.exists(out) and not remeasure:
         with open(out) as f:
             return json.load(f)
     with exclusive(os.path.join(work.cell_dir(cell), ".lock")):
-        if os.path.exists(out):  # measured by another process while we waited
+        if os.path.exists(out) and not remeasure:  # measured by another process while we waited
             with open(out) as f:
                 return json.load(f)
-        return _evaluate_cell(work, cell, training, command, bar, out)
+        return _evaluate_cell(work, cell, training, command, bar, out, measure)
 
 
-def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, out: str) -> dict:
+def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, out: str, measure=None) -> dict:
 
     ev = cell.evaluation
+    load_before = os.getloadavg()
     drafter = load_drafter(os.path.join(work.drafter_dir(cell), "drafter"), work.target, dtype=work.target.dtype)
     args = types.SimpleNamespace(max_new_tokens=ev["max_new_tokens"], temperature=ev["temperature"],
                                  seed=ev["seed"], block_size=ev["block_size"], thinking=False,
@@ -633,7 +766,13 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
                            "target": recorded_path(work.settings.target, "target"), "dtype": work.settings.dtype},
               "training": training, "datasets": datasets, "average": harness.average(datasets),
               "draft_ms": timing.get("draft_ms"), "verify_ms": timing.get("verify_ms"),
-              "command": command, "environment": environment(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "command": command, "environment": environment(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+              # the 1-minute load average as the measurement began and ended (the machine's
+              # own run included: about 2 on a busy 2-core machine with nothing else)
+              "load_average": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    extra = measure(work, cell) if measure is not None else None
+    if extra is not None:
+        record["extra"] = extra
     os.makedirs(os.path.dirname(out), exist_ok=True)
     write_json(out, record)
     return record
@@ -728,6 +867,8 @@ def aggregate(cells: list[Cell], records: list[dict]) -> list[dict]:
                      "drafter_params": recs[0]["training"]["drafter_params"],
                      "blocks_seen": mean([r["training"].get("blocks_seen") for r in recs]),
                      "train_minutes": float(sum(r["training"]["minutes"] for r in recs)),
+                     "load_average": [r.get("load_average") for r in recs],
+                     **({"extra": [r.get("extra") for r in recs]} if any("extra" in r for r in recs) else {}),
                      "training": [r["training"] for r in recs], "cells": [r["drafter_hash"] for r in recs]})
     return rows
 
@@ -891,8 +1032,76 @@ def write_table_set(out: str, md: str, fig, readme_text: str, table: dict) -> No
 
 def write_outputs(table: Table, out: str, identity: dict) -> None:
     md = table.to_markdown()
+    if training_curves(table.rows):  # before table.json, which marks the set complete
+        os.makedirs(out, exist_ok=True)
+        save_plot(plot_curves(table), os.path.join(out, CURVES_PLOT))
     write_table_set(out, md + "\n\nThe paper, same ablation:\n\n" + _paper_markdown(table.experiment), table.plot(),
                     readme(table, md), table.to_json() | {"identity": identity})
+
+
+CURVES_PLOT = "curves.png"
+
+
+def load_text(rows: Sequence[dict]) -> str | None:
+    """The 1-minute load averages the rows were measured at, in words (None where no cell
+    recorded one)."""
+    loads = [x for r in rows for pair in r.get("load_average") or [] if pair for x in pair]
+    if not loads:
+        return None
+    return (f"The speed columns were measured at 1-minute load averages of {min(loads):.1f}-{max(loads):.1f} "
+            "(as each cell's measurement began and ended; the measurement itself keeps this 2-core machine "
+            "near 2). tau does not depend on load.")
+
+
+def drafters_of(rows: Sequence[dict]) -> dict:
+    """The distinct drafters the rows were measured with: drafter hash -> its training record."""
+    return {h: t for r in rows for h, t in zip(r.get("cells") or [], r.get("training") or [])}
+
+
+def training_minutes(rows: Sequence[dict]) -> float:
+    """Minutes of training steps of the rows' drafters, each counted once."""
+    return float(sum(t.get("minutes") or 0.0 for t in drafters_of(rows).values()))
+
+
+def training_curves(rows: Sequence[dict]) -> list[tuple[str, list[dict]]]:
+    """Each trained drafter's held-out tau curve (``train.json``'s ``curve``) once, named by
+    the first row it serves (and its seed when a row has several): ``[(name, curve)]``."""
+    out, seen = [], set()
+    for r in rows:
+        trainings = r.get("training") or []
+        for i, (h, t) in enumerate(zip(r.get("cells") or [None] * len(trainings), trainings)):
+            if not (t or {}).get("curve") or h in seen:
+                continue
+            seen.add(h)
+            seed = f", seed {r['seeds'][i]['seed']}" if len(trainings) > 1 else ""
+            out.append((label_text(r) + seed, t["curve"]))
+    return out
+
+
+def curves_markdown(rows: Sequence[dict]) -> str:
+    """The held-out tau (and the mean training loss of the steps up to it) per step and drafter."""
+    curves = training_curves(rows)
+    steps = sorted({p["step"] for _, c in curves for p in c})
+    lines = ["| step | " + " | ".join(n for n, _ in curves) + " |", "|" + "---|" * (len(curves) + 1)]
+    for st in steps:
+        cells = []
+        for _, c in curves:
+            p = next((p for p in c if p["step"] == st), None)
+            cells.append("-" if p is None else f"{p['tau']:.2f}" + ("" if p["loss"] is None else f" ({p['loss']:.3f})"))
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(table: "Table"):
+    """Held-out tau against training steps, one line per trained drafter."""
+    fig, ax = new_figure(figsize=(6.5, 4))
+    for name, curve in training_curves(table.rows):
+        ax.plot([p["step"] for p in curve], [p["tau"] for p in curve], marker="o", label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out tau")
+    ax.set_title(f"{table.experiment.name}: held-out tau during training ({table.preset} preset)")
+    ax.legend(fontsize=8)
+    return fig
 
 
 def _paper_markdown(experiment: Experiment) -> str:
@@ -917,6 +1126,13 @@ def readme(table: Table, md: str) -> str:
              f"- training: {b['steps']} steps x {b['sequences_per_step']} sequences x {b['anchors_per_sequence']} "
              f"anchors = {b['blocks']} blocks per cell at most (the blocks seen column counts the valid anchors "
              f"each drafter really trained on); lr {b['learning_rate']}, seeds {b['seeds']}",
+             *([f"- target features: offline, computed once per data and taps and shared by every cell "
+                f"(stored in {FEATURE_DTYPE}; the frozen target does not run in the training steps)"]
+               if s.get("offline_features") else []),
+             *([f"- held out: the data's last {s['curve_prompts']} sequences, never trained on; their prompts "
+                "measure the training curves below"] if s.get("curve_prompts") else []),
+             f"- compute: {training_minutes(table.rows):.0f} minutes of training steps in all ({len(drafters_of(table.rows))} "
+             "drafters, each counted once however many rows it serves)",
              f"- evaluation: {', '.join(s['datasets'])}, {s['max_samples']} prompts each, {s['max_new_tokens']} new "
              f"tokens, T = {s['temperature']}, batch 1, AR and DFlash interleaved per prompt",
              "", "## Results", "",
@@ -924,8 +1140,16 @@ def readme(table: Table, md: str) -> str:
              "time per output token / mean DFlash time per output token, decode phase only (docs/method.md section 6); "
              "[95% CI]: percentile bootstrap over prompts, stratified by prompt set (and seed), seed 0; none "
              f"where it would rest on fewer than {metrics.MIN_DISTINCT_SAMPLES} responses.", "",
-             md, "", "![plot](plot.png)", "", "## The paper, same ablation", "", _paper_markdown(e), "",
-             "## What the data shows", ""]
+             *([load_text(table.rows), ""] if load_text(table.rows) else []),
+             md, "", "![plot](plot.png)", ""]
+    if training_curves(table.rows):
+        lines += ["## Training curves", "",
+                  f"Held-out tau of each drafter during its training: greedy, {s['curve_prompts']} prompts held out "
+                  "of the training data (its last sequences, never trained on), 64 new tokens, inference block = "
+                  "training block, batch of all held-out prompts; in brackets the mean training loss of the 50 "
+                  "steps up to that step. A curve still rising at its end means the budget, not the setting, "
+                  "limits that cell.", "", curves_markdown(table.rows), "", f"![curves]({CURVES_PLOT})", ""]
+    lines += ["## The paper, same ablation", "", _paper_markdown(e), "", "## What the data shows", ""]
     why = no_interval(table.rows)
     if why:
         missing = sum(not has_interval(r) for r in table.rows)
@@ -991,10 +1215,11 @@ def recipe_files(settings: Settings, preset: str | None = None) -> dict[str, str
 
 def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | None = None,
                    work: str | None = None, overwrite: bool = False, command: str | None = None,
-                   **overrides) -> Table:
+                   remeasure: bool = False, **overrides) -> Table:
     """Runs (or resumes, or reuses) every cell of ``experiment`` under ``preset`` with
     ``overrides`` (any option, by field name) and writes the outputs to ``out`` (default
-    :func:`default_out`). Returns the :class:`Table`."""
+    :func:`default_out`). Returns the :class:`Table`. ``remeasure``: evaluate every cell again
+    (trained drafters are reused), e.g. on a quiet machine after training beside other work."""
     import jax
     import jax.numpy as jnp
 
@@ -1019,15 +1244,16 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
         print(SMOKE_NOTE, file=sys.stderr, flush=True)
     records = []
     with progress(total=len(cells), desc=f"{experiment.name} cells", unit="cell", position=0) as cbar:
-        data_dir = prepare_data(wk, cbar.write)
         for cell in cells:
             cbar.set_postfix_str(_label(cell.label, list(cell.label)))
+            data_dir = prepare_data(wk, cbar.write, cell)
             training = train_drafter(wk, cell, data_dir)
             n = sum(len(s.turns) for s in _sets_for(cell))
             with progress(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
                 # the training record as train_drafter gives it now (a cell measured earlier keeps
                 # the one of its time, which may lack fields counted since, e.g. blocks_seen)
-                records.append(evaluate_cell(wk, cell, training, command, ebar) | {"training": training})
+                records.append(evaluate_cell(wk, cell, training, command, ebar, remeasure, experiment.measure)
+                               | {"training": training})
             cbar.update(1)
     first = records[0]["training"]
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
@@ -1105,6 +1331,9 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
     p.add_argument("--work", help="run directory: data, drafters and cells keyed by the hash of their settings "
                                   "(finished ones are reused; default $DFLASH_JAX_HOME/work, shared by every "
                                   "experiment and experiments.paper)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="evaluate every cell again, replacing its saved measurement (trained drafters are "
+                        "reused): a quiet timing pass after cells were measured while other work ran")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an --out table of this experiment made with other settings")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -1150,7 +1379,7 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
         names = option_names(experiment)
         overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
         result["table"] = run_experiment(experiment, args.preset, out=args.out, work=args.work,
-                                         overwrite=args.overwrite,
+                                         overwrite=args.overwrite, remeasure=args.remeasure,
                                          command=command_line(f"experiments.{experiment.name}", a),
                                          **overrides)
 

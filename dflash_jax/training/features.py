@@ -26,8 +26,11 @@ from dflash_jax.training import sharding
 TAP_CONVENTION = "hf_hidden_states[i+1]"
 
 
-def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8) -> dict:
-    """Runs the frozen target over every sequence of ``data_dir`` and stores the taps.
+def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8,
+                   store_dtype=None) -> dict:
+    """Runs the frozen target over every sequence of ``data_dir`` and stores the taps, in
+    ``store_dtype`` (default the target's dtype; ``"bfloat16"`` halves a float32 target's
+    cache: the taps are rounded once, after the target computed them in its own dtype).
 
     A target on a mesh (``load_target(..., mesh=)``) runs sharded as in training
     (``training.sharding``): rows over ``data`` (a chunk is padded with rows of zeros to a
@@ -38,8 +41,11 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
     main = jax.process_index() == 0
     os.makedirs(out_dir, exist_ok=True)
     taps = tuple(int(i) for i in tap_layer_ids)
+    store = jnp.dtype(store_dtype or target.dtype)
     meta = {"target": target.path, "tap_layer_ids": list(taps), "data_dir": os.path.abspath(data_dir),
-            "dtype": jnp.dtype(target.dtype).name, "tap_convention": TAP_CONVENTION}
+            "dtype": store.name, "tap_convention": TAP_CONVENTION}
+    if store != jnp.dtype(target.dtype):
+        meta["computed_in"] = jnp.dtype(target.dtype).name
     meta_file = os.path.join(out_dir, "features.json")
     check_settings(meta_file, meta, holder=f"{out_dir} holds features made", remedy="use a new directory")
     if main:
@@ -59,7 +65,7 @@ def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_siz
         parts = []
         for lo in range(0, tokens.shape[0], batch_size):
             chunk = tokens[lo:lo + batch_size]
-            parts.append(np.asarray(fn(target.params, chunk)))
+            parts.append(np.asarray(fn(target.params, chunk)).astype(store))
         arr = np.concatenate(parts)
         if arr.dtype == ml_dtypes.bfloat16:
             arr = arr.view(np.uint16)
@@ -113,8 +119,17 @@ class FeatureStore:
         self.offsets = np.cumsum([0] + [p.shape[0] for p in self.parts])
         self.bf16 = self.meta["dtype"] == "bfloat16"
 
+        self.rows = int(self.offsets[-1])
+
     def __len__(self) -> int:
-        return int(self.offsets[-1])
+        return self.rows
+
+    def hold_out(self, n: int) -> None:
+        """Leaves the last ``n`` rows out, as :meth:`TokenDataset.hold_out` does to the
+        sequences they belong to."""
+        if not 0 <= n < self.rows:
+            raise ValueError(f"cannot hold out {n} of {self.rows} feature rows")
+        self.rows -= n
 
     def take(self, ids) -> np.ndarray:
         rows = []

@@ -1,0 +1,172 @@
+"""The ablation framework's larger-budget machinery (the cpu-full preset's): offline target
+features computed once per data and taps and shared by every drafter, checked against
+transformers' hidden states; training from them following training with the target online;
+and the held-out tau curve, checked against an independent evaluation of the exported drafter
+on the held-out prompts. One smoke-sized run of ablate_depth (1 and 2 layers) serves them."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dflash_jax.experiments import ablate_depth, framework
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
+from dflash_jax.training.data import TokenDataset
+from dflash_jax.training.features import FeatureStore
+
+pytestmark = pytest.mark.xdist_group("test_ablation_budget")
+HELD_OUT = 4
+SMALL = dict(depths=(1, 2), curve_prompts=HELD_OUT, curve_every=4, datasets=("gsm8k",), max_samples=2,
+             timing_repeats=0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    work, out = str(root / "work"), str(root / "out")
+    table = ablate_depth.run("smoke", offline_features=True, work=work, out=out, **SMALL)
+    return table, work, out
+
+
+def test_features_are_transformers_hidden_states_and_one_cache_serves_every_drafter(run):
+    """The cache holds, per training sequence, transformers' hidden_states[i + 1] of each tap i
+    (the last layer's after the final norm), rounded to bfloat16; the off-by-one convention
+    (hidden_states[i]) does not match it. Both drafters (1 and 2 layers, the same taps) read
+    the one cache."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    table, work, _ = run
+    caches = glob.glob(os.path.join(work, "features", "*", "features.json"))
+    assert len(caches) == 1, caches
+    store = FeatureStore(os.path.dirname(caches[0]), (1, 2, 3))
+    data = TokenDataset(glob.glob(os.path.join(work, "data", "*", "metadata.json"))[0].rsplit(os.sep, 1)[0])
+    assert len(store) == len(data) == 16 and store.meta["dtype"] == "bfloat16"
+    assert all(t["offline_features"] == "bfloat16" for r in table.rows for t in r["training"])
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_TARGET_DIR, torch_dtype=torch.float32).eval()
+    for i in (0, 7, 15):
+        n = int(data.lengths[i])
+        with torch.no_grad():
+            hs = model(torch.tensor(data.tokens[i:i + 1, :n]), output_hidden_states=True).hidden_states
+        want = np.concatenate([hs[t + 1][0].numpy() for t in (1, 2, 3)], -1)
+        wrong = np.concatenate([hs[t][0].numpy() for t in (1, 2, 3)], -1)
+        got = store.take([i])[0, :n].astype(np.float32)
+        scale = np.abs(want).max(-1, keepdims=True)
+        assert np.abs(got - want).max() <= (2 ** -7 * scale).max(), i  # bfloat16 rounding
+        assert np.abs(got - wrong).max() > 10 * (2 ** -7 * scale).max(), i
+
+
+def test_training_from_the_cache_follows_training_with_the_target_online(run, tmp_path):
+    """The 1-layer drafter trained again with the target run in every step (its own data
+    copy): the losses of the two runs agree to bfloat16 rounding of the features, step by step
+    (the held-out rows are left out of both, so the batches are the same)."""
+    _, work, _ = run
+    import shutil
+
+    online_work = tmp_path / "work"
+    shutil.copytree(os.path.join(work, "data"), online_work / "data")
+    ablate_depth.run("smoke", offline_features=False, work=str(online_work), out=str(tmp_path / "out"),
+                     **(SMALL | {"depths": (1,)}))
+    def losses(w):
+        (d,) = [d for d in glob.glob(os.path.join(w, "drafters", "*"))
+                if json.load(open(os.path.join(d, "key.json")))["drafter"]["layers"] == 1]
+        rows = [json.loads(x) for x in open(os.path.join(d, "run", "metrics.jsonl"))]
+        return np.array([r["loss"] for r in rows]), json.load(open(os.path.join(d, "key.json")))
+    offline, off_key = losses(work)
+    online, on_key = losses(str(online_work))
+    assert off_key.get("features") == "bfloat16" and "features" not in on_key  # two drafters, not one reused
+    assert len(offline) == len(online) == 8
+    np.testing.assert_allclose(offline, online, rtol=2e-2)
+    assert not np.array_equal(offline, online)  # the cache really was read (rounded features)
+
+
+def test_the_curve_is_the_held_out_tau_of_the_drafter_and_the_readme_shows_it(run):
+    """train.json's curve has a point every curve_every steps; its last is the tau of the
+    exported drafter on the data's last curve_prompts prompts (greedy, 64 tokens, measured here
+    again with generate), which the training never saw."""
+    from dflash_jax.api import generate
+
+    table, work, out = run
+    target = load_target(EMBEDDED_TARGET_DIR, dtype=jnp.float32)  # as the run's (float32 on CPU)
+    data = TokenDataset(glob.glob(os.path.join(work, "data", "*", "metadata.json"))[0].rsplit(os.sep, 1)[0])
+    held = [data.prompt(i) for i in range(len(data) - HELD_OUT, len(data))]
+    for row in table.rows:
+        (t,) = row["training"]
+        assert [p["step"] for p in t["curve"]] == [4, 8] and t["training_sequences"] == 16 - HELD_OUT
+        d = os.path.join(work, "drafters", row["cells"][0], "drafter")
+        r = generate(target, held, 64, drafter=load_drafter(d, target, dtype=target.dtype))
+        assert t["curve"][-1]["tau"] == pytest.approx(r.tau, rel=1e-6), row["label"]
+        assert t["curve"][-1]["loss"] is not None
+    text = open(os.path.join(out, "README.md")).read()
+    assert "## Training curves" in text and "| 4 | " in text and "| 8 | " in text
+    assert "target features: offline" in text and os.path.getsize(os.path.join(out, "curves.png")) > 0
+    assert framework.curves_markdown(table.rows).count("\n") == 3  # header, rule, steps 4 and 8
+
+
+def test_the_full_cpu_preset_has_the_cpu_grids_a_larger_budget_and_checks_its_curve():
+    for module in (ablate_depth,):
+        s, train, axes = framework.resolve(module.EXPERIMENT, "cpu-full", {})
+        _, _, cpu_axes = framework.resolve(module.EXPERIMENT, "cpu", {})
+        assert axes == cpu_axes and s.offline_features and s.curve_prompts and s.curve_every
+        assert train["steps"] * train["batch_size"] > 10 * 400 * 4  # ten times the cpu preset's sequences
+    with pytest.raises(ValueError, match="curve_every 4 needs held-out prompts"):
+        ablate_depth.run("smoke", curve_every=4, work="/nonexistent/w", out="/nonexistent/o")
+    with pytest.raises(ValueError, match="curve_prompts 16 must be fewer than num_prompts 16"):
+        ablate_depth.run("smoke", curve_prompts=16, work="/nonexistent/w", out="/nonexistent/o")
+
+
+def test_remeasure_evaluates_every_cell_again_and_trains_nothing(run, tmp_path):
+    """--remeasure: every cell.json is written again (greedy, so the same tau), no drafter is
+    touched; each measurement records the load average around it and the README states it."""
+    table, work, _ = run
+
+    def stamps(name):
+        return {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(work, "*", "*", name))}
+    cells, trained = stamps("cell.json"), stamps("train.json")
+    checkpoints = stamps(os.path.join("run", "metrics.jsonl"))
+    again = ablate_depth.run("smoke", offline_features=True, work=work, out=str(tmp_path / "out"), remeasure=True,
+                             **SMALL)
+    after = stamps("cell.json")
+    assert after.keys() == cells.keys() and all(after[p] != cells[p] for p in cells)
+    assert stamps("train.json") == trained and stamps(os.path.join("run", "metrics.jsonl")) == checkpoints
+    assert [r["average"]["tau"] for r in again.rows] == [r["average"]["tau"] for r in table.rows]
+    assert all(len(pair) == 2 and min(pair) >= 0 for r in again.rows for pair in r["load_average"])
+    assert "load averages of" in open(tmp_path / "out" / "README.md").read()
+
+
+def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling(tmp_path):
+    """--train-temperatures 0 1: a second data set, the target's answers sampled at T = 1 (not
+    its greedy ones), and a drafter on it; every T > 0 row carries the greedy-draft ceiling of
+    its temperature, measured once for both drafts, and the findings state it beside tau."""
+    from dflash_jax.experiments import ablate_temperature
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    table = ablate_temperature.run("smoke", train_temperatures=(0.0, 1.0), work=str(work), out=str(out),
+                                   datasets=("gsm8k",), max_samples=2, timing_repeats=0, steps=2)
+    metas = {}
+    for d in glob.glob(str(work / "data" / "*")):
+        if os.path.isdir(d):
+            metas[json.load(open(os.path.join(d, "metadata.json")))["settings"]["temperature"]] = TokenDataset(d)
+    assert sorted(metas) == [0.0, 1.0]
+    greedy, sampled = metas[0.0], metas[1.0]
+    assert np.array_equal(greedy.tokens[:, :8], sampled.tokens[:, :8])  # the same prompts ...
+    differ = [not np.array_equal(greedy.tokens[i], sampled.tokens[i]) for i in range(len(greedy))]
+    assert sum(differ) >= len(differ) - 2  # ... answered otherwise
+    assert {r["label"]["train_T"] for r in table.rows} == {0.0, 1.0} and len(table.rows) == 6
+    assert len({h for r in table.rows for h in r["cells"]}) == 2  # one drafter per data set
+    hot = [r for r in table.rows if r["label"]["temperature"] > 0]
+    cold = [r for r in table.rows if r["label"]["temperature"] == 0]
+    assert all("extra" not in r for r in cold)
+    ceilings = [r["extra"][0] for r in hot]
+    # the target's alone: one measurement for all (compared as JSON: intervals of 2 responses are nan)
+    assert all(json.dumps(c) == json.dumps(ceilings[0]) for c in ceilings)
+    assert ceilings[0]["responses"] == 2 and 1 <= ceilings[0]["ceiling"] <= 16
+    assert 0 < ceilings[0]["mean_max_prob"] <= 1
+    assert len(glob.glob(str(work / "measures" / "*.json"))) == 1
+    text = open(out / "README.md").read()
+    assert text.count("against a ceiling of") == 4 and "training data at T=0 -> T=1" in text
