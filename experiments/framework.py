@@ -1323,7 +1323,8 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="cpu",
                    help="smoke: seconds, for tests; cpu: the embedded target, minutes per cell (default); "
-                        "gpu: the paper's settings on --target")
+                        "cpu-full: the embedded target trained to where the method works, hours per cell "
+                        "(docs/experiments.md); gpu: the paper's settings on --target")
     p.add_argument("--out", help="output directory (default: $DFLASH_JAX_HOME/results/ablations/<experiment> "
                                  "for the cpu preset, .../<experiment>-<preset> otherwise; DFLASH_JAX_HOME "
                                  "defaults to ~/.cache/dflash-jax). The committed results are rewritten only "
