@@ -40,12 +40,15 @@ from dflash_jax.prompts import encode_prompt
 def cells(settings, train, axes) -> list[dict]:
     out = []
     trains = [float(x) for x in axes["train_temperatures"]]
+    if settings.regen_temperature:
+        raise ValueError("ablate_temperature sets the training data's temperature per drafter: give "
+                         f"--train-temperatures {settings.regen_temperature:g} instead of --regen-temperature")
     for tt in trains:
         for t in axes["temperatures"]:
             for draft in (("greedy",) if t == 0 else ("greedy", "sampled")):
                 # the training data's temperature is a label only where the grid varies it (so the
                 # one-drafter tables keep their columns)
-                label = ({"train_T": tt} if len(trains) > 1 else {}) | {"temperature": float(t), "draft": draft}
+                label = ({"train_T": tt} if trains != [0.0] else {}) | {"temperature": float(t), "draft": draft}
                 out.append({"label": label, "data": {"regen_temperature": tt},
                             "evaluation": {"temperature": float(t), "sampled_draft": draft == "sampled"}})
     return out
@@ -58,7 +61,8 @@ def ceiling(work, cell) -> dict | None:
     if not ev["temperature"]:
         return None
     block = ev["block_size"] if isinstance(ev["block_size"], int) else cell.drafter["block_size"]
-    key = {"measure": "greedy_acceptance_ceiling", "target": work.target_id, "block_size": block,
+    key = {"measure": "greedy_acceptance_ceiling", "target": work.target_id, "dtype": work.settings.dtype,
+           "block_size": block,
            **{k: ev[k] for k in ("datasets", "max_samples", "max_new_tokens", "temperature", "subset", "seed")}}
     path = os.path.join(work.root, "measures", framework.stable_hash(key) + ".json")
     with exclusive(path + ".lock"):

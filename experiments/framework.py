@@ -95,8 +95,8 @@ PROMPT_SOURCES = ("shipped", "embedded-recipe", "embedded-styles")
 # the five-style prompt list of the shipped drafter's later stages (docs/embedded-model.md):
 # `embedded-prompts --num 40000 --seed 18`; a run takes its first prompts that fit
 STYLES_POOL, STYLES_SEED = 40_000, 18
-GRID_OF = {"cpu-full": "cpu"}
-FEATURE_DTYPE = "bfloat16"  # offline features are stored in it (--offline-features)  # a preset whose grids default to another's
+GRID_OF = {"cpu-full": "cpu"}  # a preset whose grids default to another's
+FEATURE_DTYPE = "bfloat16"  # offline features are stored in it (--offline-features)
 HOME_ENV = "DFLASH_JAX_HOME"
 EMBEDDED = "embedded"  # --target embedded: the target shipped in the package
 TABLE = "table.json"
@@ -115,7 +115,9 @@ HASH_ADDED = {"drafter": {"conditioning": "kv"},
                         "context_chunk": DEFAULT_CONTEXT_CHUNK},
               "evaluation": {"sampled_draft": False},
               "settings": {"offline_features": False, "curve_prompts": 0, "curve_every": 0,
-                           "regen_temperature": 0.0}}
+                           "regen_temperature": 0.0},
+              # axes added to an experiment after its tables were written, at the value they had
+              "axes": {"train_temperatures": [0.0]}}
 
 
 def _hashed(part: str, values: dict) -> dict:
@@ -183,6 +185,8 @@ def comparable_identity(identity: dict | None) -> dict | None:
             settings["prompt_source"] = recorded_path(source)
         settings.pop("data_dir", None)
         out["settings"] = _hashed("settings", settings)
+    if isinstance(out.get("axes"), dict):
+        out["axes"] = _hashed("axes", out["axes"])
     return out
 
 
@@ -510,6 +514,8 @@ class Work:
             key["features"] = FEATURE_DTYPE
         if self.settings.curve_prompts:
             key["held_out"] = self.settings.curve_prompts
+            if self.settings.curve_every:  # the run record holds it: a resume must keep it
+                key["curve_every"] = self.settings.curve_every
         return key
 
     def cell_key(self, cell: Cell) -> dict:
@@ -1049,8 +1055,8 @@ def load_text(rows: Sequence[dict]) -> str | None:
     if not loads:
         return None
     return (f"The speed columns were measured at 1-minute load averages of {min(loads):.1f}-{max(loads):.1f} "
-            "(as each cell's measurement began and ended; the measurement itself keeps this 2-core machine "
-            "near 2). tau does not depend on load.")
+            "(as each cell's measurement began and ended; the measurement itself keeps the machine's cores "
+            "busy). tau does not depend on load.")
 
 
 def drafters_of(rows: Sequence[dict]) -> dict:
@@ -1070,10 +1076,11 @@ def training_curves(rows: Sequence[dict]) -> list[tuple[str, list[dict]]]:
     for r in rows:
         trainings = r.get("training") or []
         for i, (h, t) in enumerate(zip(r.get("cells") or [None] * len(trainings), trainings)):
-            if not (t or {}).get("curve") or h in seen:
+            if not (t or {}).get("curve") or (h is not None and h in seen):
                 continue
             seen.add(h)
-            seed = f", seed {r['seeds'][i]['seed']}" if len(trainings) > 1 else ""
+            seeds = r.get("seeds") or []
+            seed = f", seed {seeds[i]['seed'] if i < len(seeds) else i}" if len(trainings) > 1 else ""
             out.append((label_text(r) + seed, t["curve"]))
     return out
 
@@ -1184,7 +1191,7 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
         mask = getattr(AutoTokenizer.from_pretrained(target_dir), "mask_token_id", None)
         settings = dataclasses.replace(settings, mask_token_id=mask)
     cells = check_settings(experiment, settings, train, axes, tcfg)
-    if settings.prompt_source == "embedded-recipe":
+    if settings.prompt_source in ("embedded-recipe", "embedded-styles"):
         recipe_files(settings, preset)
     return settings, train, axes, cells
 
@@ -1204,7 +1211,7 @@ def recipe_files(settings: Settings, preset: str | None = None) -> dict[str, str
             return {GSM8K_TRAIN: os.path.join(d, GSM8K_TRAIN),
                     MBPP_FILE: mbpp if os.path.isfile(mbpp) else os.path.join(shipped_data_dir(), MBPP_FILE)}
     where = os.path.join(settings.data_dir or os.environ.get(DATA_DIR_ENV) or os.path.join(home(), "data"), GSM8K_TRAIN)
-    who = f"the {preset} preset" if preset else "--prompt-source embedded-recipe"
+    who = f"the {preset} preset" if preset else f"--prompt-source {settings.prompt_source}"
     raise FileNotFoundError(
         f"{who} trains on the embedded drafter's prompt mix, and its GSM8K train split is the one file "
         f"that does not ship (MBPP and the standard library do): download {GSM8K_TRAIN_URL} to {where} "

@@ -307,3 +307,21 @@ def test_export_prints_no_orbax_warning(tmp_path, caplog):
         ocp.CheckpointManager(str(tmp_path / CHECKPOINTS), options=ocp.CheckpointManagerOptions(read_only=True))
         assert "Given directory is read only" in caplog.text
     assert not [f for f in logging.getLogger("absl").filters if type(f).__name__ == "_DropReadOnlyNotice"]
+
+
+@pytest.mark.parametrize("name", ["ablate_depth", "ablate_block_size", "ablate_conditioning", "ablate_anchors",
+                                  "ablate_loss_decay", "ablate_denoise", "ablate_temperature"])
+def test_every_committed_ablation_accepts_its_own_cpu_settings(name):
+    """A setting or axis added to an experiment since its committed table was written (e.g.
+    ablate_temperature's train_temperatures, the cpu-full preset's settings) counts at its old
+    value as absent: rerunning the cpu preset into results/ablations/<name> is not refused."""
+    import importlib
+
+    exp = importlib.import_module(f"dflash_jax.experiments.{name}").EXPERIMENT
+    committed = json.load(open(os.path.join(ROOT, "results", "ablations", name, "table.json")))
+    overrides = {k: tuple(v) for k, v in committed["identity"]["axes"].items()}
+    s, train, axes = framework.resolve(exp, "cpu", overrides)
+    s = framework.dataclasses.replace(s, mask_token_id=committed["identity"]["settings"]["mask_token_id"])
+    identity = {"preset": "cpu", "settings": framework.recorded_settings(s), "train": framework._hashed("train", train),
+                "axes": framework._jsonable(axes)}
+    framework.check_out(os.path.join(ROOT, "results", "ablations", name), exp, identity, False)
