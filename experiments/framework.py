@@ -85,7 +85,8 @@ from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
 from dflash_jax.progress import progress
-from dflash_jax.reporting import command_line, cpu_model, environment, new_figure, portable_path
+from dflash_jax.reporting import (command_line, cpu_description, cpu_info, cpu_model, environment, new_figure,
+                                  portable_path)
 from dflash_jax.bench.harness import responses
 from dflash_jax.viz import plot_against_paper
 from dflash_jax.experiments import paper_numbers as paper
@@ -115,7 +116,7 @@ HASH_ADDED = {"drafter": {"conditioning": "kv"},
                         "context_chunk": DEFAULT_CONTEXT_CHUNK},
               "evaluation": {"sampled_draft": False},
               "settings": {"offline_features": False, "curve_prompts": 0, "curve_every": 0,
-                           "regen_temperature": 0.0},
+                           "regen_temperature": 0.0, "init_from": None},
               # axes added to an experiment after its tables were written, at the value they had
               "axes": {"train_temperatures": [0.0]}}
 
@@ -220,6 +221,11 @@ class Settings:
         curve_prompts: training sequences held out (the data's last ones) whose prompts measure
             each drafter's held-out tau during training (0: none; the same for every cell)
         curve_every: measure the held-out tau every this many steps (0: no curve)
+        init_from: a DFlash drafter every cell starts from instead of random weights
+            ('embedded': the drafter shipped in the package, or a directory in the released
+            layout; its layers, block size, taps and mask token must be the cell's): an
+            ablation in the trained regime at a fine-tuning budget. With --steps 0 the cells
+            measure that drafter as it is (no training data is made)
         layers: drafter layers (a grid may vary it)
         block_size: training block size (a grid may vary it)
         taps: target layer ids the drafter reads (default: docs/method.md section 2's formula)
@@ -250,6 +256,7 @@ class Settings:
     offline_features: bool = False
     curve_prompts: int = 0
     curve_every: int = 0
+    init_from: str | None = None
     layers: int = 1
     block_size: int = 16
     taps: tuple[int, ...] | None = None
@@ -431,6 +438,7 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
     if s.regen_temperature < 0:
         raise ValueError(f"regen_temperature must be >= 0, got {s.regen_temperature}")
+    start = init_config(s.init_from)
     cells = []
     for seed in range(s.seed, s.seed + s.seeds):
         for spec in experiment.cells(s, train, axes):
@@ -461,8 +469,17 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             cfg = DrafterConfig.for_target(target_config, d["layers"], d["block_size"], d["mask_token_id"],
                                            tuple(d["taps"]) if d["taps"] else None, conditioning=d["conditioning"])
             cfg.check_target(target_config)
+            if start is not None and start != cfg:
+                raise ValueError(f"--init-from {s.init_from} holds another drafter than cell {spec['label']} "
+                                 f"trains: {_config_difference(start, cfg)}; give the cell's settings of that "
+                                 "drafter (--layers, --block-size, --taps, --mask-token-id) or another --init-from")
             tr = train | spec.get("train", {}) | {"seed": seed}
-            TrainConfig(**tr)  # its own checks
+            if tr.get("steps") == 0:  # the starting drafter measured as it is
+                if start is None:
+                    raise ValueError("steps 0 trains nothing: give --init-from DRAFTER to measure that drafter as "
+                                     "it is, or --steps N >= 1")
+            else:
+                TrainConfig(**tr)  # its own checks
             ev = {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
                   "temperature": s.temperature, "num_denoise_steps": s.num_denoise_steps, "subset": s.subset,
                   "block_size": ev_bs, "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
@@ -481,6 +498,32 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev,
                               data=data))
     return cells
+
+
+def init_config(init_from: str | None) -> DrafterConfig | None:
+    """The config of the ``init_from`` drafter (None without one); a clear error when it is
+    missing or not a DFlash drafter."""
+    if init_from is None:
+        return None
+    path = checkpoint_dir(init_from, "drafter")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"--init-from {init_from!r}: no drafter there (a directory with config.json and "
+                                "model.safetensors in the released layout, or 'embedded')")
+    return DrafterConfig.from_pretrained(path)
+
+
+def _config_difference(have: DrafterConfig, want: DrafterConfig) -> str:
+    diff = [f"{f.name} {getattr(have, f.name)!r} (the cell: {getattr(want, f.name)!r})"
+            for f in dataclasses.fields(DrafterConfig) if getattr(have, f.name) != getattr(want, f.name)]
+    return ", ".join(diff) or "another config"
+
+
+def drafter_identity(init_from: str) -> dict:
+    """What keys a drafter started from ``init_from``: the starting weights' content (the
+    shipped drafter as ``embedded``), not where they lie."""
+    path = checkpoint_dir(init_from, "drafter")
+    return {"init_from": recorded_path(path, "drafter"),
+            "sha256": "".join(_file_hash(os.path.join(path, n))[:16] for n in ("config.json", "model.safetensors"))}
 
 
 # ---------------------------------------------------------------------------- the run directory
@@ -516,6 +559,10 @@ class Work:
             key["held_out"] = self.settings.curve_prompts
             if self.settings.curve_every:  # the run record holds it: a resume must keep it
                 key["curve_every"] = self.settings.curve_every
+        if self.settings.init_from is not None:
+            key["init_from"] = drafter_identity(self.settings.init_from)
+            if cell.train.get("steps") == 0:  # no training: the starting drafter alone decides it
+                key = {"drafter": key["drafter"], "init_from": key["init_from"], "steps": 0}
         return key
 
     def cell_key(self, cell: Cell) -> dict:
@@ -635,7 +682,10 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
         # another process training the same drafter (two experiments sharing --work): wait for it
         with exclusive(os.path.join(root, ".lock"),
                        lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
-            _train_drafter(work, cell, data_dir, root, record_path)
+            if cell.train.get("steps") == 0:
+                _starting_drafter(work, cell, root, record_path)
+            else:
+                _train_drafter(work, cell, data_dir, root, record_path)
     with open(record_path) as f:
         record = json.load(f)
     if "blocks_seen" not in record:  # records written before it was counted: counted now, not saved
@@ -644,6 +694,28 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
         except FileNotFoundError:  # the data was removed since: the count is unknown
             record["blocks_seen"] = None
     return record
+
+
+def _starting_drafter(work: Work, cell: Cell, root: str, record_path: str) -> None:
+    """A ``steps 0`` cell's drafter: the ``init_from`` drafter itself, copied in (it is small)."""
+    if os.path.exists(record_path):
+        return
+    os.makedirs(root, exist_ok=True)
+    write_json(os.path.join(root, "key.json"), work.drafter_key(cell))
+    src, drafter_dir = checkpoint_dir(work.settings.init_from, "drafter"), os.path.join(root, "drafter")
+    if not os.path.isdir(drafter_dir):
+        tmp = drafter_dir + f".tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
+        os.replace(tmp, drafter_dir)
+    params = load_drafter(drafter_dir, work.target, dtype=work.target.dtype).params
+    write_json(record_path, {"steps": 0, "sequences_per_step": 0, "anchors_per_sequence": 0, "blocks": 0,
+                             "blocks_seen": 0, "tokens": 0, "minutes": 0.0, "final_loss": None,
+                             "final_accuracy_per_pos": None, "training_sequences": 0,
+                             "drafter_params": _count(params), "curve": [], "held_out_prompts": 0,
+                             "offline_features": None, "init_from": drafter_identity(work.settings.init_from)})
 
 
 def blocks_seen(cell: Cell, data_dir: str, steps: int, held_out: int = 0) -> int:
@@ -677,7 +749,8 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         if held_out:
             features.hold_out(s.curve_prompts)
     cfg = TrainConfig(**cell.train, eval_every=s.curve_every if held_out else 0)
-    trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out)
+    trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
+                      init_from=checkpoint_dir(s.init_from, "drafter") if s.init_from else None)
     state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):
@@ -697,6 +770,8 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
               "training_sequences": len(data), "drafter_params": _count(state["params"]),
               "curve": training_curve(rows), "held_out_prompts": s.curve_prompts,
               "offline_features": FEATURE_DTYPE if features is not None else None}
+    if s.init_from is not None:
+        record["init_from"] = drafter_identity(s.init_from)
     write_json(record_path, record)
 
 
@@ -1116,6 +1191,14 @@ def _paper_markdown(experiment: Experiment) -> str:
     return paper.markdown(experiment.paper_rows, experiment.paper_keys)
 
 
+def _cpu_text(env: dict) -> str:
+    """The CPU as a README names it: model, family and model numbers, cores and vector extensions
+    (tables written before ``cpu`` was recorded: the model name and cores)."""
+    if env.get("cpu"):
+        return cpu_description(env["cpu"])
+    return f"{env.get('cpu_model') or ''} {env['cpu_count']} cores"
+
+
 def readme(table: Table, md: str) -> str:
     e, b, env = table.experiment, table.budget, table.environment
     s = table.settings
@@ -1124,20 +1207,24 @@ def readme(table: Table, md: str) -> str:
         lines += [f"**This is a smoke run**: {SMOKE_NOTE.split(': ', 1)[1]}.", ""]
     lines += [e.description, "",
              f"Command: `{table.command}`", "",
-             f"Machine: {env['device']} ({env['platform']}, {env.get('cpu_model') or ''} {env['cpu_count']} cores), "
-             f"jax {env['jax']}; {table.minutes:.1f} minutes for this invocation (cells reused from an earlier "
+             f"Machine: {env['device']} ({env['platform']}, {_cpu_text(env)}), jax {env['jax']}; {table.minutes:.1f} minutes for this invocation (cells reused from an earlier "
              "run cost nothing here; the train min column is each cell's own training time).", "",
              "## Budget (the same for every cell)", "",
-             f"- training data: {s['num_prompts']} prompts ({s['prompt_source']}) answered by the target, "
-             f"{s['regen_max_new_tokens']} new tokens each, sequence length {s['regen_max_len']}",
-             f"- training: {b['steps']} steps x {b['sequences_per_step']} sequences x {b['anchors_per_sequence']} "
-             f"anchors = {b['blocks']} blocks per cell at most (the blocks seen column counts the valid anchors "
-             f"each drafter really trained on); lr {b['learning_rate']}, seeds {b['seeds']}",
+             *([f"- training data: {s['num_prompts']} prompts ({s['prompt_source']}) answered by the target, "
+                f"{s['regen_max_new_tokens']} new tokens each, sequence length {s['regen_max_len']}",
+                f"- training: {b['steps']} steps x {b['sequences_per_step']} sequences x {b['anchors_per_sequence']} "
+                f"anchors = {b['blocks']} blocks per cell at most (the blocks seen column counts the valid anchors "
+                f"each drafter really trained on); lr {b['learning_rate']}, seeds {b['seeds']}"]
+               if b["steps"] else ["- training: none, no training data (every cell measures the starting drafter "
+                                   "below as it is)"]),
+             *([f"- starting weights: every cell's drafter is `{s['init_from']}`"
+                + (", fine-tuned from there (an ablation in the trained regime)" if b["steps"] else ", as it is")]
+               if s.get("init_from") else []),
              *([f"- target features: offline, computed once per data and taps and shared by every cell "
                 f"(stored in {FEATURE_DTYPE}; the frozen target does not run in the training steps)"]
-               if s.get("offline_features") else []),
+               if s.get("offline_features") and b["steps"] else []),
              *([f"- held out: the data's last {s['curve_prompts']} sequences, never trained on; their prompts "
-                "measure the training curves below"] if s.get("curve_prompts") else []),
+                "measure the training curves below"] if s.get("curve_prompts") and b["steps"] else []),
              f"- compute: {training_minutes(table.rows):.0f} minutes of training steps in all ({len(drafters_of(table.rows))} "
              "drafters, each counted once however many rows it serves)",
              f"- evaluation: {', '.join(s['datasets'])}, {s['max_samples']} prompts each, {s['max_new_tokens']} new "
@@ -1253,7 +1340,8 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     with progress(total=len(cells), desc=f"{experiment.name} cells", unit="cell", position=0) as cbar:
         for cell in cells:
             cbar.set_postfix_str(_label(cell.label, list(cell.label)))
-            data_dir = prepare_data(wk, cbar.write, cell)
+            # a steps-0 cell measures the init_from drafter as it is: it needs no training data
+            data_dir = prepare_data(wk, cbar.write, cell) if cell.train.get("steps") != 0 else None
             training = train_drafter(wk, cell, data_dir)
             n = sum(len(s.turns) for s in _sets_for(cell))
             with progress(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
@@ -1266,7 +1354,7 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
               "anchors_per_sequence": first["anchors_per_sequence"], "blocks": first["blocks"],
               "learning_rate": train["learning_rate"], "seeds": list(range(settings.seed, settings.seed + settings.seeds))}
-    env = environment() | {"cpu_model": cpu_model()}
+    env = environment() | {"cpu_model": cpu_model(), "cpu": cpu_info()}
     table = Table(experiment, preset, recorded_settings(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
     write_outputs(table, out, identity)
@@ -1287,6 +1375,7 @@ def recorded_settings(settings: Settings) -> dict:
     out = _jsonable(settings)
     out["target"] = recorded_path(settings.target, "target")
     out["data_dir"] = recorded_path(settings.data_dir)
+    out["init_from"] = recorded_path(settings.init_from, "drafter")
     if settings.prompt_source.endswith(".jsonl"):
         out["prompt_source"] = recorded_path(settings.prompt_source)
     return out

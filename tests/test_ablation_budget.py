@@ -170,3 +170,47 @@ def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling
     assert len(glob.glob(str(work / "measures" / "*.json"))) == 1
     text = open(out / "README.md").read()
     assert text.count("against a ceiling of") == 4 and "training data at T=0 -> T=1" in text
+
+
+def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_path):
+    """--init-from embedded --steps 0: every cell's drafter is the shipped one, byte for byte,
+    no training data is made, and its key does not depend on the data settings (another
+    --num-prompts reuses it)."""
+    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
+
+    work = tmp_path / "work"
+    kw = dict(init_from="embedded", steps=0, depths=(1,), datasets=("gsm8k",), max_samples=2, timing_repeats=0,
+              work=str(work))
+    table = ablate_depth.run("smoke", out=str(tmp_path / "out"), **kw)
+    assert not (work / "data").exists()
+    (drafter,) = glob.glob(str(work / "drafters" / "*" / "drafter"))
+    for name in ("config.json", "model.safetensors"):
+        assert open(os.path.join(drafter, name), "rb").read() == open(os.path.join(EMBEDDED_DRAFTER_DIR, name), "rb").read()
+    (training,) = table.rows[0]["training"]
+    assert training["steps"] == 0 and training["init_from"]["init_from"] == "embedded"
+    assert table.rows[0]["average"]["tau"] > 2  # the trained drafter (a random one stays near 1)
+    ablate_depth.run("smoke", out=str(tmp_path / "out2"), num_prompts=32, **kw)
+    assert len(glob.glob(str(work / "drafters" / "*"))) == 1
+    assert "drafter is `embedded`, as it is" in open(tmp_path / "out" / "README.md").read()
+
+
+def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(tmp_path):
+    """With --steps N the trainer starts from the --init-from weights: the first step's loss is
+    the trained drafter's (a random start is near ln(vocab)); the start is in the drafter's key.
+    A drafter of another shape, a missing one, and steps 0 without one are refused up front."""
+    kw = dict(depths=(1,), datasets=("gsm8k",), max_samples=2, timing_repeats=0, steps=2)
+    tuned = ablate_depth.run("smoke", init_from="embedded", work=str(tmp_path / "w"), out=str(tmp_path / "o"), **kw)
+    fresh = ablate_depth.run("smoke", work=str(tmp_path / "w"), out=str(tmp_path / "o2"), **kw)
+
+    losses = {}  # the first step's loss of each run, by whether it started from the shipped weights
+    for root in glob.glob(str(tmp_path / "w" / "drafters" / "*")):
+        first = json.loads(open(os.path.join(root, "run", "metrics.jsonl")).readline())
+        losses["init_from" in json.load(open(os.path.join(root, "key.json")))] = first["loss"]
+    assert losses[True] < 3.0 < np.log(8192) - 1 < losses[False], losses
+    assert fresh.rows[0]["average"]["tau"] < tuned.rows[0]["average"]["tau"]
+    with pytest.raises(ValueError, match=r"num_layers 1 \(the cell: 2\)"):
+        ablate_depth.run("smoke", init_from="embedded", depths=(2,), work="/nonexistent/w", out="/nonexistent/o")
+    with pytest.raises(FileNotFoundError, match="no drafter there"):
+        ablate_depth.run("smoke", init_from=str(tmp_path / "none"), work="/nonexistent/w", out="/nonexistent/o")
+    with pytest.raises(ValueError, match="steps 0 trains nothing"):
+        ablate_depth.run("smoke", steps=0, work="/nonexistent/w", out="/nonexistent/o")
