@@ -104,6 +104,29 @@ def test_iteration_profile_with_saved_target_and_drafter(tmp_path):
     assert (tmp_path / "out" / "iteration_profile_cpu_float32.md").read_text().count("| verify") == 3
 
 
+def test_iteration_profile_per_depth(tmp_path):
+    """``--depths``: one profile per drafter depth, each a drafter of that many layers (its
+    parameters grow by one layer's worth per layer) with the drafter's block size; the table has
+    a row per depth; a depth below 1 is refused."""
+    import dflash_jax as dj
+    from dflash_jax.bench import iteration_profile
+
+    make_hf_model("qwen3", num_hidden_layers=2).save_pretrained(tmp_path / "t")
+    target = dj.load_target(tmp_path / "t")
+    dj.save_drafter(dj.Drafter.random(target, num_layers=1, block_size=4), tmp_path / "d")
+    args = ["--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--context", "8", "--calls", "1",
+            "--iterations", "1", "--repeats", "1", "--out", str(tmp_path / "out")]
+    report = iteration_profile.main(args + ["--depths", "1", "2", "3"])
+    d = report["depths"]
+    assert list(d) == ["1", "2", "3"] and all(r["block_size"] == 4 for r in d.values())
+    p = [d[k]["drafter_params"] for k in d]
+    assert p[2] - p[1] == p[1] - p[0] > 0
+    md = (tmp_path / "out" / "iteration_profile_cpu_float32.md").read_text()
+    assert "| drafter layers |" in md and all(f"\n| {k} | " in md for k in d)
+    with pytest.raises(ValueError, match="--depths must be >= 1"):
+        iteration_profile.main(args + ["--depths", "0"])
+
+
 def test_train_speed_runs(tmp_path):
     from dflash_jax.bench import train_speed
 

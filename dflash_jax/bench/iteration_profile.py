@@ -45,7 +45,7 @@ from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.models.drafter import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
-from dflash_jax.models.handles import load_drafter, load_target
+from dflash_jax.models.handles import Drafter, load_drafter, load_target
 from dflash_jax.files import write_text
 from dflash_jax.bench.drafters import NAMES_HELP
 from dflash_jax.progress import progress
@@ -250,7 +250,9 @@ def plot(report: dict):
         fig, c = new_figure(1, 1, figsize=(8, 4))
         _plot_methods(c, methods)
         return fig
-    fig, axes = new_figure(1, 3 if methods else 2, figsize=(18 if methods else 12, 4))
+    depths = report.get("depths")
+    panels = 2 + bool(methods) + bool(depths)
+    fig, axes = new_figure(1, panels, figsize=(6 * panels, 4))
     a, b = axes[0], axes[1]
     parts = report["result"]["parts_ms"]
     a.barh(list(parts)[::-1], list(parts.values())[::-1])
@@ -262,7 +264,23 @@ def plot(report: dict):
           title=f"{report['environment']['device']} ({report['cpu'] or '?'}), load {report['load_average'][0]:.1f}")
     if methods:
         _plot_methods(axes[2], methods)
+    if depths:
+        _plot_depths(axes[-1], depths)
     return fig
+
+
+def _plot_depths(c, depths: dict) -> None:
+    """Draft (all three parts), verify of the block and the decode loop's iteration against depth."""
+    layers = [int(k) for k in depths]
+    rows = list(depths.values())
+    bs = rows[0]["block_size"]
+    draft = [sum(r["parts_ms"][k] for k in ("draft, context", "draft, layers", "draft, LM head + argmax")) for r in rows]
+    c.plot(layers, draft, "o-", label="draft (context + layers + LM head)")
+    c.plot(layers, [r["parts_ms"][f"verify {bs}"] for r in rows], "s-", label=f"verify {bs}")
+    c.plot(layers, [r["loops_ms"][f"DFlash iteration, block {bs}"] for r in rows], "^-", label="iteration (decode loop)")
+    c.plot(layers, [r["loops_ms"]["AR step"] for r in rows], "--", color="0.4", label="AR step")
+    c.set(xlabel="drafter layers", ylabel="ms", xticks=layers, title="draft grows with depth, verify does not")
+    c.legend(fontsize=7)
 
 
 def _plot_methods(c, methods: dict) -> None:
@@ -290,6 +308,39 @@ def markdown(report: dict) -> str:
               f"breaks even); verify {r['block_size']} / verify 1: {r['verify_block_over_verify1']:.2f}"]
     if report.get("methods"):
         lines += ["", methods_markdown(report["methods"])]
+    if report.get("depths"):
+        lines += ["", depths_markdown(report["depths"])]
+    return "\n".join(lines)
+
+
+def depth_profile(target, drafter, depths, context: int, n: int, repeats: int, iterations: int) -> dict:
+    """The parts of one iteration for drafters of each depth in ``depths``: ``drafter``'s config
+    (block size, taps, mask token) with that many layers and random weights (a part's time does
+    not depend on the weights). The draft's layer part grows with depth; the verify parts are
+    the target's alone and should not."""
+    out = {}
+    for layers in progress(list(depths), desc="depths", unit="depth"):
+        d = Drafter.random(target, num_layers=layers, block_size=drafter.config.block_size,
+                           mask_token_id=drafter.config.mask_token_id,
+                           target_layer_ids=drafter.config.target_layer_ids, dtype=drafter.dtype)
+        params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(d.params))
+        out[str(layers)] = measure(target, d, context, n, repeats, iterations) | {"drafter_params": params}
+    return out
+
+
+def depths_markdown(depths: dict) -> str:
+    """One row per drafter depth: the draft parts, the full-block verify, the iteration and its
+    ratio to an AR step."""
+    first = next(iter(depths.values()))
+    bs = first["block_size"]
+    lines = [f"| drafter layers | parameters | draft, context ms | draft, layers ms | draft, LM head ms | verify {bs} ms | "
+             f"DFlash iteration ms | AR step ms | iteration / AR step |", "|---|---|---|---|---|---|---|---|---|"]
+    for layers, r in depths.items():
+        p, lo = r["parts_ms"], r["loops_ms"]
+        lines.append(f"| {layers} | {r['drafter_params'] / 1e6:.2f}M | {p['draft, context']:.2f} | {p['draft, layers']:.2f} | "
+                     f"{p['draft, LM head + argmax']:.2f} | {p[f'verify {bs}']:.2f} | "
+                     f"{lo[f'DFlash iteration, block {bs}']:.2f} | {lo['AR step']:.2f} | "
+                     f"{r['iteration_over_ar_step']:.2f} |")
     return "\n".join(lines)
 
 
@@ -309,6 +360,9 @@ def add_arguments(p) -> None:
                    help="also profile each drafting method against an EAGLE-3 drafter: " + NAMES_HELP)
     p.add_argument("--methods-only", action="store_true",
                    help="with --eagle3-drafter: the per-method profile only (not the parts of a DFlash iteration)")
+    p.add_argument("--depths", type=int, nargs="+", metavar="N",
+                   help="also profile random drafters of these depths (the drafter's block size and taps, N "
+                        "layers each): draft time against depth, verify time beside it")
     p.add_argument("--out", default="runs/iteration_profile", help="output directory")
 
 
@@ -328,10 +382,17 @@ def run(args) -> dict:
         drafters = {"dflash": drafter, "eagle3": load_eagle3_drafter(args.eagle3_drafter, target, dtype=dtype)}
         methods = method_profile(target, drafters, args.context, args.repeats, args.iterations) | {
             "eagle3": args.eagle3_drafter}
+    depths = None
+    if args.depths:
+        if min(args.depths) < 1:
+            raise ValueError(f"--depths must be >= 1 layer each, got {args.depths}")
+        depths = depth_profile(target, drafter, args.depths, args.context, args.calls, args.repeats,
+                               args.iterations)
     report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),
               "dtype": args.dtype, "environment": environment(), "cpu": cpu_model(),
               "load_average": load, "load_average_after": load_average(),
-              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result, "methods": methods}
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result, "methods": methods,
+              "depths": depths}
     table = markdown(report)
     print(table)
     stem = write_report(report, args.out, f"iteration_profile_{report['environment']['platform']}_{args.dtype}", plot)
