@@ -82,6 +82,7 @@ from dflash_jax.embedded import corpus
 from dflash_jax.prompts import encode_prompt, humaneval_prompt
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.training.features import FeatureStore, write_features
+from dflash_jax.training.run_dir import held_out_curve
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
 from dflash_jax.progress import progress
@@ -776,15 +777,10 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
 
 
 def training_curve(rows: list[dict], window: int = 50) -> list[dict]:
-    """The held-out tau curve of a run's metrics rows: per step with ``eval_tau``, the step, the
-    tau, and the training loss averaged over the ``window`` steps up to it."""
-    out = []
-    for i, r in enumerate(rows):
-        if r.get("eval_tau") is not None:
-            recent = [x["loss"] for x in rows[max(0, i - window + 1):i + 1] if "loss" in x]
-            out.append({"step": r["step"], "tau": float(r["eval_tau"]),
-                        "loss": float(np.mean(recent)) if recent else None})
-    return out
+    """The held-out tau curve of a run's metrics rows (:func:`dflash_jax.training.run_dir.held_out_curve`):
+    per step with ``eval_tau``, the step, the tau, and the training loss averaged over the
+    ``window`` steps up to it."""
+    return held_out_curve(rows, window)
 
 
 def prepare_features(work: Work, data_dir: str, taps, cell: Cell | None = None) -> str:

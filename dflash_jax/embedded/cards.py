@@ -8,6 +8,7 @@ import json
 import os
 
 from dflash_jax.training.blocks import default_gamma
+from dflash_jax.training.run_dir import held_out_curve
 
 
 def _load(path):
@@ -139,14 +140,10 @@ def training_stage(run_dir: str, data_dir: str, **record) -> dict:
 
 def tau_curve(rows: list[dict]) -> list[dict]:
     """The held-out tau of a run's ``metrics.jsonl`` rows against steps, each with the mean
-    training loss of the 50 steps up to it."""
-    curve = []
-    for i, r in enumerate(rows):
-        if "eval_tau" in r:
-            window = [x["loss"] for x in rows[max(0, i - 49):i + 1]]
-            curve.append({"step": r["step"], "eval_tau": round(r["eval_tau"], 4),
-                          "train_loss_last_50": round(sum(window) / len(window), 4)})
-    return curve
+    training loss of the 50 steps up to it (:func:`~dflash_jax.training.run_dir.held_out_curve`,
+    rounded and named as the model cards record it)."""
+    return [{"step": c["step"], "eval_tau": round(c["tau"], 4), "train_loss_last_50": round(c["loss"], 4)}
+            for c in held_out_curve(rows)]
 
 
 def continued_text(st: dict) -> str:

@@ -112,3 +112,16 @@ def truncate_metrics(path: str, step: int) -> None:
             break  # a line cut by a kill: everything after it is stale
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.writelines(keep)
+
+
+def held_out_curve(rows: list[dict], window: int = 50) -> list[dict]:
+    """The held-out tau curve of a run's ``metrics.jsonl`` rows: for each step that measured it
+    (``eval_tau``), ``{"step", "tau", "loss"}`` with the mean training loss of the ``window``
+    steps up to it (None when no row in that window has a loss). Unrounded: callers round."""
+    out = []
+    for i, r in enumerate(rows):
+        if r.get("eval_tau") is not None:
+            recent = [x["loss"] for x in rows[max(0, i - window + 1):i + 1] if "loss" in x]
+            out.append({"step": r["step"], "tau": float(r["eval_tau"]),
+                        "loss": float(sum(recent) / len(recent)) if recent else None})
+    return out
