@@ -235,7 +235,8 @@ def test_the_hash_changes_when_and_only_when_a_setting_changes():
     ({"eval_block_sizes": (8, "adaptve")}, "inference block size 'adaptve'"),
     ({"depths": (1, 9)}, "9-layer drafter"),
     ({"datasets": ("gsm8k", "nope")}, "unknown prompt set nope"),
-    ({"steps": 0}, "steps must be an integer >= 1"),
+    ({"steps": 0}, "steps 0 trains nothing: give --init-from"),
+    ({"steps": -1}, "steps must be an integer >= 1"),
     ({"num_prompts": 0}, "num_prompts must be >= 1"),
     ({"prompt_source": "elsewhere"}, "prompt_source must be one of"),
 ])

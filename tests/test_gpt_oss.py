@@ -228,7 +228,13 @@ def test_the_cache_and_verify_blocks_see_exactly_the_window(models, target):
         pos = jnp.arange(lo, hi, dtype=jnp.int32)[None]
         logits, _, state = forward(cfg, target.params, jnp.asarray(tokens[:, lo:hi], jnp.int32), pos, state)
         got[:, lo:hi] = np.asarray(logits)
-    assert np.abs(got - ref).max() < TOL * np.abs(ref).max()
+    # against transformers, position by position, no further than our own full pass is plus the
+    # tolerance: where float32 rounding sets the full pass apart from transformers (7e-5 of the
+    # logits' scale at one position on an AVX-512 CPU, 1.2e-5 on AVX2), the cache may be as far
+    full = forward(cfg, target.params, jnp.asarray(tokens, jnp.int32), jnp.arange(50, dtype=jnp.int32)[None],
+                   targets.family_of(cfg).init_state(cfg, 1, 64, jnp.float32))[0]
+    full_err = np.abs(np.asarray(full) - ref).max(-1)
+    assert np.all(np.abs(got - ref).max(-1) <= full_err + TOL * np.abs(ref).max())
 
 
 # ---------------------------------------------------------------------------- checkpoints
