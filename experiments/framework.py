@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -317,6 +318,11 @@ class Cell:
     data: dict = dataclasses.field(default_factory=dict)  # the training data's settings where a cell
     # has its own (regen_temperature); the run's otherwise
 
+    @property
+    def untrained(self) -> bool:
+        """A ``steps 0`` cell: it measures the ``init_from`` drafter as it is (no data, no training)."""
+        return self.train.get("steps") == 0
+
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
@@ -519,6 +525,7 @@ def _config_difference(have: DrafterConfig, want: DrafterConfig) -> str:
     return ", ".join(diff) or "another config"
 
 
+@functools.lru_cache(maxsize=None)  # every key of every cell asks; the weights are hashed once per run
 def drafter_identity(init_from: str) -> dict:
     """What keys a drafter started from ``init_from``: the starting weights' content (the
     shipped drafter as ``embedded``), not where they lie."""
@@ -562,7 +569,7 @@ class Work:
                 key["curve_every"] = self.settings.curve_every
         if self.settings.init_from is not None:
             key["init_from"] = drafter_identity(self.settings.init_from)
-            if cell.train.get("steps") == 0:  # no training: the starting drafter alone decides it
+            if cell.untrained:  # no training: the starting drafter alone decides it
                 key = {"drafter": key["drafter"], "init_from": key["init_from"], "steps": 0}
         return key
 
@@ -683,7 +690,7 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
         # another process training the same drafter (two experiments sharing --work): wait for it
         with exclusive(os.path.join(root, ".lock"),
                        lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
-            if cell.train.get("steps") == 0:
+            if cell.untrained:
                 _starting_drafter(work, cell, root, record_path)
             else:
                 _train_drafter(work, cell, data_dir, root, record_path)
@@ -1337,7 +1344,7 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
         for cell in cells:
             cbar.set_postfix_str(_label(cell.label, list(cell.label)))
             # a steps-0 cell measures the init_from drafter as it is: it needs no training data
-            data_dir = prepare_data(wk, cbar.write, cell) if cell.train.get("steps") != 0 else None
+            data_dir = None if cell.untrained else prepare_data(wk, cbar.write, cell)
             training = train_drafter(wk, cell, data_dir)
             n = sum(len(s.turns) for s in _sets_for(cell))
             with progress(total=n, desc="evaluating (AR + DFlash)", unit="prompt", leave=False, position=1) as ebar:
