@@ -68,7 +68,7 @@ COMMANDS = {
 
 
 # The top-level help's headings, in this order; every command under exactly one of them
-# (tests/test_cli_options.py checks it). EXPERIMENTS lists no command: the experiments are
+# (tests/cli/test_cli_options.py checks it). EXPERIMENTS lists no command: the experiments are
 # modules of their own (see experiment_entries).
 EXPERIMENTS = "experiments"
 GROUPS = {

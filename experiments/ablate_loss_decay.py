@@ -6,7 +6,7 @@ the block size: 7 for 16) vs uniform weights, the same drafter, data, anchors an
     experiments.ablate_loss_decay.run(preset="smoke") -> Table
 
 A trainer setting (``TrainConfig.uniform_weights``); only the weights differ between the two
-cells (tests/test_training.py checks it). The paper motivates the decay (a block is accepted
+cells (tests/training/test_training.py checks it). The paper motivates the decay (a block is accepted
 up to its first wrong draft, so the early positions matter most); the paper reports no numbers
 for it, so the table has none beside ours.
 """

@@ -6,7 +6,7 @@ distribution; inference only.
     experiments.ablate_temperature.run(preset="smoke") -> Table
 
 At T > 0 AR and DFlash both sample (the same seed, different random streams), so the
-outputs differ while following the same distribution (tests/test_speculative.py checks the
+outputs differ while following the same distribution (tests/decoding/test_speculative.py checks the
 distribution). The paper's Table 1 (Qwen3-8B): tau 6.49 / speedup 4.86x on average at T = 0,
 5.48 / 4.03x at T = 1.
 

@@ -7,7 +7,7 @@ With ``--budget smoke`` the notebooks read ``DFLASH_NOTEBOOK_BUDGET=smoke`` and 
 setting. Without ``--check`` the executed notebook replaces the file (the committed outputs):
 stream outputs are coalesced (progress bars keep their final state) and this machine's paths (the
 checkout, the home and temporary directories) are replaced by placeholders. The kernel starts in
-this directory, as a reader's would. ``tests/test_notebooks.py`` executes copies with
+this directory, as a reader's would. ``tests/notebooks/test_notebooks.py`` executes copies with
 :func:`execute` and never writes these files.
 
 Needs the ``notebooks`` extra (``pip install -e ".[notebooks]"``; the test extra has what this

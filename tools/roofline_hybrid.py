@@ -40,7 +40,7 @@ FLOPs / peak), the step the sum):
 The shapes come from the ``config.json`` (a multimodal one's ``text_config``) alone
 (:func:`shape_from_hf`); the numbers equal the hybrid family's size model
 (``num_params``, ``state_bytes_per_token``, ``fixed_state_bytes``) where it is registered
-(tests/test_hybrid_bench.py).
+(tests/tools/test_hybrid_bench.py).
 
     python -m dflash_jax roofline --hybrid qwen3.5-27b qwen3.5-4b --out results/hybrid
 """

@@ -70,7 +70,7 @@ from dflash_jax.decoding.generation import generate
 # results/gpu/h100/spec/qwen3-8b_gpu_bfloat16_pallas_b1_bs16.json, measured on an NVIDIA H100
 # for Qwen3-8B shapes + a 5-layer drafter, bfloat16, block 16, batch 1, 512-token prompt
 # (results/ does not ship with the package, so the number is kept here;
-# tests/test_bench_report.py checks it against that file). The XLA attention run of the same
+# tests/bench/test_bench_report.py checks it against that file). The XLA attention run of the same
 # suite gave 1.260; the paper's 4.86x at tau 6.49 on an H200 implies 1.335.
 REFERENCE_ITERATION_COST = 1.305
 REFERENCE_ITERATION_SOURCE = ("NVIDIA H100, Qwen3-8B shapes, bf16, block 16: "

@@ -22,7 +22,7 @@ loop:
 The state is the proposer's own pytree; the engine carries it without looking inside. Speculative
 decoding is lossless whatever a proposer proposes, so a proposer's bugs show only in the
 acceptance length: every proposer is tested for WHAT it proposes against an independent
-reference (``tests/test_drafter_proposals.py`` for DFlash).
+reference (``tests/proposers/test_drafter_proposals.py`` for DFlash).
 """
 
 from __future__ import annotations

@@ -1,0 +1,331 @@
+"""Tree verification (``decoding.tree``, ``docs/trees.md``) is exact.
+
+* The tree builder against brute force: the best-first tree of N nodes is the N - 1 highest
+  scoring root paths (every prefix of a path scores higher, so that set is a tree).
+* The tree forward against plain causal forwards: node i's logits and taps, computed in one
+  pass over the whole tree through the cache, equal a cache-less causal forward over the prompt
+  and node i's root path (dense, qwen3_moe, and gpt_oss with sinks and a sliding window
+  narrower than the tree's depth).
+* Greedy tree decoding equals autoregressive decoding on a ragged batch, with an oracle
+  proposer that places the target's own next token at a chosen sibling rank at every depth
+  (or nowhere); every iteration's acceptance length equals the one a brute-force walk of the
+  same tree predicts (so the acceptance, not only the output, is checked).
+* The chain as a tree (``tree_topk=1``, N = block size) gives the DFlash chain's tokens and
+  acceptance lengths on the embedded pair, and trees of 16 / 32 nodes equal AR there.
+* ``KVCache.compact`` against a numpy move; what cannot verify trees is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax import targets
+from dflash_jax.decoding import tree as trees
+from dflash_jax.nn.tree_attention import TreeAttention
+from dflash_jax.proposers import Proposer
+
+pytestmark = pytest.mark.xdist_group("tree_exact")
+
+DENSE = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=3,
+                        num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+
+
+# ---------------------------------------------------------------------------- the builder
+def brute_force_paths(scores: np.ndarray, nodes: int) -> set[tuple[int, ...]]:
+    """The ``nodes - 1`` best rank paths (tuples of sibling ranks, one per depth) when the rank-r
+    token at depth d scores ``scores[d, r]`` (log-probabilities): all paths enumerated."""
+    D, K = scores.shape
+    paths = [p for n in range(1, D + 1) for p in itertools.product(range(K), repeat=n)]
+    value = {p: sum(scores[d, r] for d, r in enumerate(p)) for p in paths}
+    return set(sorted(paths, key=lambda p: -value[p])[:nodes - 1])
+
+
+def rank_paths(tree: trees.Tree, row: int) -> set[tuple[int, ...]]:
+    """The rank path of every valid non-root node of ``tree``'s row."""
+    out = set()
+    parents, ranks, valid = (np.asarray(x[row]) for x in (tree.parents, tree.rank, tree.valid))
+    for i in range(1, len(parents)):
+        if not valid[i]:
+            continue
+        path, j = [], i
+        while j:
+            path.append(int(ranks[j]))
+            j = int(parents[j])
+        out.add(tuple(reversed(path)))
+    return out
+
+
+@pytest.mark.parametrize("nodes,topk", [(2, 3), (9, 2), (20, 3), (40, 4)])
+def test_best_first_tree_is_the_best_paths(nodes, topk):
+    rng = np.random.default_rng(nodes)
+    D, V, B = 4, 7, 3
+    logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(B, D, V)) * 2, jnp.float32))
+    tree = trees.best_first_tree(jnp.arange(B, dtype=jnp.int32), logp, nodes, topk)
+    for b in range(B):
+        lp = np.asarray(logp[b], np.float64)
+        order = np.argsort(-lp, axis=1, kind="stable")[:, :topk]
+        scores = np.take_along_axis(lp, order, 1)
+        assert rank_paths(tree, b) == brute_force_paths(scores, nodes)
+        # tokens: the rank-r token of the node's depth; parents before children
+        tok, depth, rank, par = (np.asarray(x[b]) for x in (tree.tokens, tree.depth, tree.rank, tree.parents))
+        assert tok[0] == b and depth[0] == 0
+        for i in range(1, nodes):
+            assert tok[i] == order[depth[i] - 1, rank[i]] and par[i] < i and depth[i] == depth[par[i]] + 1
+
+
+def test_topk_one_is_the_chain_and_a_larger_budget_is_invalid_past_it():
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (2, 5, 9)))
+    tree = trees.best_first_tree(jnp.array([3, 4]), logp, 8, 1)
+    np.testing.assert_array_equal(tree.tokens[:, 1:6], jnp.argmax(logp, -1))
+    np.testing.assert_array_equal(tree.parents[:, 1:6], np.arange(5)[None].repeat(2, 0))
+    assert np.asarray(tree.valid).tolist() == [[True] * 6 + [False] * 2] * 2
+
+
+def test_ancestor_mask_and_path_nodes():
+    # root 0; 1, 2 children of 0; 3 child of 1; 4 child of 3; 5 child of 2
+    parents = jnp.array([[0, 0, 0, 1, 3, 2]])
+    depth = jnp.array([[0, 1, 1, 2, 3, 2]])
+    tree = trees.Tree(jnp.zeros_like(parents), parents, depth, jnp.zeros_like(parents),
+                      jnp.ones(parents.shape, bool), jnp.zeros(parents.shape))
+    mask = np.asarray(trees.ancestor_mask(tree, 3))[0]
+    expect = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 3, 4}, 5: {0, 2, 5}}
+    for i, seen in expect.items():
+        assert set(np.flatnonzero(mask[i])) == seen
+    path = trees.path_nodes(jnp.asarray(mask)[None], depth, jnp.array([4]), 5)
+    assert np.asarray(path).tolist() == [[0, 1, 3, 4, 0]]
+
+
+def test_kv_cache_compact_moves_the_accepted_path():
+    rng = np.random.default_rng(0)
+    k = rng.normal(size=(2, 2, 12, 1, 3)).astype(np.float32)
+    cache = dj.KVCache(jnp.asarray(k), jnp.asarray(-k), jnp.array([9, 9]))
+    start = jnp.array([3, 5])
+    source = jnp.array([[0, 2, 5, 6], [0, 1, 4, 0]])
+    out = cache.compact(start, source)
+    want = k.copy()
+    for b in range(2):
+        for j in range(4):
+            want[:, b, int(start[b]) + j] = k[:, b, int(start[b]) + int(source[b, j])]
+    np.testing.assert_array_equal(np.asarray(out.k), want)
+    np.testing.assert_array_equal(np.asarray(out.v), -want)
+
+
+# ---------------------------------------------------------------------------- the tree forward
+def gpt_oss_target():
+    from transformers import GptOssConfig
+
+    hf = GptOssConfig(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                      vocab_size=32, hidden_size=32, intermediate_size=32, head_dim=8,
+                      num_attention_heads=4, num_key_value_heads=2, sliding_window=3,
+                      max_position_embeddings=256, eos_token_id=None, pad_token_id=None).to_dict()
+    return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=3, init_scale=0.3)
+
+
+def qwen3_moe_target():
+    from transformers import Qwen3MoeConfig
+
+    hf = Qwen3MoeConfig(vocab_size=32, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_experts=4, num_experts_per_tok=2,
+                        max_position_embeddings=256, norm_topk_prob=True).to_dict()
+    return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=2, init_scale=0.3)
+
+
+FAMILIES = {"qwen3": lambda: dj.Target.random(DENSE, seed=1, init_scale=0.35),
+            "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target}
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_tree_forward_equals_causal_forwards_of_each_path(kind):
+    """Node i of a tree verified in one pass (after a ragged prefill) has the logits and taps
+    of a plain causal forward over the prompt + node i's root path."""
+    target = FAMILIES[kind]()
+    cfg, fam = target.config, targets.family_of(target.config)
+    prompts = [[3, 9, 4, 1, 7, 2, 8], [5, 6]]
+    B, P, N, D, S = 2, 7, 11, 4, 32
+    tokens = np.zeros((B, P), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    lens = jnp.array([len(p) for p in prompts], jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    state = fam.init_state(cfg, B, S, jnp.float32)
+    _, _, state = fam.forward(cfg, target.params, jnp.asarray(tokens), pos, state)
+    state = state.rollback(lens)
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(7), (B, D, cfg.vocab_size)) * 3)
+    anchors = jnp.array([11, 12], jnp.int32)
+    tree = trees.best_first_tree(anchors, logp, N, 3)
+    mask = trees.ancestor_mask(tree, D)
+    slots = lens[:, None] + jnp.arange(N, dtype=jnp.int32)
+    taps_ids = (0, cfg.num_layers - 1)
+    logits, taps, out_state = fam.forward(cfg, target.params, tree.tokens, slots, state,
+                                          tap_layer_ids=taps_ids,
+                                          tree=TreeAttention(lens[:, None] + tree.depth, mask))
+    assert np.asarray(out_state.lengths).tolist() == (np.asarray(lens) + N).tolist()
+    m = np.asarray(mask)
+    # every (row, node) as its own right-padded sequence: prompt + the node's root path
+    seqs = [prompts[b] + [int(tree.tokens[b, j]) for j in np.flatnonzero(m[b, i])]  # ancestors in order
+            for b in range(B) for i in range(N)]
+    width = max(len(x) for x in seqs)
+    batch = jnp.asarray([x + [0] * (width - len(x)) for x in seqs], jnp.int32)
+    last = jnp.asarray([len(x) - 1 for x in seqs], jnp.int32)
+    ref_logits, ref_taps, _ = fam.forward(cfg, target.params, batch,
+                                          jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), batch.shape),
+                                          tap_layer_ids=taps_ids, logit_index=last)
+    ref_taps = jnp.take_along_axis(ref_taps, last[:, None, None], axis=1)[:, 0]
+    np.testing.assert_allclose(logits.reshape(B * N, -1), ref_logits[:, 0], rtol=2e-4, atol=2e-4,
+                               err_msg=kind)
+    np.testing.assert_allclose(taps.reshape(B * N, -1), ref_taps, rtol=2e-4, atol=2e-4)
+
+
+def test_a_node_that_sees_a_sibling_changes_its_logits():
+    """The mask is applied: letting one node see a sibling changes that node's logits only."""
+    target = FAMILIES["qwen3"]()
+    cfg, fam = target.config, targets.family_of(target.config)
+    state = fam.init_state(cfg, 1, 32, jnp.float32)
+    _, _, state = fam.forward(cfg, target.params, jnp.array([[4, 5, 6]]), jnp.array([[0, 1, 2]]), state)
+    parents = jnp.array([[0, 0, 0, 1]])  # nodes 1 and 2 are siblings; 3 is 1's child
+    tree = trees.Tree(jnp.array([[7, 8, 9, 10]]), parents, jnp.array([[0, 1, 1, 2]]),
+                      jnp.array([[0, 0, 1, 0]]), jnp.ones((1, 4), bool), jnp.zeros((1, 4)))
+    mask = trees.ancestor_mask(tree, 2)
+    slots = jnp.array([[3, 4, 5, 6]])
+    run = lambda m: fam.forward(cfg, target.params, tree.tokens, slots, state,
+                                tree=TreeAttention(3 + tree.depth, m))[0]
+    good, bad = run(mask), run(mask.at[0, 2, 1].set(True))
+    np.testing.assert_array_equal(good[0, [0, 1, 3]], bad[0, [0, 1, 3]])
+    assert float(jnp.max(jnp.abs(good[0, 2] - bad[0, 2]))) > 1e-3
+
+
+# ---------------------------------------------------------------------------- greedy decoding
+@dataclasses.dataclass(frozen=True, eq=False)  # holds arrays: compared by identity
+class RankedTreeProposer(Proposer):
+    """A test proposer: rolls the target forward from the committed state (its greedy
+    continuation, the truth), then drafts a tree whose depth-d candidates are the truth at sibling
+    rank ``ranks[b, d]`` (-1: the truth is not among them) and decoys at the other ranks, the
+    rank-r candidate of depth d scored ``scores[d, r]`` (so the tree's shape is the same every
+    iteration, and a brute-force walk predicts the acceptance)."""
+
+    ranks: np.ndarray  # int32[B, D]
+    scores: np.ndarray  # float32[D, K]
+
+    def propose_tree(self, spec, tparams, params, state, committed, key, policy):
+        family, V = spec.family, spec.target.vocab_size
+        D, K = self.scores.shape
+
+        def step(carry, _):
+            cache, tok = carry
+            logits, _, cache = family.forward(spec.target, tparams, tok[:, None],
+                                              cache.lengths[:, None], cache)
+            tok = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
+            return (cache.rollback(cache.lengths), tok), tok
+
+        _, truth = jax.lax.scan(step, (committed.target_state, committed.bonus), None, length=D)
+        truth = truth.T  # [B, D]
+        ranks = jnp.asarray(self.ranks)
+        r = jnp.arange(K)
+        # decoy j: truth + 1 + j (distinct, never the truth); the truth takes its rank's place
+        decoy_rank = r[None, None, :] - (r[None, None, :] > ranks[:, :, None]) * (ranks[:, :, None] >= 0)
+        cand = jnp.where(r[None, None, :] == ranks[:, :, None], truth[:, :, None],
+                         (truth[:, :, None] + 1 + decoy_rank) % V)  # [B, D, K]
+        logp = jnp.full(truth.shape + (V,), -1e4, jnp.float32)
+        B = truth.shape[0]
+        logp = logp.at[jnp.arange(B)[:, None, None], jnp.arange(D)[None, :, None], cand].set(
+            jnp.broadcast_to(jnp.asarray(self.scores), cand.shape))
+        return trees.best_first_tree(committed.bonus, logp, policy.nodes, policy.topk), state
+
+
+def expected_acceptance(ranks, scores, nodes) -> int:
+    """1 + the depth of the deepest node on the truth's rank path inside the brute-force tree
+    (the proposer's logits are ``scores`` at its K candidates and -1e4 elsewhere: the tree
+    ranks their log-softmax)."""
+    scores = np.asarray(scores, np.float64)
+    chosen = brute_force_paths(scores - np.log(np.exp(scores).sum(1, keepdims=True)), nodes)
+    depth = 0
+    for d, r in enumerate(ranks):
+        if r < 0 or tuple(ranks[:d + 1]) not in chosen:
+            break
+        depth = d + 1
+    return depth + 1
+
+
+BS, K = 6, 3  # depth up to 5, three candidates per depth
+SCORES = (-1.0 - np.array([[0.0, 1.1, 2.3]] * (BS - 1)) - 0.07 * np.arange(BS - 1)[:, None]
+          + np.random.default_rng(0).uniform(0, 0.01, (BS - 1, K))).astype(np.float32)
+RANKS = np.array([[0, 0, 0, 0, 0],  # the truth always the best candidate
+                  [1, 0, 2, 0, 0],  # a second-ranked sibling, then a third
+                  [2, 1, 0, 1, 0],
+                  [-1, 0, 0, 0, 0]], np.int32)  # never drafted: one token per iteration
+
+
+@pytest.fixture(scope="module")
+def dense_ar():
+    target = dj.Target.random(DENSE, seed=4, init_scale=0.35)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
+    budgets = [20, 9, 17, 12]
+    return target, prompts, budgets, dj.generate(target, prompts, budgets)
+
+
+@pytest.mark.parametrize("nodes,impl", [(6, "xla"), (16, "xla"), (11, "pallas")])
+def test_greedy_tree_equals_autoregressive_and_accepts_what_a_walk_predicts(dense_ar, nodes, impl):
+    """``impl`` "pallas": the Pallas kernel's tree mask (interpreted on CPU) in the loop."""
+    target, prompts, budgets, ar = dense_ar
+    proposer = RankedTreeProposer(RANKS, SCORES)
+    out = dj.generate(target, prompts, budgets, proposer=proposer, block_size=BS, tree=nodes,
+                      tree_topk=K, attention_impl=impl)
+    assert out.sequences == ar.sequences
+    for b in range(len(prompts)):
+        want = expected_acceptance(RANKS[b].tolist(), SCORES, nodes)
+        lens = out.acceptance_lengths[b]
+        assert all(x == want for x in lens[:-1]), (b, want, lens)  # the last may hit the budget
+        assert 1 <= lens[-1] <= want  # the prefill emits one token, the iterations the rest
+        assert sum(lens[:-1]) < budgets[b] - 1 <= sum(lens)
+        assert out.verify_lengths[b] == [nodes] * len(lens)
+    # the cases reach depths 5 (rank 0 throughout), 3 and 1 with 16 nodes: not only full chains
+    assert len({expected_acceptance(r.tolist(), SCORES, 16) for r in RANKS}) >= 3
+
+
+def test_refusals_name_the_problem(dense_ar):
+    target, prompts, budgets, _ = dense_ar
+    drafter = dj.Drafter.random(target, num_layers=1, block_size=4, seed=1)
+    cases = [(dict(tree=1), "at least 2 nodes"),
+             (dict(tree=8, block_size="adaptive"), "two verify policies"),
+             (dict(tree_topk=2), "belongs to tree verification"),
+             (dict(tree=8, temperature=1.0, sampled_draft=True), "sampled_draft"),
+             (dict(tree=8, tree_topk=0), "topk must be >= 1"),
+             (dict(tree="8"), "tree must be an integer")]
+    for options, match in cases:
+        with pytest.raises(ValueError, match=match):
+            dj.generate(target, prompts[:1], 4, drafter=drafter, **options)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        dj.generate(target, prompts[:1], 4, tree=8)
+
+
+def test_hybrid_targets_refuse_trees_with_the_reason():
+    from support.hybrid_targets import hybrid_config, random_drafter, random_target
+
+    target = random_target(hybrid_config(), seed=0)
+    drafter = random_drafter(target, block_size=4, seed=1)
+    with pytest.raises(ValueError, match="Gated DeltaNet .* own branch"):
+        dj.generate(target, [[1, 2, 3]], 4, drafter=drafter, tree=8)
+
+
+# ---------------------------------------------------------------------------- the embedded pair
+def test_embedded_pair_chain_tree_equals_the_chain_and_trees_equal_ar():
+    target, drafter = dj.load_embedded()
+    tok = target.tokenizer
+    prompts = [tok.encode("Question: A farmer has 12 cows and buys 7 more. How many cows?\nAnswer:"),
+               tok.encode("def add(a, b):")]
+    n = 24
+    chain = dj.generate(target, prompts, n, drafter=drafter)  # == AR (test_embedded_default)
+    as_tree = dj.generate(target, prompts, n, drafter=drafter, tree=drafter.config.block_size, tree_topk=1)
+    assert as_tree.sequences == chain.sequences
+    assert as_tree.acceptance_lengths == chain.acceptance_lengths
+    tree = dj.generate(target, prompts, n, drafter=drafter, tree=32)
+    assert tree.sequences == chain.sequences
+    assert max(max(x) for x in tree.acceptance_lengths) > 1  # the trained drafter is accepted

@@ -1,0 +1,1 @@
+"""Shared test helpers: oracles, test-only families and proposers, subprocess runners."""
