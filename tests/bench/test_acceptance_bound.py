@@ -10,7 +10,7 @@ import pytest
 
 from dflash_jax.bench import acceptance_bound as ab
 
-pytestmark = pytest.mark.xdist_group("test_acceptance_bound")
+pytestmark = [pytest.mark.xdist_group("test_acceptance_bound"), pytest.mark.torch]
 
 
 def _ceiling_by_hand(m, bs):

@@ -11,6 +11,8 @@ from support.tiny_models import make_hf_model
 
 from dflash_jax.bench import decode_speed
 
+pytestmark = pytest.mark.torch
+
 
 def test_decode_speed_writes_json_and_plot(tmp_path):
     cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,

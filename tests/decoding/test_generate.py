@@ -13,6 +13,8 @@ import dflash_jax as dj
 from support import exact_sampling
 from dflash_jax.targets import target_forward
 
+pytestmark = pytest.mark.torch
+
 
 def hf_greedy(model, prompt, max_new, stop=None):
     with torch.no_grad():

@@ -10,6 +10,8 @@ import pytest
 from support.bench_checks import check_report
 from dflash_jax.bench import harness
 
+pytestmark = pytest.mark.torch
+
 
 @pytest.fixture(scope="module")
 def pair():

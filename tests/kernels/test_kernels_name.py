@@ -40,6 +40,8 @@ spec = importlib.util.find_spec("kernels")
 import transformers
 from transformers.utils import import_utils
 
+pytestmark = pytest.mark.torch
+
 facts = {"spec": os.path.dirname(spec.origin) if spec and spec.origin else None,
          "transformers": transformers.__version__}
 if mode == "installed_only":

@@ -16,6 +16,8 @@ from dflash_jax.config import TargetConfig
 
 from support.tiny_models import make_hf_model
 
+pytestmark = pytest.mark.torch
+
 
 def all_tensors(path):
     return read_tensors(path)

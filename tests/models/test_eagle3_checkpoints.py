@@ -19,7 +19,7 @@ from dflash_jax.config import Eagle3Config
 from dflash_jax.models.handles import (Eagle3Drafter, load_any_drafter, load_drafter, load_eagle3,
                                        save_eagle3)
 
-pytestmark = pytest.mark.xdist_group("test_eagle3_checkpoints")
+pytestmark = [pytest.mark.xdist_group("test_eagle3_checkpoints"), pytest.mark.torch]
 
 V, VD, D = 128, 48, 64
 LAYERS = (0, 1, 2)

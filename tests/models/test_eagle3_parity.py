@@ -29,7 +29,7 @@ from dflash_jax.config import Eagle3Config, RopeConfig
 from dflash_jax.models.eagle3 import Eagle3Model
 from dflash_jax.nn.cache import KVCache
 
-pytestmark = pytest.mark.xdist_group("test_eagle3_parity")
+pytestmark = [pytest.mark.xdist_group("test_eagle3_parity"), pytest.mark.torch]
 
 V, VD, D, DT, F, H, HKV, DH = 128, 48, 64, 32, 96, 4, 2, 16
 T, STEPS, SLOTS = 12, 3, 16

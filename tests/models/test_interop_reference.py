@@ -25,6 +25,8 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from support.tiny_models import make_hf_model
 
+pytestmark = pytest.mark.torch
+
 TOL = 1e-4
 
 

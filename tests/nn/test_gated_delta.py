@@ -12,7 +12,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 from dflash_jax.nn import gated_delta as gd
 
-pytestmark = pytest.mark.xdist_group("gated_delta")
+pytestmark = [pytest.mark.xdist_group("gated_delta"), pytest.mark.torch]
 
 B, HK, HV, DK, DV, K = 2, 2, 4, 8, 6, 4
 C = 2 * HK * DK + HV * DV

@@ -32,7 +32,7 @@ from dflash_jax.targets.moe import gpt_oss, mxfp4
 
 from support.oracle_proposers import ReferenceProposer
 
-pytestmark = pytest.mark.xdist_group("gpt_oss")
+pytestmark = [pytest.mark.xdist_group("gpt_oss"), pytest.mark.torch]
 
 N_LAYERS, E, K, D, F, V, W = 4, 8, 2, 32, 32, 96, 5
 TOL = 5e-5  # float32, relative to the logits' scale (measured: 1.2e-5)

@@ -37,7 +37,7 @@ from support import exact_sampling
 from support import hybrid_targets as ht
 from support.oracle_proposers import ReferenceProposer, TableProposer
 
-pytestmark = pytest.mark.xdist_group("hybrid_exact")
+pytestmark = [pytest.mark.xdist_group("hybrid_exact"), pytest.mark.torch]
 
 # GDN layer then attention layer (Qwen3.5's order): a wrong GDN state also reaches the KV cache
 LAYERS = (ht.LINEAR, ht.FULL)

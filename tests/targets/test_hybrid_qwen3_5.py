@@ -37,7 +37,7 @@ from dflash_jax.targets.hybrid import qwen3_5
 
 from support.moe_oracles import separated_router
 
-pytestmark = pytest.mark.xdist_group("hybrid_qwen3_5")
+pytestmark = [pytest.mark.xdist_group("hybrid_qwen3_5"), pytest.mark.torch]
 
 TOL = 5e-5
 """Relative to the largest |value|: float32 transformers is as far (1e-4 on logits of 5) from

@@ -38,7 +38,7 @@ from dflash_jax.targets.moe import qwen3_moe, qwen3_moe_model
 from support.moe_oracles import dense_moe_reference, separated_router
 from support.oracle_proposers import ReferenceProposer
 
-pytestmark = pytest.mark.xdist_group("moe_qwen3")
+pytestmark = [pytest.mark.xdist_group("moe_qwen3"), pytest.mark.torch]
 
 TOL = 1e-4
 HF_DIMS = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,

@@ -18,7 +18,7 @@ from dflash_jax.parallel import rules
 from dflash_jax.targets.moe import qwen3_5_moe as q
 from support.moe_oracles import separated_router
 
-pytestmark = pytest.mark.xdist_group("qwen3_5_moe_block")
+pytestmark = [pytest.mark.xdist_group("qwen3_5_moe_block"), pytest.mark.torch]
 
 D, E, K, F, FS = 16, 8, 2, 12, 20  # F != FS: a swapped width cannot pass
 PREFIX = "model.layers.0.mlp."

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from dflash_jax.targets.hybrid import qwen3_next_layout as layout
 from support.moe_oracles import separated_router
 
-pytestmark = pytest.mark.xdist_group("qwen3_next")
+pytestmark = [pytest.mark.xdist_group("qwen3_next"), pytest.mark.torch]
 
 TOL = 1e-4
 GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,

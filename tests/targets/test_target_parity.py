@@ -7,6 +7,9 @@ import torch
 import dflash_jax as dj
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
+import pytest
+
+pytestmark = pytest.mark.torch
 
 TOL = 1e-4
 

@@ -16,6 +16,8 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 from dflash_jax.config import RopeConfig, decoder_fields_to_hf, rope_from_hf
 from dflash_jax.nn.layers import rope_cos_sin, rope_inv_freq
 
+pytestmark = pytest.mark.torch
+
 HEAD_DIM = 64
 CASES = [
     # gpt-oss-20b / 120b's released RoPE

@@ -9,7 +9,7 @@ import pytest
 
 from dflash_jax.tools import roofline, roofline_moe as rm
 
-pytestmark = pytest.mark.xdist_group("test_roofline_moe")
+pytestmark = [pytest.mark.xdist_group("test_roofline_moe"), pytest.mark.torch]
 
 # D 8, 2 layers, 2 heads / 1 KV head of 4, vocab 32, 4 experts of width 4, 2 per token
 TINY = rm.MoeShape(model_type="qwen3_moe", vocab_size=32, hidden_size=8, num_layers=2, num_heads=2,

@@ -1,0 +1,73 @@
+"""The test tiers stay true as tests are added: the marks that select them (registered in
+pyproject.toml, `--strict-markers`) are on the modules that need them, and the layout is the
+code's. `.ci/newest-jax` runs `-m "not slow and not torch"` on an environment without PyTorch,
+so a module that needs PyTorch without the `torch` mark fails there; this finds it first."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.join(ROOT, "tests")
+NEEDS_TORCH = re.compile(r"^\s*import torch\b|make_hf_model\(|hf_checkpoint\b|ForCausalLM\b", re.M)
+USES_DEVICES = re.compile(r"\b(run_on_devices|shared_run)\(")
+
+
+def _test_modules():
+    """(path relative to tests/, source) of every test module."""
+    out = []
+    for d, _, files in os.walk(TESTS):
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py") and f != os.path.basename(__file__):
+                path = os.path.join(d, f)
+                out.append((os.path.relpath(path, TESTS), open(path).read()))
+    return sorted(out)
+
+
+MODULES = _test_modules()
+
+
+def module_marks(source: str) -> set[str]:
+    m = re.search(r"^pytestmark = (.+)$", source, re.M)
+    return set(re.findall(r"pytest\.mark\.(\w+)", m.group(1))) if m else set()
+
+
+@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
+def test_pytorch_users_carry_the_torch_mark(rel, source):
+    if NEEDS_TORCH.search(source):
+        assert "torch" in module_marks(source), (
+            f"tests/{rel} uses PyTorch (transformers' models as an oracle): add pytest.mark.torch to "
+            f"its pytestmark, or .ci/newest-jax (no PyTorch) fails on it")
+
+
+@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
+def test_subprocess_meshes_carry_the_multidevice_mark(rel, source):
+    if USES_DEVICES.search(source):
+        assert "multidevice" in module_marks(source) or "pytest.mark.multidevice" in source, (
+            f"tests/{rel} runs code on several host devices: mark it (or its tests) multidevice")
+
+
+def test_layout_follows_the_code():
+    """Test modules sit in a folder named after the code they test (tests/<area>/), helpers in
+    tests/support/; no test module at the top of tests/."""
+    areas = {rel.split(os.sep)[0] for rel, _ in MODULES}
+    assert all(os.sep in rel for rel, _ in MODULES), [rel for rel, _ in MODULES if os.sep not in rel]
+    library = set(os.listdir(os.path.join(ROOT, "dflash_jax"))) | {"kernels", "experiments", "tools"}
+    project_level = {"cli", "notebooks", "project", "models"}  # the command line, notebooks, packaging and docs
+    assert areas - library - project_level == set(), areas - library - project_level
+    assert not [f for f in os.listdir(os.path.join(TESTS, "support")) if f.startswith("test_")]
+
+
+def test_every_mark_used_is_registered():
+    registered = {m.split(":")[0] for m in tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))
+                  ["tool"]["pytest"]["ini_options"]["markers"]}
+    used = set()
+    for _, source in MODULES:
+        used |= set(re.findall(r"pytest\.mark\.(\w+)", source))
+    builtin = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+    assert used - builtin <= registered, used - builtin - registered
+    assert {"slow", "torch", "multidevice"} <= registered
