@@ -35,9 +35,42 @@ def pytest_unconfigure(config):
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
 
+import importlib.util
+import re
+
 import pytest
 
 from support.tiny_models import HF_VARIANTS, make_hf_model
+
+# Modules marked `torch` (transformers' PyTorch models as the oracle) or `triton` (the Triton kernel
+# in Triton's interpreter) import those packages at module level. In an environment without them
+# (.ci/newest-jax: Python 3.12, no PyTorch) they are not collected, and the header says how many;
+# `-m "not torch and not triton"` selects the same tests wherever the packages are installed.
+_MISSING = {m for m in ("torch", "triton") if importlib.util.find_spec(m) is None}
+_NOT_COLLECTED: list = []
+
+
+def pytest_ignore_collect(collection_path, config):
+    if not _MISSING or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
+        return None
+    header = re.search(r"^pytestmark = (.+)$", collection_path.read_text(), re.M)
+    needs = set(re.findall(r"pytest\.mark\.(\w+)", header.group(1))) & _MISSING if header else set()
+    if needs:
+        _NOT_COLLECTED.append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    if _MISSING:
+        return (f"{', '.join(sorted(_MISSING))} not installed: modules marked so are not collected "
+                f"(tests/conftest.py)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _NOT_COLLECTED:
+        terminalreporter.write_line(f"not collected ({', '.join(sorted(_MISSING))} not installed): "
+                                    f"{len(_NOT_COLLECTED)} modules")
 
 
 @pytest.fixture(scope="session", params=sorted(HF_VARIANTS))

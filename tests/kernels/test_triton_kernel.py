@@ -22,6 +22,8 @@ from support.model_parity import drafter_outputs
 from dflash_jax.kernels import block_attention_reference, tuning
 from dflash_jax.kernels.triton_block_attention import block_attention_triton, plan_launch
 
+pytestmark = pytest.mark.triton
+
 # max |out - ref| allowed, as a fraction of max |ref| (bf16: a few output roundings)
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 1.5e-2}
 

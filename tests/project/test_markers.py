@@ -1,7 +1,8 @@
 """The test tiers stay true as tests are added: the marks that select them (registered in
 pyproject.toml, `--strict-markers`) are on the modules that need them, and the layout is the
-code's. `.ci/newest-jax` runs `-m "not slow and not torch"` on an environment without PyTorch,
-so a module that needs PyTorch without the `torch` mark fails there; this finds it first."""
+code's. `.ci/newest-jax` runs `-m "not slow and not torch and not triton"` in an environment
+without PyTorch and Triton, where tests/conftest.py does not collect modules marked so: a module
+that needs either without its mark fails there; this finds it first."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests")
 NEEDS_TORCH = re.compile(r"^\s*import torch\b|make_hf_model\(|hf_checkpoint\b|ForCausalLM\b", re.M)
+NEEDS_TRITON = re.compile(r"^\s*(import|from) (triton|jax_triton)\b|triton_block_attention import", re.M)
 USES_DEVICES = re.compile(r"\b(run_on_devices|shared_run)\(")
 
 
@@ -42,6 +44,12 @@ def test_pytorch_users_carry_the_torch_mark(rel, source):
         assert "torch" in module_marks(source), (
             f"tests/{rel} uses PyTorch (transformers' models as an oracle): add pytest.mark.torch to "
             f"its pytestmark, or .ci/newest-jax (no PyTorch) fails on it")
+
+
+@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
+def test_triton_users_carry_the_triton_mark(rel, source):
+    if NEEDS_TRITON.search(source):
+        assert "triton" in module_marks(source), f"tests/{rel} imports Triton: add pytest.mark.triton"
 
 
 @pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
