@@ -5,11 +5,16 @@
 * The tree forward against plain causal forwards: node i's logits and taps, computed in one
   pass over the whole tree through the cache, equal a cache-less causal forward over the prompt
   and node i's root path (dense, qwen3_moe, and gpt_oss with sinks and a sliding window
-  narrower than the tree's depth).
+  narrower than the tree's depth), on best-first trees and a hand-made one whose depth-4 node
+  lies under a rank-1 depth-1 node (its slot and RoPE distances to that ancestor differ across
+  the window: a window measured in slots for the block's keys fails).
 * Greedy tree decoding equals autoregressive decoding on a ragged batch, with an oracle
   proposer that places the target's own next token at a chosen sibling rank at every depth
   (or nowhere); every iteration's acceptance length equals the one a brute-force walk of the
   same tree predicts (so the acceptance, not only the output, is checked).
+* The drafter's context after each tree iteration holds the target's taps of the committed
+  tokens (a cache-less jnp forward over the committed sequence), the accepted path's in path
+  order (taps of the tree's first nodes instead fail), on a small random DFlash pair.
 * The chain as a tree (``tree_topk=1``, N = block size) gives the DFlash chain's tokens and
   acceptance lengths on the embedded pair, and trees of 16 / 32 nodes equal AR there.
 * ``KVCache.compact`` against a numpy move; what cannot verify trees is refused by name.
@@ -29,7 +34,7 @@ import dflash_jax as dj
 from dflash_jax import targets
 from dflash_jax.decoding import tree as trees
 from dflash_jax.nn.tree_attention import TreeAttention
-from dflash_jax.proposers import Proposer
+from dflash_jax.proposers import DFlashProposer, Proposer
 
 pytestmark = pytest.mark.xdist_group("tree_exact")
 
@@ -142,14 +147,38 @@ FAMILIES = {"qwen3": lambda: dj.Target.random(DENSE, seed=1, init_scale=0.35),
             "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target}
 
 
+# A hand-made tree (node: parent) for the third row: node 7 at depth 4 under the rank-1 depth-1
+# node 2 (path 0, 2, 4, 5, 7), node 9 at depth 4 under the rank-0 node 1 (path 0, 1, 3, 6, 9).
+# With gpt_oss's window of 3, node 7 (slot start + 7, position start + 4) sees its ancestors
+# at depths 2 and 3 but not node 2 (position start + 1, slot start + 2): measured by slot, node
+# 2 would fall inside its window. Siblings are listed in rank order.
+HAND_PARENTS = [0, 0, 0, 1, 2, 4, 3, 5, 0, 6, 4]
+
+
+def hand_tree(anchor: int) -> trees.Tree:
+    """The tree of ``HAND_PARENTS`` (one row; tokens arbitrary, scores 0)."""
+    par = np.array(HAND_PARENTS)
+    depth, rank = np.zeros_like(par), np.zeros_like(par)
+    for i in range(1, len(par)):
+        depth[i] = depth[par[i]] + 1
+        rank[i] = sum(par[j] == par[i] for j in range(1, i))
+    assert depth[7] == 4 and rank[2] == 1 and par[4] == 2 and depth[9] == 4
+    tokens = (anchor + 5 * np.arange(len(par))) % 31
+    row = lambda a, dt=jnp.int32: jnp.asarray(a[None], dt)
+    return trees.Tree(row(tokens), row(par), row(depth), row(rank), jnp.ones((1, len(par)), bool),
+                      jnp.zeros((1, len(par)), jnp.float32))
+
+
 @pytest.mark.parametrize("kind", sorted(FAMILIES))
 def test_tree_forward_equals_causal_forwards_of_each_path(kind):
     """Node i of a tree verified in one pass (after a ragged prefill) has the logits and taps
-    of a plain causal forward over the prompt + node i's root path."""
+    of a plain causal forward over the prompt + node i's root path. Rows 0 and 1: best-first
+    trees; row 2: ``hand_tree`` (a depth-4 node whose slot and position distances to an
+    ancestor differ across gpt_oss's window)."""
     target = FAMILIES[kind]()
     cfg, fam = target.config, targets.family_of(target.config)
-    prompts = [[3, 9, 4, 1, 7, 2, 8], [5, 6]]
-    B, P, N, D, S = 2, 7, 11, 4, 32
+    prompts = [[3, 9, 4, 1, 7, 2, 8], [5, 6], [10, 2, 13, 4]]
+    B, P, N, D, S = 3, 7, 11, 4, 32
     tokens = np.zeros((B, P), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
@@ -158,9 +187,10 @@ def test_tree_forward_equals_causal_forwards_of_each_path(kind):
     state = fam.init_state(cfg, B, S, jnp.float32)
     _, _, state = fam.forward(cfg, target.params, jnp.asarray(tokens), pos, state)
     state = state.rollback(lens)
-    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(7), (B, D, cfg.vocab_size)) * 3)
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(7), (2, D, cfg.vocab_size)) * 3)
     anchors = jnp.array([11, 12], jnp.int32)
-    tree = trees.best_first_tree(anchors, logp, N, 3)
+    tree = trees.Tree(*(jnp.concatenate(f, 0) for f in zip(trees.best_first_tree(anchors, logp, N, 3),
+                                                            hand_tree(14))))
     mask = trees.ancestor_mask(tree, D)
     slots = lens[:, None] + jnp.arange(N, dtype=jnp.int32)
     taps_ids = (0, cfg.num_layers - 1)
@@ -313,6 +343,99 @@ def test_hybrid_targets_refuse_trees_with_the_reason():
     drafter = random_drafter(target, block_size=4, seed=1)
     with pytest.raises(ValueError, match="Gated DeltaNet .* own branch"):
         dj.generate(target, [[1, 2, 3]], 4, drafter=drafter, tree=8)
+
+
+# ---------------------------------------------------------------------------- the drafter's context
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContextRecorder(DFlashProposer):
+    """The DFlash proposer (its trees unchanged) that also copies, at each tree proposal, (block
+    start int32[B], the pending taps [B, bs, k*D] and their positions int32[B, bs] that this
+    proposal writes into the drafter's context, the tree's tokens and parents [B, N]) to
+    ``records``, in loop order. Compared and hashed by identity: traced anew per instance."""
+
+    records: list = dataclasses.field(default_factory=list)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def propose_tree(self, spec, tparams, params, state, committed, key, policy):
+        tree, new_state = super().propose_tree(spec, tparams, params, state, committed, key, policy)
+        jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
+                           committed.start, state.pending_taps, state.pending_pos, tree.tokens,
+                           tree.parents, ordered=True)
+        return tree, new_state
+
+
+CONTEXT_TARGET = dj.TargetConfig("qwen3", vocab_size=6, hidden_size=32, intermediate_size=48,
+                                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                                 max_position_embeddings=128)
+
+
+def numpy_params(init, seed: int, scale: float = 0.35):
+    """Random parameters shaped like ``init(key)``'s (traced for its shapes only, not compiled
+    nor run: the tiny pair costs no init programs): matrices normal(``scale``), norm weights
+    1 + 0.2 normal, drawn in numpy."""
+    shapes = jax.eval_shape(init, jax.random.key(0))
+    rng = np.random.default_rng(seed)
+    draw = lambda path, s: jnp.asarray(
+        1.0 + 0.2 * rng.normal(size=s.shape) if "weight" in jax.tree_util.keystr(path)
+        else scale * rng.normal(size=s.shape), s.dtype)
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def context_pair():
+    """(target, drafter): a random qwen3 target of 6 tokens (so a top-4 tree often holds the
+    target's next token, at any rank) and a 1-layer DFlash drafter of block 4 on its 2 layers."""
+    from dflash_jax.models.drafter import init_drafter_params
+
+    tparams = numpy_params(lambda k: targets.init_target_params(CONTEXT_TARGET, k, jnp.float32), 3)
+    target = dj.Target(CONTEXT_TARGET, tparams)
+    dcfg = dj.DrafterConfig.for_target(CONTEXT_TARGET, 1, 4, CONTEXT_TARGET.vocab_size - 1, (0, 1))
+    dcfg.check_target(CONTEXT_TARGET)
+    return target, dj.Drafter(dcfg, numpy_params(lambda k: init_drafter_params(dcfg, k), 4))
+
+
+def test_drafter_context_gets_the_accepted_paths_taps_in_path_order():
+    """Greedy DFlash tree decoding (tree=12, top-4, block 4) on a small random pair: at every
+    iteration, the taps the proposer writes into the drafter's context are, at each position
+    committed by the last iteration (its anchor, then the accepted path), the target's taps
+    there from a cache-less forward over the committed sequence (``drafter_reference.
+    target_taps``, plain jnp); every committed position gets exactly one. Several iterations
+    accept a path whose nodes are not the tree's first nodes (so taps gathered in node order,
+    or not gathered, would be caught)."""
+    from support.drafter_reference import target_taps
+
+    target, drafter = context_pair()
+    prompts, max_new, S_pad = [[1, 2, 3, 4, 5], [0, 3, 4, 4, 2, 1, 1, 3]], 24, 64
+    recorder = ContextRecorder(drafter.config)
+    out = dj.generate(target, prompts, max_new, drafter=drafter, proposer=recorder, tree=12,
+                      tree_topk=4)
+    records = recorder.records
+    assert len(records) == max(len(a) for a in out.acceptance_lengths)
+    off_order = 0
+    for b, (prompt, seq, acc) in enumerate(zip(prompts, out.sequences, out.acceptance_lengths)):
+        full = prompt + seq
+        taps = np.asarray(target_taps(target.config, target.params,
+                                      jnp.asarray(np.pad(full, (0, S_pad - len(full))), jnp.int32),
+                                      drafter.config.target_layer_ids))
+        covered = []
+        for i in range(len(acc)):
+            start = len(prompt) + sum(acc[:i])
+            rec_start, pending, pos, *_ = (r[b] for r in records[i])
+            assert int(rec_start) == start, (b, i)
+            seen = pos < start  # what the drafter's context reads of the pending block
+            covered += pos[seen].tolist()
+            np.testing.assert_allclose(pending[seen], taps[pos[seen]], rtol=2e-4, atol=2e-4,
+                                       err_msg=f"prompt {b}, iteration {i}, positions {pos[seen]}")
+            if i:  # the last iteration's accepted path in its tree: was it the first nodes?
+                tok, par = records[i - 1][3][b], records[i - 1][4][b]
+                path = [0]
+                for t in full[start - acc[i - 1] + 1:start]:
+                    path.append(next((j for j in range(1, len(tok)) if par[j] == path[-1] and tok[j] == t), None))
+                    assert path[-1] is not None, (b, i, "an accepted token not in the tree")
+                off_order += path != list(range(len(path)))
+        assert covered == list(range(len(prompt), len(prompt) + sum(acc[:-1]))), (b, covered)
+    print(f"acceptance lengths {out.acceptance_lengths}; {off_order} paths not the first nodes")
+    assert off_order >= 3
 
 
 # ---------------------------------------------------------------------------- the embedded pair

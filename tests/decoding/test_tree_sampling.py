@@ -13,6 +13,9 @@ whole sequence) must accept it and reject three plausible wrong rules written he
 rule on top-k children, a residual not renormalised after a rejected sibling, a bonus drawn
 from p without zeroing the rejected children), while the right rule written again here, as the
 sequential walk, passes.
+A second fixed tree whose root's children leave out the anchor token, which p at the root
+favours: the anchor comes back as the root's bonus at rate p(anchor) (and the exact law holds),
+while a rule that counts the root among its own children (so zeroes the anchor) is rejected.
 
 At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonus equal
 ``tree.accept_greedy``'s on random best-first trees (an independent walk). With the vocabulary
@@ -59,15 +62,16 @@ NODES = [
 N, MAX_DEPTH = len(NODES), 3
 
 
-def fixed_tree(rows: int) -> Tree:
-    """The tree of ``NODES`` in each of ``rows`` rows (scores unused: 0)."""
-    tok, par, rank, valid = (np.array(c) for c in zip(*NODES))
-    depth = np.zeros(N, int)
-    for i in range(1, N):
+def fixed_tree(rows: int, nodes=NODES) -> Tree:
+    """The tree of ``nodes`` (default ``NODES``) in each of ``rows`` rows (scores unused: 0)."""
+    tok, par, rank, valid = (np.array(c) for c in zip(*nodes))
+    n = len(nodes)
+    depth = np.zeros(n, int)
+    for i in range(1, n):
         depth[i] = depth[par[i]] + 1
-    rep = lambda a, dt: jnp.asarray(np.broadcast_to(a, (rows, N)), dt)
+    rep = lambda a, dt: jnp.asarray(np.broadcast_to(a, (rows, n)), dt)
     return Tree(rep(tok, jnp.int32), rep(par, jnp.int32), rep(depth, jnp.int32),
-                rep(rank, jnp.int32), rep(valid, bool), jnp.zeros((rows, N), jnp.float32))
+                rep(rank, jnp.int32), rep(valid, bool), jnp.zeros((rows, n), jnp.float32))
 
 
 def fixed_logits() -> np.ndarray:
@@ -89,21 +93,21 @@ def target_probs(logits) -> np.ndarray:
     return p
 
 
-def children_of(n: int) -> list[int]:
-    """The valid children of node n in rank order."""
-    kids = [i for i in range(1, N) if NODES[i][1] == n and NODES[i][3]]
-    return sorted(kids, key=lambda i: NODES[i][2])
+def children_of(n: int, nodes=NODES) -> list[int]:
+    """The valid children of node n in rank order (the root, its own parent, is none)."""
+    kids = [i for i in range(1, len(nodes)) if nodes[i][1] == n and nodes[i][3]]
+    return sorted(kids, key=lambda i: nodes[i][2])
 
 
-def exact_outcomes(p: np.ndarray) -> dict:
+def exact_outcomes(p: np.ndarray, nodes=NODES) -> dict:
     """{emitted sequence (tuple): exact probability}: a path to node n, then a bonus b that is
-    not one of n's children's tokens."""
+    not one of n's children's tokens (p [len(nodes), V]: the target's at each node)."""
     out = {}
 
     def walk(n, prefix, prob):
         kids = {}
-        for c in children_of(n):
-            kids.setdefault(NODES[c][0], c)  # a repeated token: its first sibling only
+        for c in children_of(n, nodes):
+            kids.setdefault(nodes[c][0], c)  # a repeated token: its first sibling only
         for b in range(V):
             if b in kids:
                 walk(kids[b], prefix + (b,), prob * p[n, b])
@@ -114,14 +118,14 @@ def exact_outcomes(p: np.ndarray) -> dict:
     return out
 
 
-def emitted(last, bonus) -> list[tuple]:
+def emitted(last, bonus, nodes=NODES) -> list[tuple]:
     """The emitted sequences: the tokens of the path root -> last (root excluded), the bonus."""
     seqs = []
     for n, b in zip(np.asarray(last).tolist(), np.asarray(bonus).tolist()):
         path = []
         while n != 0:
-            path.append(NODES[n][0])
-            n = NODES[n][1]
+            path.append(nodes[n][0])
+            n = nodes[n][1]
         seqs.append(tuple(path[::-1]) + (b,))
     return seqs
 
@@ -254,6 +258,74 @@ def test_emitted_tokens_have_the_target_law(fixed_case, rule):
         assert np.all(np.bincount(accepted, minlength=MAX_DEPTH + 1)[1:] > 0.05 * ROWS)
     else:
         assert report.min_p < 1e-12, report
+
+
+# ---------------------------------------------------------------- the anchor as the root's bonus
+# A second fixed tree, whose root's children leave out the anchor (the root's own token, which
+# p at the root favours): when the root's children are all rejected, the bonus is the anchor
+# with probability p(anchor) / (1 - R). The root is its own parent (parents[0] = 0), so a rule
+# that counts it among its own children zeroes the anchor and never emits it there. p at the
+# root keeps {4, 2, 1} (top-k 3): the children {2, 5 (p = 0 there)} leave the bonus {4, 1}, so
+# such a rule still has a token to draw (1), and the only trace is the anchor's missing mass.
+ANCHOR = 4
+ANCHOR_NODES = [
+    (ANCHOR, 0, 0, True),
+    (2, 0, 0, True), (5, 0, 1, True),  # not the anchor; token 5 outside p's support at the root
+    (ANCHOR, 1, 0, True), (3, 1, 1, True),  # the anchor's token again, under node 1
+]
+
+
+def anchor_logits() -> np.ndarray:
+    """float32[5, V]: the target's logits at each node of ``ANCHOR_NODES``."""
+    x = np.random.default_rng(12).normal(0.0, 1.0, (len(ANCHOR_NODES), V))
+    x[0] = [-1.0, 0.6, 1.0, -2.0, 2.2, -0.5, -1.5]  # p(anchor) = 0.665, p(2) = 0.2, p(1) = 0.134
+    x[1, [ANCHOR, 3]] = 1.8, 1.2
+    return x.astype(np.float32)
+
+
+def root_its_own_child(tree, mask, logits, sampling, key):
+    """A wrong rule: accept_sampled's path, but a bonus at the root drawn with the root's own
+    token zeroed too (the root counted among its children: ``tree.valid`` for ``is_child``)."""
+    last, accepted, bonus = accept_sampled(tree, mask, logits, sampling, key)
+    logp = target_logp(logits, sampling)[:, 0]  # [B, V]: p at the root
+    kids = tree.valid & (tree.parents == 0)  # node 0 included
+    zeroed = jnp.zeros(logp.shape, bool).at[jnp.arange(logp.shape[0])[:, None], tree.tokens].max(kids)
+    redraw = jax.random.categorical(jax.random.fold_in(key, 1), jnp.where(zeroed, -jnp.inf, logp))
+    return last, accepted, jnp.where(last == 0, redraw, bonus)
+
+
+def test_the_anchor_comes_back_as_the_bonus_at_its_rate():
+    """accept_sampled on ``ANCHOR_NODES`` (ROWS rows): the emitted sequences have the exact law
+    (chi-squared as above) and the anchor alone is emitted at rate p(anchor) at the root (a
+    binomial z-score). Negative control in the same compiled call: ``root_its_own_child``
+    never emits the anchor there and is rejected by both checks."""
+    nodes = ANCHOR_NODES
+    p = target_probs(anchor_logits())
+    outcomes = exact_outcomes(p, nodes)
+    root_kids = {nodes[c][0] for c in children_of(0, nodes)}
+    assert ANCHOR not in root_kids and p[0, ANCHOR] > 0.6 and set(np.flatnonzero(p[0])) - root_kids == {ANCHOR, 1}
+    assert abs(sum(outcomes.values()) - 1.0) < 1e-12 and outcomes[(ANCHOR,)] == p[0, ANCHOR]
+    tree = fixed_tree(ROWS, nodes)
+    logits = jnp.asarray(np.broadcast_to(anchor_logits(), (ROWS,) + anchor_logits().shape))
+
+    @jax.jit
+    def both(tree, logits, key):
+        mask = ancestor_mask(tree, 2)
+        return [rule(tree, mask, logits, SAMPLING, key) for rule in (accept_sampled, root_its_own_child)]
+
+    reports = {}
+    for name, (last, _, bonus) in zip(("accept_sampled", "root its own child"),
+                                      both(tree, logits, jax.random.key(4))):
+        seqs = emitted(last, bonus, nodes)
+        hits = sum(s == (ANCHOR,) for s in seqs)
+        z = (hits - ROWS * p[0, ANCHOR]) / np.sqrt(ROWS * p[0, ANCHOR] * (1 - p[0, ANCHOR]))
+        reports[name] = (z, fit(seqs, outcomes))
+        print(f"{name}: the anchor as the root's bonus {hits / ROWS:.4f} (p = {p[0, ANCHOR]:.4f}, "
+              f"z = {z:.1f}), {reports[name][1]}")
+    z, report = reports["accept_sampled"]
+    assert abs(z) < 4.5 and not report.rejected, report
+    z, report = reports["root its own child"]
+    assert z < -50 and report.min_p < 1e-12, report
 
 
 # ---------------------------------------------------------------- temperature 0: the greedy walk
