@@ -28,6 +28,10 @@ whatever its quality.
   first step whose top-2 logit gap is below ``MARGIN``; trees: the same nodes as root paths,
   with their ranks, depths, parents and scores to 1e-4, whenever every decision the
   reference took is clear by ``MARGIN``), and the output equals autoregressive decoding;
+* the same trees node by node, every tree, clear or not: each node's score less its parent's is
+  the reference's log-probability of its token at the output of its parent's root path (within
+  ``NODE_TOL`` = 1e-3; float32 rounding here: at most 7e-5) and its rank is that token's place
+  there, so a frontier node run with the wrong ancestors shows at each of its children;
 * T = 1: the chain keeps the target's exact law of its first 5 tokens (a vocabulary-8 target,
   ``tests/support/exact_sampling.py``), and the same run with a wrong acceptance (a draft accepted
   when it equals the target's argmax instead of its sample) is rejected;
@@ -42,6 +46,18 @@ with its own token x_j instead of the next one (``idx`` without ``+ 1`` in the p
 their siblings' and cousins' scratch entries (the mask without the ancestor test: fails both
 trees); (4) a frontier node fed the output of the wrong parent (``fi % K`` for ``fi // K`` when
 the next frontier's features are gathered: fails both trees).
+
+The frontier's ancestor propagation (issue 48; each in a scratch copy, each failing
+``test_tree_nodes_equal_the_reference_node_by_node``'s log-probability assertion on both trees,
+tree-8-top2 / tree-16-top4: nodes off by >= ``NODE_TOL`` of 182 / 360, the worst error; the real
+code's worst: 1.2e-5 / 7.2e-5): (5) a new frontier node inherits its parent's ancestors but not
+the parent's own entry (``take_along_axis(f_anc, ...)`` for ``anc``): 37 / 88 nodes, 5.2 / 9.1;
+(6) the ancestors of frontier slot ``fi % K`` instead of its parent ``fi // K``: 3 / 26, 0.56 /
+1.7; (7) frontier slot r keeps the ancestors of the previous frontier's slot r (``f_anc = anc``,
+its own index for its parent's): 5 / 36, 0.56 / 0.56; (8) a node's own entry marked one depth
+up (``own - K`` in ``anc``): 50 / 111, 0.75 / 8.6; (9) the frontier's entries one position late
+(``start + d`` for ``start + d - 1``): 157 / 334, 11.8 / 10.3. ``test_proposals_equal_the_reference``
+fails on each too, at the first tree whose node set differs.
 """
 
 from __future__ import annotations
@@ -272,6 +288,61 @@ def test_proposals_equal_the_reference(pair, run):
           f"{off_chain} tree nodes below a rank > 0 ancestor")
     assert compared >= 0.9 * total, (compared, total)
     assert nodes is None or off_chain >= 10, off_chain  # the frontier's other nodes are expanded
+
+
+NODE_TOL = 1e-3  # a node's log-probability at its parent's output, float32 engine vs float64 reference
+
+
+def test_tree_nodes_equal_the_reference_node_by_node(pair, run):
+    """The trees node by node, every tree of both rows (also those whose choice is not clear of
+    float rounding, which ``test_proposals_equal_the_reference`` leaves out): each node's score
+    less its parent's (the root's: 0) is the reference's log-probability of its token at the
+    output of its parent's root path, the drafter rerun from scratch over the committed entries
+    and that path's drafted ones (``Eagle3Reference.node_logps``), within ``NODE_TOL``; its rank
+    is its token's place among that output's logits (when clear by ``MARGIN``). The output of a
+    frontier node (depth >= 2) depends on the ancestors' scratch entries it attends to and on
+    its position, so a frontier node that inherits the wrong ancestors, misses its own or its
+    parent's entry, or sits a position off, gives each of its children a log-probability wrong
+    by far more than rounding (mutation audit, module docstring); enough such children are
+    checked (depth >= 3, also below rank > 0 nodes)."""
+    target, drafter, prompts, _ = pair
+    name, res, records = run
+    bs, nodes, topk = RUNS[name]
+    if nodes is None:
+        pytest.skip("a chain: test_proposals_equal_the_reference compares every draft token")
+    ref = Eagle3Reference(drafter.config, drafter.params, drafter.d2t,
+                          target.params["embed_tokens"]["embedding"])
+    errors, ranks, wrong_ranks, deep, deep_off_chain = [], 0, [], 0, 0
+    for b, (prompt, seq, acc) in enumerate(zip(prompts, res.sequences, res.acceptance_lengths)):
+        full = prompt + seq
+        taps = committed_taps(target, drafter.config.target_layer_ids, full)
+        for i in range(len(acc)):
+            start = len(prompt) + sum(acc[:i])
+            got = tree_paths(*[r[b] for r in records[i]][2:])
+            want = ref.node_logps(taps[:start], full[:start + 1], got)
+            for path, (rank, score) in got.items():
+                logp, ref_rank, gap = want[path]
+                step = score - (got[path[:-1]][1] if len(path) > 1 else 0.0)
+                where = f"row {b} iteration {i} (start {start}) node {path}"
+                errors.append((abs(step - logp), where, step, logp))
+                if gap > MARGIN:
+                    ranks += 1
+                    if rank != ref_rank:
+                        wrong_ranks.append((where, rank, ref_rank))
+                if len(path) >= 3:
+                    deep += 1
+                    deep_off_chain += any(got[path[:k]][0] > 0 for k in range(1, len(path)))
+    bad = sorted(e for e in errors if not e[0] < NODE_TOL)
+    worst = max(errors)
+    print(f"{name}: {len(errors)} nodes ({deep} at depth >= 3, {deep_off_chain} of them below a rank > 0 node), "
+          f"{ranks} ranks compared, {len(wrong_ranks)} wrong; largest log-probability error {worst[0]:.2e} "
+          f"({worst[1]})")
+    assert not bad, (f"{name}: {len(bad)} of {len(errors)} nodes' log-probabilities differ from the reference's by "
+                     f">= {NODE_TOL} (largest {bad[-1][0]:.3g}: {bad[-1][1]}, engine {bad[-1][2]:.5f}, "
+                     f"reference {bad[-1][3]:.5f})")
+    assert not wrong_ranks, (f"{name}: {len(wrong_ranks)} of {ranks} ranks differ from the reference's "
+                             f"(where, engine, reference): {wrong_ranks[:5]}")
+    assert deep >= 100 and deep_off_chain >= 5, (deep, deep_off_chain)
 
 
 def test_reference_tree_is_the_chain_at_top1(pair):

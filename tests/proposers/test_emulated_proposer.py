@@ -8,6 +8,10 @@ random pair) on a tiny random target:
   model's alpha and fails for the negative controls (alpha shifted by 0.1; the truncation one
   draft later), and the mean is within 4 standard errors of ``geometric_tau(alpha, 16)``;
 * the model's formulas against ``tools.roofline``'s independent ones;
+* the proposer's confidence (what the adaptive verify length reads) is ``log alpha`` per draft:
+  the engine's expected tokens at each verify length and the length it chooses from a cost table
+  equal a hand computation from alpha (for an alpha above 1/2 and one below, where
+  ``log(1 - alpha)`` would choose another length);
 * the charged drafter is in the compiled loop (its matrix products are not dead code);
 * the continuation as an input of the compiled loop: the same run, and no recompilation for a
   new continuation; a wrong continuation stays lossless, and its output repairs it;
@@ -15,15 +19,22 @@ random pair) on a tiny random target:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import engine
+from dflash_jax.decoding.adaptive import check_cost_table, verify_lengths
 from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.proposers.base import Committed
 from dflash_jax.proposers.emulated import (EmulatedProposer, acceptance_probs, alpha_for_tau,
                                            emulated_generate, geometric_tau)
 from dflash_jax.tools import roofline
@@ -145,6 +156,56 @@ def test_the_model_formulas_against_the_roofline_tools():
             assert float(np.sum(p * np.arange(1, bs + 1))) == pytest.approx(geometric_tau(a, bs))
     for tau in (1.0, 4.24, 7.87, 15.5):
         assert alpha_for_tau(tau, 16) == pytest.approx(roofline.alpha_for_tau(tau, 16), abs=1e-9)
+
+
+# verify length: iteration cost (seconds); with it alpha = the fitted one (0.894) verifies 16 rows and
+# alpha = 0.3 verifies 4, where log(1 - alpha) as the confidence would choose 4 and 8
+COSTS = {4: 1.0, 8: 1.15, 16: 1.3}
+
+
+def test_the_confidence_is_log_alpha_and_steers_the_verify_length():
+    """Proposal.logp (``want_logp``, what ``block_size="adaptive"`` reads) is the model's own
+    confidence, ``log alpha`` for every draft of every row: the engine's expected tokens at a
+    verify length L (1 + sum_{k<L} of the chance that the first k drafts are accepted, capped by
+    the budget left; 0 for a done row) and the length it chooses from ``COSTS`` (the most
+    expected tokens per second) equal a hand computation from alpha alone, where P(first k
+    drafts accepted) = alpha^k (the module docstring's model). Two alphas, one on each side of
+    1/2, so that a confidence of ``log(1 - alpha)`` would choose another length in both. No
+    decoding: ``propose`` (no drafter charged) and the engine's choice are called directly."""
+    B = len(LENGTHS)
+    rows = np.random.default_rng(0).integers(0, TINY.vocab_size, (B, 64)).astype(np.int32)
+    spec = types.SimpleNamespace(sampling=SamplingParams(), block_size=BS, target=TINY)
+    start = jnp.asarray(LENGTHS, jnp.int32)  # the prefill's token: the first block's anchor
+    committed = Committed(bonus=jnp.zeros(B, jnp.int32), start=start, target_state=None,
+                          generated=jnp.zeros((B, MAX_NEW), jnp.int32), num_generated=jnp.ones(B, jnp.int32))
+    lengths = verify_lengths(BS)
+    assert lengths == tuple(COSTS)
+    policy = engine.AdaptiveVerify(lengths, check_cost_table(COSTS, lengths))
+    # a ragged batch state: row 0 done, row 1 with 3 tokens of its budget left, the others fresh
+    n = np.array([MAX_NEW, MAX_NEW - 3] + [1] * (B - 2))
+    max_new = jnp.full(B, MAX_NEW, jnp.int32)
+
+    @functools.partial(jax.jit, static_argnums=0)  # one compile per alpha (op by op: one per operation)
+    def confidence_and_choice(proposer, committed, n, max_new):
+        state = types.SimpleNamespace(n=n, done=n >= max_new)
+        proposal, _ = proposer.propose(spec, None, None, None, committed, jax.random.key(0), want_logp=True)
+        return (proposal.logp, engine.expected_tokens(policy.lengths, proposal.logp, state, max_new),
+                engine.choose_verify_length(policy, proposal.logp, state, max_new))
+
+    for alpha, want_length in ((alpha_for_tau(TAU, BS), 16), (0.3, 4)):
+        proposer = EmulatedProposer(rows, (64,) * B, alpha)
+        out = confidence_and_choice(proposer, committed, jnp.asarray(n, jnp.int32), max_new)
+        logp, got, choice = map(np.asarray, out)
+        assert logp.shape == (B, BS - 1) and logp.dtype == np.float32
+        np.testing.assert_allclose(logp, np.float32(math.log(alpha)), rtol=1e-6, atol=0)
+        # by hand: expected tokens per row and length, then the best tokens per cost
+        hand = np.array([[0.0 if n[b] >= MAX_NEW else min(sum(alpha ** k for k in range(L)), MAX_NEW - n[b])
+                          for L in lengths] for b in range(B)])
+        np.testing.assert_allclose(got, hand, rtol=1e-5)
+        per_cost = hand.sum(axis=0) / np.array([COSTS[L] for L in lengths])
+        assert lengths[int(np.argmax(per_cost))] == want_length, (alpha, per_cost)
+        assert np.sort(per_cost)[-1] > 1.1 * np.sort(per_cost)[-2]  # a clear choice
+        assert lengths[int(choice)] == want_length, (alpha, lengths[int(choice)], per_cost)
 
 
 def test_the_charged_drafter_is_compiled_into_the_loop(runs):

@@ -26,7 +26,8 @@ log-softmax); for d = 1 .. k-1 the K best candidates of depth d (the frontier, b
 run as a drafted entry after their ancestors and give their top-K children, depth d + 1's
 candidates, frontier by frontier; the tree is the N - 1 best candidates of every depth by path
 log-probability (ties: lower depth, then candidate order). All of it in plain Python loops over
-nodes.
+nodes. ``node_logps`` scores given nodes one by one (their token at their parent's output), for
+checking a tree node by node whichever nodes it chose.
 """
 
 from __future__ import annotations
@@ -174,6 +175,32 @@ class Eagle3Reference:
             out.append(self.to_target(int(np.argmax(lg))))
             run = self.extend(run, out[-1])
         return np.array(out), np.array(margins)
+
+    def node_logps(self, taps, tokens, paths):
+        """Node by node, whatever tree they came from: {root path of target ids: (logp, rank,
+        gap)} of each path's last token at the output of its parent path (the root's: the last
+        committed entry; else the parent path's last drafted entry, every entry rerun from
+        scratch): its log-softmax over the draft vocabulary, its place among the draft ids by
+        that output's logits (descending, stable; the sibling rank) and its logit's distance to
+        its neighbours in that order (how clear the rank is). A token outside the draft
+        vocabulary is a KeyError."""
+        t2d = {self.to_target(i): i for i in range(self.cfg.draft_vocab_size)}
+        runs = {(): self.start(taps, tokens)}
+
+        def run(path):
+            if path not in runs:
+                runs[path] = self.extend(run(path[:-1]), path[-1])
+            return runs[path]
+
+        out = {}
+        for path in map(tuple, paths):
+            lg = self.logits(run(path[:-1])[3][-1])
+            i = t2d[path[-1]]
+            order = list(np.argsort(-lg, kind="stable"))
+            r = order.index(i)
+            near = [order[j] for j in (r - 1, r + 1) if 0 <= j < len(order)]
+            out[path] = (float(log_softmax(lg)[i]), r, min(abs(lg[i] - lg[j]) for j in near))
+        return out
 
     def tree(self, taps, tokens, depth: int, nodes: int, topk: int):
         """The dynamic tree: (the chosen nodes, a list of :class:`Node` in choice order; the
