@@ -282,6 +282,8 @@ SHARDED = """
 """
 
 
+@pytest.mark.multidevice
+@pytest.mark.slow
 def test_a_sharded_block_equals_one_device(tmp_path):
     """Experts over an ``expert`` axis of 2 and every width over a ``model`` axis of 2, under
     ``shard_map`` on 4 host devices (a subprocess), laid out by the block's partition table:
