@@ -19,7 +19,7 @@ from dflash_jax.bench import harness, iteration_profile
 from dflash_jax.experiments import paper
 from dflash_jax.models.handles import save_eagle3
 
-pytestmark = pytest.mark.xdist_group("test_eagle3_bench")
+pytestmark = [pytest.mark.xdist_group("test_eagle3_bench"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

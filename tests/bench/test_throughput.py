@@ -14,7 +14,7 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.bench import throughput as tp
 
-pytestmark = pytest.mark.xdist_group("test_throughput")
+pytestmark = [pytest.mark.xdist_group("test_throughput"), pytest.mark.slow]
 
 TINY = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4,
                        num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)

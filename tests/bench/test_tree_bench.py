@@ -12,7 +12,7 @@ import pytest
 
 from support.tiny_models import save_chat_target
 
-pytestmark = pytest.mark.xdist_group("test_tree_bench")
+pytestmark = [pytest.mark.xdist_group("test_tree_bench"), pytest.mark.slow]
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "<|im_start|>assistant\n")

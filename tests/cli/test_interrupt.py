@@ -32,6 +32,8 @@ import pytest
 
 import dflash_jax as dj
 
+pytestmark = pytest.mark.slow
+
 CRASHES = ("Segmentation fault", "Fatal Python error", "core dumped", "Aborted")
 # JAX's log lines (JAX_LOG_COMPILES=1) just before XLA compiles the prefill / decode program
 LOWERED_PREFILL, LOWERED_DECODE = "MLIR module conversion jit(prefill)", "MLIR module conversion jit(decode)"

@@ -22,7 +22,7 @@ from support import hybrid_targets as ht
 from support.oracle_proposers import OracleProposer
 from test_speculative import ALPHA, ROWS, pair, run_case, sampling_setup  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.xdist_group("test_adaptive_rows")
+pytestmark = [pytest.mark.xdist_group("test_adaptive_rows"), pytest.mark.slow]
 
 # right drafts with a quarter replaced at random, each row claiming its own random confidence
 # per iteration: rows gain differently from the long length, so the split falls inside the batch

@@ -378,6 +378,8 @@ emit({name: [np.asarray(a).tolist() for a in r] for name, r in (("local", local)
 """
 
 
+@pytest.mark.multidevice
+@pytest.mark.slow
 def test_vocabulary_split_over_devices_gives_the_same_tokens():
     """On 2 host devices with the vocabulary split in two (``parallel.vocab.VocabOps``), the
     accepted path and the bonus equal the single-device result with the same key, row by row,

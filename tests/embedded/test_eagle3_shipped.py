@@ -19,7 +19,7 @@ from dflash_jax.bench import drafters as bd
 from dflash_jax.embedded import cards
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 
-pytestmark = [pytest.mark.xdist_group("test_eagle3_shipped"), pytest.mark.torch]
+pytestmark = [pytest.mark.xdist_group("test_eagle3_shipped"), pytest.mark.torch, pytest.mark.slow]
 
 PROMPTS = ["Question: A baker made 24 muffins and sold 15 of them. How many muffins are left?\nAnswer:",
            "def is_palindrome(s):\n    \"\"\"Return True if s reads the same forwards and backwards.\"\"\"\n"]

@@ -12,7 +12,7 @@ from dflash_jax.embedded import corpus
 from dflash_jax.embedded.pretrain import PretrainConfig, Pretrainer, export_target
 
 # one pytest-xdist worker runs the whole module: its module fixtures run the build recipe once
-pytestmark = [pytest.mark.xdist_group("test_embedded_build"), pytest.mark.torch]
+pytestmark = [pytest.mark.xdist_group("test_embedded_build"), pytest.mark.torch, pytest.mark.slow]
 
 MODULE = '''"""A module."""
 

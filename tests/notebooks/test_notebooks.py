@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("test_notebooks")
+pytestmark = [pytest.mark.xdist_group("test_notebooks"), pytest.mark.slow, pytest.mark.notebooks]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")

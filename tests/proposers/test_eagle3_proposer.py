@@ -81,7 +81,7 @@ from support import exact_sampling
 from support.eagle3_reference import Eagle3Reference
 from support.oracle_proposers import randomise_norms
 
-pytestmark = pytest.mark.xdist_group("eagle3_proposer")
+pytestmark = [pytest.mark.xdist_group("eagle3_proposer"), pytest.mark.slow]
 
 MARGIN = 1e-4  # a decision closer than this (logits / log-probs) may flip with float32 rounding
 TINY = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4,

@@ -8,6 +8,8 @@ import pytest
 
 from dflash_jax.tools import gpu_suite, moe_layer_speed
 
+pytestmark = pytest.mark.slow
+
 
 def test_smoke_suite_runs_every_stage(tmp_path):
     summary = gpu_suite.main(["--smoke", "--out", str(tmp_path)])

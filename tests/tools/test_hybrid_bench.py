@@ -14,7 +14,7 @@ from dflash_jax import targets
 from dflash_jax.config import TargetConfig
 from dflash_jax.tools import gdn_rollback, hybrid_speed, roofline, roofline_hybrid as rh
 
-pytestmark = pytest.mark.xdist_group("test_hybrid_bench")
+pytestmark = [pytest.mark.xdist_group("test_hybrid_bench"), pytest.mark.slow]
 
 # D 8, V 16, F 12, 4 layers (3 GDN + 1 attention), attention 2 heads / 1 KV head of 4,
 # GDN 1 key head of 2, 2 value heads of 3, conv kernel 3

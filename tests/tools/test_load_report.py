@@ -12,7 +12,7 @@ import pytest
 from dflash_jax.__main__ import main
 from dflash_jax.tools import load_report
 
-pytestmark = pytest.mark.xdist_group("load_report")
+pytestmark = [pytest.mark.xdist_group("load_report"), pytest.mark.slow]
 
 
 def test_smoke_run_writes_its_files(tmp_path):

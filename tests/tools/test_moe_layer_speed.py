@@ -13,7 +13,7 @@ import pytest
 
 from dflash_jax.tools import moe_layer_speed as mls
 
-pytestmark = pytest.mark.xdist_group("test_moe_layer_speed")
+pytestmark = [pytest.mark.xdist_group("test_moe_layer_speed"), pytest.mark.slow]
 
 
 def test_weight_bytes_by_hand():

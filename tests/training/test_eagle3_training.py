@@ -27,7 +27,7 @@ from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
 from support.processes import kill_after_lines
 
-pytestmark = pytest.mark.xdist_group("test_eagle3_training")
+pytestmark = [pytest.mark.xdist_group("test_eagle3_training"), pytest.mark.slow]
 
 CFG = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)

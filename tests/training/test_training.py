@@ -24,7 +24,7 @@ from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
 from support.processes import kill_after_lines
 
 # one pytest-xdist worker runs the whole module: its module fixtures regenerate training data once
-pytestmark = pytest.mark.xdist_group("test_training")
+pytestmark = [pytest.mark.xdist_group("test_training"), pytest.mark.slow]
 
 CFG = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
