@@ -38,25 +38,33 @@ def module_marks(source: str) -> set[str]:
     return set(re.findall(r"pytest\.mark\.(\w+)", m.group(1))) if m else set()
 
 
-@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
-def test_pytorch_users_carry_the_torch_mark(rel, source):
-    if NEEDS_TORCH.search(source):
-        assert "torch" in module_marks(source), (
-            f"tests/{rel} uses PyTorch (transformers' models as an oracle): add pytest.mark.torch to "
-            f"its pytestmark, or .ci/newest-jax (no PyTorch) fails on it")
+def test_pytorch_users_carry_the_torch_mark():
+    missing = [rel for rel, source in MODULES if NEEDS_TORCH.search(source) and "torch" not in module_marks(source)]
+    assert not missing, (f"{missing} use PyTorch (transformers' models as an oracle): add pytest.mark.torch "
+                         f"to their pytestmark, or .ci/newest-jax (no PyTorch) fails on them")
 
 
-@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
-def test_triton_users_carry_the_triton_mark(rel, source):
-    if NEEDS_TRITON.search(source):
-        assert "triton" in module_marks(source), f"tests/{rel} imports Triton: add pytest.mark.triton"
+def test_triton_users_carry_the_triton_mark():
+    missing = [rel for rel, source in MODULES if NEEDS_TRITON.search(source) and "triton" not in module_marks(source)]
+    assert not missing, f"{missing} import Triton: add pytest.mark.triton to their pytestmark"
 
 
-@pytest.mark.parametrize("rel, source", MODULES, ids=[r for r, _ in MODULES])
-def test_subprocess_meshes_carry_the_multidevice_mark(rel, source):
-    if USES_DEVICES.search(source):
-        assert "multidevice" in module_marks(source) or "pytest.mark.multidevice" in source, (
-            f"tests/{rel} runs code on several host devices: mark it (or its tests) multidevice")
+def test_subprocess_meshes_carry_the_multidevice_and_slow_marks():
+    missing = [rel for rel, source in MODULES if USES_DEVICES.search(source)
+               and not ({"multidevice", "slow"} <= module_marks(source)
+                        or "pytest.mark.multidevice\n@pytest.mark.slow" in source)]
+    assert not missing, f"{missing} run code on several host devices: mark them (or those tests) multidevice and slow"
+
+
+def test_every_area_keeps_tests_in_the_fast_tier():
+    """The fast tier covers every part of the code: no area is slow as a whole, but two. The
+    experiments run end to end by nature; `parallel/`'s checks are subprocess meshes (a fresh
+    jax process with 8 host devices each), while the partition tables and the communication
+    model they rest on are in the fast tier (targets' partition-table tests,
+    tools/test_parallel_comm.py)."""
+    fast = {rel.split(os.sep)[0] for rel, source in MODULES if "slow" not in module_marks(source)}
+    areas = {rel.split(os.sep)[0] for rel, _ in MODULES}
+    assert areas - fast <= {"experiments", "parallel"}, areas - fast
 
 
 def test_layout_follows_the_code():
