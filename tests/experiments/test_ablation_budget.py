@@ -22,7 +22,7 @@ from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_ta
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 
-pytestmark = [pytest.mark.xdist_group("test_ablation_budget"), pytest.mark.slow, pytest.mark.experiments]
+pytestmark = [pytest.mark.xdist_group("test_ablation_budget"), pytest.mark.slow, pytest.mark.experiments, pytest.mark.torch]
 PRESET = "test"  # the smoke grids and budget on short sequences; two MBPP prompts per cell
 HELD_OUT = 4
 SMALL = dict(depths=(1, 2), curve_prompts=HELD_OUT, curve_every=4, timing_repeats=0)
