@@ -1,8 +1,8 @@
 """The test tiers stay true as tests are added: the marks that select them (registered in
 pyproject.toml, `--strict-markers`) are on the modules that need them, and the layout is the
-code's. `.ci/newest-jax` runs `-m "not slow and not torch and not triton"` in an environment
-without PyTorch and Triton, where tests/conftest.py does not collect modules marked so: a module
-that needs either without its mark fails there; this finds it first."""
+code's. In an environment without PyTorch or Triton (.ci/newest-jax's), tests/conftest.py does not
+collect the modules marked torch / triton: a module that needs either without its mark fails
+there; this finds it first."""
 
 from __future__ import annotations
 
