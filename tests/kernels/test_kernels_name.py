@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = r'''
@@ -39,8 +41,6 @@ spec = importlib.util.find_spec("kernels")
 
 import transformers
 from transformers.utils import import_utils
-
-pytestmark = pytest.mark.torch
 
 facts = {"spec": os.path.dirname(spec.origin) if spec and spec.origin else None,
          "transformers": transformers.__version__}
