@@ -24,7 +24,7 @@ import pytest
 from dflash_jax.tools import parallel_comm as pc
 from support.multidevice import shared_run
 
-pytestmark = pytest.mark.xdist_group("expert_parallel")
+pytestmark = [pytest.mark.xdist_group("expert_parallel"), pytest.mark.slow, pytest.mark.multidevice]
 
 CODE = r"""
 import re

@@ -32,7 +32,7 @@ import pytest
 
 from support.multidevice import device_env, run_on_devices, shared_run
 
-pytestmark = pytest.mark.xdist_group("parallel")
+pytestmark = [pytest.mark.xdist_group("parallel"), pytest.mark.slow, pytest.mark.multidevice]
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 LLAMA_MESHES = [(1, 8), (2, 4)]

@@ -12,7 +12,7 @@ import pytest
 from support.multidevice import run_on_devices
 
 # one worker runs the module's subprocesses (each starts 8 host devices)
-pytestmark = pytest.mark.xdist_group("test_parallel_training")
+pytestmark = [pytest.mark.xdist_group("test_parallel_training"), pytest.mark.slow, pytest.mark.multidevice]
 
 SETUP = """
 import json, os, sys

@@ -12,7 +12,7 @@ import pytest
 
 from support.multidevice import run_on_devices
 
-pytestmark = pytest.mark.xdist_group("vocab_parallel")
+pytestmark = [pytest.mark.xdist_group("vocab_parallel"), pytest.mark.slow, pytest.mark.multidevice]
 
 CODE = """
 import re

@@ -13,6 +13,8 @@ from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.reporting import portable_path
 from support.multidevice import ROOT, device_env
 
+pytestmark = [pytest.mark.slow, pytest.mark.multidevice]
+
 
 def test_quick_run_measures_its_meshes_and_writes_its_files(tmp_path):
     """One device in the environment (device_env(1) sets the flag to 1): the command must set
