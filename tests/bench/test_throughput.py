@@ -7,6 +7,7 @@ hand, the refusals, and the command end to end on the embedded pair."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -22,15 +23,49 @@ MAX_NEW = 12
 BLOCK = 4
 
 
+# The per-row method's cost tables (one per batch: the seconds of an iteration at each split of
+# the rows into long and short verifies), seeded in a fresh cache before the measurement instead of
+# measured (six programs compiled and timed, a third of this file's time; measuring and caching a
+# per-split table is tests/decoding/test_adaptive_rows.py's test). Split 1 (one row verifies the
+# long length, the others the short one) costs half the others, so at batch 3 it wins every
+# iteration and the per-row record counts rows verified at both lengths.
+ROW_SPLIT_COSTS = {1: {0: 1.0, 1: 1.5}, 3: {0: 2.0, 1: 1.0, 2: 2.0, 3: 2.0}}
+
+
+def seed_per_row_cost_tables(target, drafter, cache: str) -> list[str]:
+    """Writes the tables of :data:`ROW_SPLIT_COSTS` where ``generate`` looks for them, under the
+    key it computes (the pair, dtype, (short, long) lengths, batch, splits, device); returns
+    their paths."""
+    from dflash_jax.decoding import costs
+    from dflash_jax.decoding.adaptive import per_row_lengths, row_splits
+    from dflash_jax.files import write_json
+
+    paths = []
+    for batch, table in ROW_SPLIT_COSTS.items():
+        key = costs.cost_key(target, drafter, per_row_lengths(BLOCK), batch, splits=row_splits(batch))
+        assert sorted(table) == list(row_splits(batch))
+        path = costs.cache_path(key)
+        assert path.startswith(cache)
+        write_json(path, {"key": key, "costs": {str(k): v for k, v in table.items()}})
+        paths.append(path)
+    return paths
+
+
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tmp_path_factory):
     target = dj.Target.random(TINY, seed=0, init_scale=0.35)
     drafter = dj.Drafter.random(target, num_layers=1, block_size=BLOCK, seed=1, init_scale=0.35,
                                 target_layer_ids=(1, 3))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TINY.vocab_size - 1, size=n).tolist() for n in (5, 9, 3)]
-    measured = tp.measure(target, drafter, prompts, [1, 3], MAX_NEW, (tp.AR, tp.DFLASH, tp.PER_ROW), repeats=2)
-    return target, drafter, prompts, measured
+    with pytest.MonkeyPatch.context() as mp:  # the module's own cost-table cache
+        cache = str(tmp_path_factory.mktemp("verify_costs"))
+        mp.setenv("DFLASH_CACHE_DIR", cache)
+        seeded = seed_per_row_cost_tables(target, drafter, cache)
+        measured = tp.measure(target, drafter, prompts, [1, 3], MAX_NEW, (tp.AR, tp.DFLASH, tp.PER_ROW), repeats=2)
+        # the seeded tables were found (under generate's own key) and used: nothing measured
+        assert sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith(".json")) == sorted(seeded)
+        yield target, drafter, prompts, measured
 
 
 def _row(measured, method, batch):
@@ -65,7 +100,8 @@ def test_numbers_follow_from_independent_runs(tiny):
 def test_per_row_numbers_follow_from_an_independent_run(tiny):
     """The per-row method's record against the same batch decoded again with the same (cached)
     cost table: the same lengths chosen, rows verified counted by hand (a finished row idles at
-    the short length, 3 = the block less one)."""
+    the short length, 3 = the block less one); the seeded table makes one row verify long and
+    the others short in every iteration, so both lengths are counted."""
     target, drafter, prompts, measured = tiny
     r = _row(measured, tp.PER_ROW, 3)
     g = dj.generate(target, prompts, MAX_NEW, drafter=drafter, stop_token_ids=(), block_size="adaptive",
@@ -75,7 +111,9 @@ def test_per_row_numbers_follow_from_an_independent_run(tiny):
     short = 3
     verified = sum(sum(v) + (g.num_steps - len(v)) * short for v in g.verify_lengths)
     assert r["verify"]["verified"] == verified
-    assert set(v for row in g.verify_lengths for v in row) <= {short, BLOCK}
+    assert set(v for row in g.verify_lengths for v in row) == {short, BLOCK}
+    assert all(sorted(v[i] for v in g.verify_lengths if i < len(v)) == [short, short, BLOCK]
+               for i in range(g.num_steps) if all(i < len(v) for v in g.verify_lengths))
     assert r["verify_rows_per_iteration"] == pytest.approx(verified / (3 * g.num_steps))
 
 

@@ -24,7 +24,7 @@ import pytest
 from dflash_jax.tools import parallel_comm as pc
 from support.multidevice import shared_run
 
-pytestmark = [pytest.mark.xdist_group("expert_parallel"), pytest.mark.slow, pytest.mark.multidevice]
+pytestmark = [pytest.mark.multidevice, pytest.mark.xdist_group("expert_parallel"), pytest.mark.slow]
 
 CODE = r"""
 import re
@@ -183,7 +183,10 @@ emit(result)
 
 @pytest.fixture(scope="module")
 def ep(tmp_path_factory):
-    return shared_run(tmp_path_factory, "expert_parallel", CODE)
+    # fast_compile (multidevice): the one-device oracle runs in the same subprocess, under the
+    # same flags; they leave the SPMD partitioning as it is (checked: every collective found, its
+    # kind, dtype, size and groups, and every token were the default flags', for every case)
+    return shared_run(tmp_path_factory, "expert_parallel", CODE, fast_compile=True)
 
 
 CASES = [("qwen3_moe", "2x2x2", "ar"), ("qwen3_moe", "2x2x2", "dflash"),

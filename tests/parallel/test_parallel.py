@@ -13,11 +13,14 @@ embedding as the vocabulary-sharded head) is sharded only along the model axis, 
 a head shard counted wrongly shows at any model size above 1; the data axis (rows split) and
 the pure data-parallel mesh do not depend on the family and are proven by qwen3's runs.
 
-The subprocesses compile with ``multidevice.FAST_COMPILE`` (XLA:CPU's LLVM backend at level 0;
-the engine runs: a third less CPU time): they compile some thirty small programs and run each
-for a few steps. Every oracle is computed under the same flags as what it checks: the
-single-device reference in the same subprocess as the meshes, the two-process reference in a
-subprocess with the same flags.
+The subprocesses compile with ``multidevice.FAST_COMPILE`` (see there): they compile some
+thirty small programs and run each for a few steps, so compiling is nearly all their time. Every
+oracle is computed under the same flags as what it checks: the single-device reference in the
+same subprocess as the meshes, the two-process reference in a subprocess with the same flags.
+One 8-device subprocess serves the module (the engine runs, then the refused meshes). The
+weights are made once on one device and placed on each mesh by the constructors
+(``Target(cfg, params, mesh=...)``, what ``Target.random(mesh=...)`` does after the same
+one-device init); ``Target.random`` / ``Drafter.random`` with a mesh build qwen3's first mesh.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import pytest
 
 from support.multidevice import device_env, run_on_devices, shared_run
 
-pytestmark = [pytest.mark.xdist_group("parallel"), pytest.mark.slow, pytest.mark.multidevice]
+pytestmark = [pytest.mark.multidevice, pytest.mark.xdist_group("parallel"), pytest.mark.slow]
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 LLAMA_MESHES = [(1, 8), (2, 4)]
@@ -90,8 +93,11 @@ for name, cfg in CONFIGS.items():
     result[name] = {"single": ref, "meshes": {}}
     for data, model in MESHES[name]:
         mesh = parallel.make_mesh(data=data, model=model)
-        tm = dj.Target.random(cfg, seed=1, init_scale=0.15, mesh=mesh)
-        dm = dj.Drafter.random(tm, num_layers=2, block_size=6, seed=2, init_scale=0.15)
+        if (name, data, model) == ("qwen3", 1, 8):  # Target.random / Drafter.random on a mesh
+            tm = dj.Target.random(cfg, seed=1, init_scale=0.15, mesh=mesh)
+            dm = dj.Drafter.random(tm, num_layers=2, block_size=6, seed=2, init_scale=0.15)
+        else:  # the same weights placed by the constructors (what random(mesh=) does after its init)
+            tm, dm = dj.Target(cfg, t.params, mesh=mesh), dj.Drafter(d.config, d.params, mesh=mesh)
         logits = parallel.target_logits(tm, two)
         shard = lambda x: list(x.sharding.shard_shape(x.shape))  # one device's block
         result[name]["meshes"][f"{data}x{model}"] = {
@@ -111,13 +117,43 @@ for name, cfg in CONFIGS.items():
                      "drafter_q": list(dm.params["layers"]["self_attn"]["q_proj"]["kernel"].shape),
                      "drafter_fc": list(dm.params["fc"]["kernel"].shape)},
         }
-emit(result)
+"""
+
+ERRORS_CODE = """
+def error(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+cfg = TargetConfig(model_type="qwen3", vocab_size=256, hidden_size=32, intermediate_size=64,
+                   num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+odd_vocab = TargetConfig(model_type="qwen3", vocab_size=250, hidden_size=32, intermediate_size=64,
+                         num_layers=1, num_heads=4, num_kv_heads=4, head_dim=8, max_position_embeddings=128)
+out = {}
+# refused before any weight is placed (no parameters needed)
+out["heads"] = error(lambda: dj.Target(cfg, None, mesh=parallel.make_mesh(data=2, model=4)))
+out["vocab"] = error(lambda: dj.Target(odd_vocab, None, mesh=parallel.make_mesh(data=2, model=4)))
+out["too_many"] = error(lambda: parallel.make_mesh(data=4, model=4))
+t1 = dj.Target.random(cfg)
+d1 = dj.Drafter.random(t1, num_layers=1, block_size=4)  # on one device
+t = dj.Target(cfg, t1.params, mesh=parallel.make_mesh(data=4, model=2))  # the same weights, placed
+d = dj.Drafter(d1.config, d1.params, mesh=t.mesh)
+out["batch"] = error(lambda: dj.generate(t, [[1, 2], [3, 4]], 4, drafter=d))
+out["drafter_mesh"] = error(lambda: dj.generate(t, [[1, 2]] * 4, 4, drafter=d1))
+t2 = dj.Target(cfg, t1.params, mesh=parallel.make_mesh(data=2, model=2))
+out["drafter_other_mesh"] = error(lambda: dj.generate(t2, [[1, 2]] * 4, 4, drafter=d))
+out["parse"] = error(lambda: parallel.parse_mesh("data=2,tensor=4"))
+result["errors"] = out
 """
 
 
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    return shared_run(tmp_path_factory, "engine_runs", ENGINE_CODE, fast_compile=True)
+    # one subprocess for the module's 8-device checks: the engine runs, then the refused meshes
+    return shared_run(tmp_path_factory, "engine_runs", ENGINE_CODE + ERRORS_CODE + "emit(result)\n",
+                      fast_compile=True)
 
 
 @pytest.mark.parametrize("model", ["qwen3", "llama"])
@@ -169,43 +205,9 @@ def test_logits_within_float32_tolerance_and_layout(engine_runs):
             assert shards["drafter_fc"] == full["drafter_fc"]  # replicated (parallel.rules)
 
 
-ERRORS_CODE = """
-import jax, numpy as np
-import dflash_jax as dj
-from dflash_jax import parallel
-from dflash_jax.config import TargetConfig
-from support.multidevice import emit
 
-def error(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
-
-cfg = TargetConfig(model_type="qwen3", vocab_size=256, hidden_size=32, intermediate_size=64,
-                   num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
-odd_vocab = TargetConfig(model_type="qwen3", vocab_size=250, hidden_size=32, intermediate_size=64,
-                         num_layers=1, num_heads=4, num_kv_heads=4, head_dim=8, max_position_embeddings=128)
-out = {}
-out["heads"] = error(lambda: dj.Target.random(cfg, mesh=parallel.make_mesh(data=2, model=4)))
-out["vocab"] = error(lambda: dj.Target.random(odd_vocab, mesh=parallel.make_mesh(data=2, model=4)))
-out["too_many"] = error(lambda: parallel.make_mesh(data=4, model=4))
-t = dj.Target.random(cfg, mesh=parallel.make_mesh(data=4, model=2))
-d = dj.Drafter.random(t, num_layers=1, block_size=4)
-out["batch"] = error(lambda: dj.generate(t, [[1, 2], [3, 4]], 4, drafter=d))
-t1 = dj.Target.random(cfg)
-d1 = dj.Drafter.random(t1, num_layers=1, block_size=4)  # on one device
-out["drafter_mesh"] = error(lambda: dj.generate(t, [[1, 2]] * 4, 4, drafter=d1))
-t2 = dj.Target.random(cfg, mesh=parallel.make_mesh(data=2, model=2))
-out["drafter_other_mesh"] = error(lambda: dj.generate(t2, [[1, 2]] * 4, 4, drafter=d))
-out["parse"] = error(lambda: parallel.parse_mesh("data=2,tensor=4"))
-emit(out)
-"""
-
-
-def test_bad_meshes_and_batches_are_clear_errors_before_anything_runs():
-    out = run_on_devices(ERRORS_CODE, fast_compile=True)
+def test_bad_meshes_and_batches_are_clear_errors_before_anything_runs(engine_runs):
+    out = engine_runs["errors"]
     assert "num_key_value_heads=2" in out["heads"] and "not divisible by 4" in out["heads"]
     assert "Model-axis sizes that fit: [1, 2]" in out["heads"]
     assert "vocab_size=250" in out["vocab"]

@@ -11,8 +11,8 @@ import pytest
 
 from support.multidevice import run_on_devices
 
-# one worker runs the module's subprocesses (each starts 8 host devices)
-pytestmark = [pytest.mark.xdist_group("test_parallel_training"), pytest.mark.slow, pytest.mark.multidevice]
+# one worker runs the module's subprocess (8 host devices; the refused meshes, then the runs)
+pytestmark = [pytest.mark.multidevice, pytest.mark.xdist_group("test_parallel_training"), pytest.mark.slow]
 
 SETUP = """
 import json, os, sys
@@ -21,7 +21,7 @@ import dflash_jax as dj
 from dflash_jax.parallel import make_mesh
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
-from tests.multidevice import emit
+from support.multidevice import emit
 
 root = sys.argv[1]
 # 8 query / 4 KV heads, MLP 64, vocabulary 32: model=4 splits it, model=8 does not
@@ -51,7 +51,31 @@ def max_diff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(leaves(a), leaves(b)))
 """
 
-TRAIN = SETUP + """
+REFUSED = """
+# refused before any work: run directories under their own root (data and target are shared)
+refused_root = os.path.join(root, "refused")
+os.makedirs(refused_root)
+errors = {}
+def refused(name, fn):
+    try:
+        fn()
+    except ValueError as e:
+        errors[name] = str(e)
+
+cfg = TrainConfig(steps=2, batch_size=6, num_anchors=6)
+refused("batch", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "batch"), cfg,
+                                 mesh=make_mesh(data=4, model=2)))
+refused("heads", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "heads"),
+                                 TrainConfig(steps=2, batch_size=8), mesh=make_mesh(data=1, model=8)))
+refused("fsdp", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "fsdp"), cfg, fsdp=True))
+from dflash_jax.training.cli.train import main as train_main  # without its exit-on-error wrapper
+refused("cli", lambda: train_main(["--target", os.path.join(refused_root, "none"), "--data", data_dir,
+                                   "--run", os.path.join(refused_root, "cli"), "--mesh", "data=8",
+                                   "--batch-size", "4"]))
+refused_result = {"errors": errors, "dirs": sorted(os.listdir(refused_root))}
+"""
+
+TRAIN = SETUP + REFUSED + """
 from dflash_jax.__main__ import main
 from dflash_jax.training.sharding import fsdp_spec
 
@@ -89,6 +113,7 @@ main(args + ["--run", fsdp_run, "--mesh", "data=8,model=1"])
 _, f4, end = latest_params(fsdp_run)
 
 emit({
+    "refused": refused_result,
     "single": losses("single"), "tp": losses("tp"), "fsdp": losses("fsdp"),
     "tp_param_diff": max_diff(s2["params"], t2["params"]),
     "tp_opt_diff": max_diff(s2["opt_state"], t2["opt_state"]),
@@ -109,8 +134,8 @@ emit({
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel_training")
-    # fast_compile (multidevice): the single-device steps the meshes are held to run in the same
-    # subprocess, under the same flags
+    # one subprocess for the module. fast_compile (multidevice): the single-device steps the
+    # meshes are held to run in the same subprocess, under the same flags
     return root, run_on_devices(TRAIN, devices=8, args=[root], fast_compile=True)
 
 
@@ -157,33 +182,11 @@ def test_checkpoint_from_one_mesh_resumes_on_another(trained):
         np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
 
 
-BAD = SETUP + """
-errors = {}
-def refused(name, fn):
-    try:
-        fn()
-    except ValueError as e:
-        errors[name] = str(e)
-
-cfg = TrainConfig(steps=2, batch_size=6, num_anchors=6)
-refused("batch", lambda: Trainer(target, dcfg, data, os.path.join(root, "batch"), cfg,
-                                 mesh=make_mesh(data=4, model=2)))
-refused("heads", lambda: Trainer(target, dcfg, data, os.path.join(root, "heads"),
-                                 TrainConfig(steps=2, batch_size=8), mesh=make_mesh(data=1, model=8)))
-refused("fsdp", lambda: Trainer(target, dcfg, data, os.path.join(root, "fsdp"), cfg, fsdp=True))
-from dflash_jax.training.cli.train import main  # the command without its exit-on-error wrapper
-refused("cli", lambda: main(["--target", os.path.join(root, "none"), "--data", data_dir,
-                             "--run", os.path.join(root, "cli"), "--mesh", "data=8",
-                             "--batch-size", "4"]))
-emit({"errors": errors, "dirs": sorted(os.listdir(root))})
-"""
-
-
-def test_bad_meshes_are_refused_before_any_work(tmp_path):
+def test_bad_meshes_are_refused_before_any_work(trained):
     """A batch that data does not divide, a model axis that does not divide the target's KV
     heads, FSDP without a mesh: clear errors, before the run directory exists (the command
     refuses the batch before it loads the target, which here does not even exist)."""
-    r = run_on_devices(BAD, devices=8, args=[tmp_path], fast_compile=True)
+    r = trained[1]["refused"]
     e = r["errors"]
     assert set(e) == {"batch", "heads", "fsdp", "cli"}, e
     assert e["batch"].startswith("batch_size 6 cannot be split over the mesh's data=4 shards")
@@ -193,4 +196,4 @@ def test_bad_meshes_are_refused_before_any_work(tmp_path):
     assert e["heads"].endswith("that fit: [1, 2, 4]")
     assert "give a mesh too" in e["fsdp"]
     assert e["cli"].startswith("batch_size 4 cannot be split over the mesh's data=8 shards")
-    assert r["dirs"] == ["data"]  # no run directory was made
+    assert r["dirs"] == []  # no run directory was made (under the refused runs' own root)

@@ -293,6 +293,11 @@ def test_proposals_equal_the_reference(pair, run):
 NODE_TOL = 1e-3  # a node's log-probability at its parent's output, float32 engine vs float64 reference
 
 
+TREE_RUNS = [name for name, (_, nodes, _) in RUNS.items() if nodes is not None]
+
+
+# the trees only (a chain's every draft token is compared by test_proposals_equal_the_reference)
+@pytest.mark.parametrize("run", TREE_RUNS, indirect=True)
 def test_tree_nodes_equal_the_reference_node_by_node(pair, run):
     """The trees node by node, every tree of both rows (also those whose choice is not clear of
     float rounding, which ``test_proposals_equal_the_reference`` leaves out): each node's score
@@ -308,8 +313,6 @@ def test_tree_nodes_equal_the_reference_node_by_node(pair, run):
     target, drafter, prompts, _ = pair
     name, res, records = run
     bs, nodes, topk = RUNS[name]
-    if nodes is None:
-        pytest.skip("a chain: test_proposals_equal_the_reference compares every draft token")
     ref = Eagle3Reference(drafter.config, drafter.params, drafter.d2t,
                           target.params["embed_tokens"]["embedding"])
     errors, ranks, wrong_ranks, deep, deep_off_chain = [], 0, [], 0, 0
