@@ -37,8 +37,11 @@ decode-only speedup per prompt set and on average with intervals, draft ms per i
 drafter parameters; the paper's numbers for the same ablation beside them), ``plot.png`` and
 ``README.md`` (what was run, the budget, what the data shows).
 
-Presets: ``smoke`` (seconds of training, one prompt set, two prompts: the CI test; its outputs
-say that they are a smoke run and draw no finding), ``cpu`` (the embedded target, minutes per
+Presets: ``smoke`` (seconds of training, one prompt set, two prompts; its outputs say that
+they are a smoke run and draw no finding), ``test`` (the test suite's: the smoke grids and
+budget on training sequences of at most 64 tokens and two short MBPP prompts, so that every
+evaluation of every grid, and of ``experiments.paper``'s test preset, shares one program shape;
+a smoke run too), ``cpu`` (the embedded target, minutes per
 cell: the committed results; its training prompts are the embedded drafter's mix, which needs
 GSM8K train, the one file not shipped: the command says where to put it) and ``gpu`` (a real
 target given by ``--target``, the paper's settings). Every preset value is an option;
@@ -93,12 +96,13 @@ from dflash_jax.bench.harness import responses
 from dflash_jax.viz import plot_against_paper
 from dflash_jax.experiments import paper_numbers as paper
 
-PRESETS = ("smoke", "cpu", "cpu-full", "gpu")
+PRESETS = ("smoke", "test", "cpu", "cpu-full", "gpu")
+SMOKE_PRESETS = ("smoke", "test")  # their outputs say they are smoke runs (numbers that mean nothing)
 PROMPT_SOURCES = ("shipped", "embedded-recipe", "embedded-styles")
 # the five-style prompt list of the shipped drafter's later stages (docs/embedded-model.md):
 # `embedded-prompts --num 40000 --seed 18`; a run takes its first prompts that fit
 STYLES_POOL, STYLES_SEED = 40_000, 18
-GRID_OF = {"cpu-full": "cpu"}  # a preset whose grids default to another's
+GRID_OF = {"cpu-full": "cpu", "test": "smoke"}  # a preset whose grids default to another's
 FEATURE_DTYPE = "bfloat16"  # offline features are stored in it (--offline-features)
 HOME_ENV = "DFLASH_JAX_HOME"
 EMBEDDED = "embedded"  # --target embedded: the target shipped in the package
@@ -286,6 +290,16 @@ BASE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(num_prompts=16, regen_max_new_tokens=24, regen_max_len=160, regen_batch_size=16,
                   steps=8, batch_size=4, num_anchors=8, learning_rate=1e-3, checkpoint_every=2,
                   datasets=("gsm8k",), max_samples=2, max_new_tokens=16, timing_repeats=2, taps=(1, 2, 3)),
+    # the test suite's smoke run: smoke's grids (GRID_OF) and training budget on sequences of at
+    # most 64 tokens (the shipped prompts that fit: one width for every step), evaluated on two
+    # MBPP prompts (seed 1: 48 tokens at most) so that every cell of every grid runs at one
+    # (prompt width, cache) shape, (48, 128) at inference blocks 4 to 16: the AR programs and
+    # each drafter config's programs compile once for all of them (and for experiments.paper's
+    # test preset, whose prompts have that shape too)
+    "test": dict(num_prompts=16, regen_max_new_tokens=24, regen_max_len=64, regen_batch_size=16,
+                 steps=8, batch_size=4, num_anchors=8, learning_rate=1e-3, checkpoint_every=2,
+                 datasets=("mbpp",), max_samples=2, max_new_tokens=16, eval_seed=1, timing_repeats=1,
+                 taps=(1, 2, 3)),
     "cpu": dict(prompt_source="embedded-recipe", num_prompts=1024, regen_max_new_tokens=128,
                 regen_max_len=384, regen_batch_size=32, steps=400, batch_size=4, num_anchors=32,
                 learning_rate=1e-3, checkpoint_every=50, max_samples=6, max_new_tokens=96,
@@ -878,7 +892,7 @@ class Table:
     minutes: float
 
     def to_json(self) -> dict:
-        return {"experiment": self.experiment.name, "preset": self.preset, "smoke": self.preset == "smoke",
+        return {"experiment": self.experiment.name, "preset": self.preset, "smoke": self.preset in SMOKE_PRESETS,
                 "settings": self.settings,
                 "budget": self.budget, "rows": self.rows, "paper": self.experiment.paper_rows,
                 "command": self.command, "environment": self.environment, "minutes": self.minutes}
@@ -1206,7 +1220,7 @@ def readme(table: Table, md: str) -> str:
     e, b, env = table.experiment, table.budget, table.environment
     s = table.settings
     lines = [f"# {e.name} ({table.preset} preset)", ""]
-    if table.preset == "smoke":
+    if table.preset in SMOKE_PRESETS:
         lines += [f"**This is a smoke run**: {SMOKE_NOTE.split(': ', 1)[1]}.", ""]
     lines += [e.description, "",
              f"Command: `{table.command}`", "",
@@ -1337,8 +1351,8 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     wk = Work(work, settings, target)
     print(f"{experiment.name}: {len(cells)} cells ({len({stable_hash(wk.drafter_key(c)) for c in cells})} drafters "
           f"to train or reuse) under {wk.root}; results -> {out}", file=sys.stderr, flush=True)
-    if preset == "smoke":
-        print(SMOKE_NOTE, file=sys.stderr, flush=True)
+    if preset in SMOKE_PRESETS:
+        print(smoke_note(preset), file=sys.stderr, flush=True)
     records = []
     with progress(total=len(cells), desc=f"{experiment.name} cells", unit="cell", position=0) as cbar:
         for cell in cells:
@@ -1362,14 +1376,19 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
     write_outputs(table, out, identity)
     print(table.to_markdown())
-    if preset == "smoke":
-        print(SMOKE_NOTE, file=sys.stderr)
+    if preset in SMOKE_PRESETS:
+        print(smoke_note(preset), file=sys.stderr)
     print(f"wrote {out}/table.md, table.json, plot.png, README.md", file=sys.stderr)
     return table
 
 
 SMOKE_NOTE = ("smoke run (--preset smoke): a few prompts and training steps, to show that every stage runs; "
               "its numbers are not results, and no finding is drawn from them")
+
+
+def smoke_note(preset: str) -> str:
+    """:data:`SMOKE_NOTE` naming ``preset`` (one of :data:`SMOKE_PRESETS`)."""
+    return SMOKE_NOTE.replace("--preset smoke", f"--preset {preset}")
 
 
 def recorded_settings(settings: Settings) -> dict:
@@ -1421,7 +1440,8 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
                                 description=experiment.description + "\n\n" + __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="cpu",
-                   help="smoke: seconds, for tests; cpu: the embedded target, minutes per cell (default); "
+                   help="smoke: seconds; test: smoke's grids at the test suite's size (short sequences, "
+                        "two short MBPP prompts); cpu: the embedded target, minutes per cell (default); "
                         "cpu-full: the embedded target trained to where the method works, hours per cell "
                         "(docs/experiments.md); gpu: the paper's settings on --target")
     p.add_argument("--out", help="output directory (default: $DFLASH_JAX_HOME/results/ablations/<experiment> "

@@ -8,7 +8,8 @@
     python -m experiments.paper training_curve      # held-out tau against training steps (--run DIR)
     python -m experiments.paper all                 # all of them, every ablation, then README.md
     python -m experiments.paper readme              # README.md alone from what earlier runs saved
-    python -m experiments.paper all --preset smoke  # seconds: what CI runs
+    python -m experiments.paper all --preset smoke  # seconds: every stage runs
+    python -m experiments.paper all --preset test   # the same at the test suite's size
     experiments.paper.run("table1", preset="smoke") -> dict
 
 table1's EAGLE-3 columns (``--eagle3``: ``embedded-eagle3`` by default with the cpu preset
@@ -126,6 +127,10 @@ _CPU_EAGLE3 = ("embedded-eagle3" if os.path.exists(os.path.join(EMBEDDED_EAGLE3_
 
 PRESETS = {
     "smoke": dict(datasets=("gsm8k", "humaneval"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16)),
+    # the test suite's: smoke's sizes on an MBPP and a MATH-500 prompt (seed 1: 48 and 47 tokens)
+    # of one (prompt width, cache) shape, the experiments' test preset's (48, 128): both sets and
+    # the ablations' cells run the same programs (the embedded drafter has the 1-layer cells' config)
+    "test": dict(datasets=("mbpp", "math500"), max_samples=1, max_new_tokens=16, block_sizes=(4, 16), seed=1),
     "cpu": dict(block_sizes=(4, 8, 16), eagle3=_CPU_EAGLE3, repeats=3),
     "gpu": dict(target=None, max_samples=128, max_new_tokens=2048, block_sizes=(4, 8, 12, 16)),
 }
@@ -700,7 +705,8 @@ def _write(out: str, name: str, result: dict, opt: Options, preset: str, command
     plt.close(fig)
     if "markdown" in result:
         write_text(os.path.join(out, f"{name}.md"), f"`{command}`\n\n{result['markdown']}\n")
-    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset, "smoke": preset == "smoke",
+    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset,
+                                                   "smoke": preset in framework.SMOKE_PRESETS,
                                                    "options": recorded_options(opt),
                                                    "command": command, "environment": environment(),
                                                    "load_average": load_average(),
@@ -780,8 +786,8 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
         for a in ABLATIONS:
             framework.check_experiment(_ablation(a).EXPERIMENT, preset, a_over)
     t0 = time.perf_counter()
-    if preset == "smoke":
-        print(framework.SMOKE_NOTE, file=sys.stderr, flush=True)
+    if preset in framework.SMOKE_PRESETS:
+        print(framework.smoke_note(preset), file=sys.stderr, flush=True)
     session = Session(opt, work) if any(n != "training_curve" for n in names) else None
     results = {}
     for n in names:
@@ -872,7 +878,7 @@ def readme(out: str, preset: str, opt: Options, command: str, results: dict, tab
 
     env = environment()
     lines = [f"# The paper's tables and figures ({preset} preset)", ""]
-    if preset == "smoke":
+    if preset in framework.SMOKE_PRESETS:
         lines += [f"**This is a smoke run**: {framework.SMOKE_NOTE.split(': ', 1)[1]}.", ""]
     lines += [f"Command: `{command}`" + ("" if minutes is None else
                                        f" ({minutes:.1f} minutes for this invocation; measurements and cells reused "
@@ -923,7 +929,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the table or figure to make; all: every one and every ablation, then README.md; readme: "
                         "README.md alone from what earlier runs saved (listing what is not made yet)")
     p.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
-                   help="smoke: seconds (CI); cpu: the embedded pair, minutes (default); gpu: the paper's sizes")
+                   help="smoke: seconds; test: smoke's sizes on prompts of the experiments' test preset's shape "
+                        "(the test suite's); cpu: the embedded pair, minutes (default); gpu: the paper's sizes")
     p.add_argument("--out", help="output directory (default: $DFLASH_JAX_HOME/results/paper for cpu, .../paper-<preset> "
                                  "otherwise; DFLASH_JAX_HOME defaults to ~/.cache/dflash-jax). The committed results "
                                  "are rewritten only by an explicit --out results/paper (with --ablations-out "
@@ -940,20 +947,20 @@ def parser() -> argparse.ArgumentParser:
                                      "package)")
     p.add_argument("--others", nargs="+", help="more drafter directories: one more column each in table1")
     p.add_argument("--eagle3", help="table1's EAGLE-3 drafter: " + NAMES_HELP + ", or 'none' (no EAGLE-3 columns; "
-                                    "default: embedded-eagle3 for cpu, none for smoke and gpu)")
+                                    "default: embedded-eagle3 for cpu, none for smoke, test and gpu)")
     p.add_argument("--eagle3-trees", nargs="*", help="table1's EAGLE-3 trees beside its chain, N:TOPK each "
                                                      "(default 16:4 60:10, the paper's 16 and 60 nodes)")
     p.add_argument("--repeats", type=int, help="timed runs of every measurement, their decode times averaged "
-                                               "(default: cpu 3, smoke and gpu 1)")
+                                               "(default: cpu 3, smoke, test and gpu 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: float32 on CPU)")
-    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompt sets (default: all five; smoke: two)")
-    p.add_argument("--max-samples", type=int, help="prompts per set (smoke 1, cpu 6, gpu 128)")
-    p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (smoke 16, cpu 96, gpu 2048)")
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompt sets (default: all five; smoke, test: two)")
+    p.add_argument("--max-samples", type=int, help="prompts per set (smoke and test 1, cpu 6, gpu 128)")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (smoke and test 16, cpu 96, gpu 2048)")
     p.add_argument("--temperatures", nargs="+", type=float, help="table1's temperatures (default 0 1)")
-    p.add_argument("--block-sizes", nargs="+", type=int, help="block_size_curve's block sizes (smoke: 4 16; cpu: "
+    p.add_argument("--block-sizes", nargs="+", type=int, help="block_size_curve's block sizes (smoke, test: 4 16; cpu: "
                                                               "4 8 16; gpu: 4 8 12 16)")
     p.add_argument("--subset", choices=list(SUBSETS), help="which prompts of a set (as bench --subset)")
-    p.add_argument("--seed", type=int, help="prompt subset and sampling seed (default 0)")
+    p.add_argument("--seed", type=int, help="prompt subset and sampling seed (default 0; test: 1)")
     p.add_argument("--runs", nargs="+", help="training_curve: drafter run directories (default: the embedded "
                                              "drafter's shipped metrics)")
     p.add_argument("--prompt-source", help="all: the ablations' training prompts (their --prompt-source; needed "

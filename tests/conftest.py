@@ -96,8 +96,10 @@ def _release_compiled_programs():
 
 @pytest.fixture(scope="session")
 def paper_all(tmp_path_factory):
-    """``python -m experiments.paper all --preset smoke`` (every table, figure and ablation, real
-    training and evaluation) into one directory: (root, work, results by item and ablation);
+    """``python -m experiments.paper all --preset test`` (every table, figure and ablation, real
+    training and evaluation; the smoke preset's grids and budget at the test suite's size: short
+    training sequences and prompts of one program shape, so each program compiles once for every
+    cell and item that runs it) into one directory: (root, work, results by item and ablation);
     ``root/paper`` and ``root/ablations/<name>`` hold the outputs, ``work`` the shared data,
     drafters, cells and measurements. Session scope: tests/experiments/test_experiments.py and
     tests/experiments/test_paper.py share it on one xdist worker (their xdist_group)."""
@@ -120,7 +122,7 @@ def paper_all(tmp_path_factory):
             root = tmp_path_factory.mktemp("experiments")
         work = str(root / "work")
         with exclusive(str(root / "build.lock")):
-            results = paper.run("all", "smoke", out=str(root / "paper"), work=work,
+            results = paper.run("all", "test", out=str(root / "paper"), work=work,
                                 ablations_out=str(root / "ablations"))
         _PAPER_ALL["run"] = (root, work, results)
     return _PAPER_ALL["run"]

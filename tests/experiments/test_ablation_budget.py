@@ -2,42 +2,60 @@
 features computed once per data and taps and shared by every drafter, checked against
 transformers' hidden states; training from them following training with the target online;
 and the held-out tau curve, checked against an independent evaluation of the exported drafter
-on the held-out prompts. One smoke-sized run of ablate_depth (1 and 2 layers) serves them."""
+on the held-out prompts. One run of ablate_anchors (random and fixed anchors: two drafters of
+one config, so their programs compile once) at the test preset's size serves them, and its work
+directory (copied) the temperature and --init-from tests: their greedy-data and from-scratch
+drafters are its random-anchor drafter, reused, not trained again."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dflash_jax.experiments import ablate_depth, framework
+from dflash_jax.experiments import ablate_anchors, ablate_depth, framework
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 
 pytestmark = [pytest.mark.xdist_group("test_ablation_budget"), pytest.mark.slow, pytest.mark.experiments, pytest.mark.torch]
+PRESET = "test"  # the smoke grids and budget on short sequences; two MBPP prompts per cell
 HELD_OUT = 4
-SMALL = dict(depths=(1, 2), curve_prompts=HELD_OUT, curve_every=4, datasets=("gsm8k",), max_samples=2,
-             timing_repeats=0)
+SMALL = dict(curve_prompts=HELD_OUT, curve_every=4, timing_repeats=0)
+OFFLINE = dict(SMALL, offline_features=True)  # the fixture's settings
+
+
+def _copy(work, to) -> str:
+    """A copy of a work directory without the trained drafters' Orbax checkpoints (reusing a
+    finished drafter reads only its train.json and exported drafter/)."""
+    shutil.copytree(work, to, ignore=shutil.ignore_patterns("checkpoints"))
+    return str(to)
+
+
+def _random_anchors(key: dict) -> bool:
+    """Whether a drafter key.json is of a 1-layer drafter trained at random anchors (the
+    default, left out of the key)."""
+    return key["drafter"]["layers"] == 1 and key["train"].get("anchors", "random") == "random"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("budget")
     work, out = str(root / "work"), str(root / "out")
-    table = ablate_depth.run("smoke", offline_features=True, work=work, out=out, **SMALL)
+    table = ablate_anchors.run(PRESET, work=work, out=out, **OFFLINE)
     return table, work, out
 
 
 def test_features_are_transformers_hidden_states_and_one_cache_serves_every_drafter(run):
     """The cache holds, per training sequence, transformers' hidden_states[i + 1] of each tap i
     (the last layer's after the final norm), rounded to bfloat16; the off-by-one convention
-    (hidden_states[i]) does not match it. Both drafters (1 and 2 layers, the same taps) read
-    the one cache."""
+    (hidden_states[i]) does not match it. Both drafters (random and fixed anchors, the same
+    taps) read the one cache."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -62,19 +80,17 @@ def test_features_are_transformers_hidden_states_and_one_cache_serves_every_draf
 
 
 def test_training_from_the_cache_follows_training_with_the_target_online(run, tmp_path):
-    """The 1-layer drafter trained again with the target run in every step (its own data
+    """The random-anchor drafter trained again with the target run in every step (its own data
     copy): the losses of the two runs agree to bfloat16 rounding of the features, step by step
     (the held-out rows are left out of both, so the batches are the same)."""
     _, work, _ = run
-    import shutil
-
     online_work = tmp_path / "work"
     shutil.copytree(os.path.join(work, "data"), online_work / "data")
-    ablate_depth.run("smoke", offline_features=False, work=str(online_work), out=str(tmp_path / "out"),
-                     **(SMALL | {"depths": (1,)}))
+    ablate_anchors.run(PRESET, offline_features=False, work=str(online_work), out=str(tmp_path / "out"),
+                       anchor_strategies=("random",), **SMALL)
     def losses(w):
         (d,) = [d for d in glob.glob(os.path.join(w, "drafters", "*"))
-                if json.load(open(os.path.join(d, "key.json")))["drafter"]["layers"] == 1]
+                if _random_anchors(json.load(open(os.path.join(d, "key.json"))))]
         rows = [json.loads(x) for x in open(os.path.join(d, "run", "metrics.jsonl"))]
         return np.array([r["loss"] for r in rows]), json.load(open(os.path.join(d, "key.json")))
     offline, off_key = losses(work)
@@ -129,8 +145,7 @@ def test_remeasure_evaluates_every_cell_again_and_trains_nothing(run, tmp_path):
         return {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(work, "*", "*", name))}
     cells, trained = stamps("cell.json"), stamps("train.json")
     checkpoints = stamps(os.path.join("run", "metrics.jsonl"))
-    again = ablate_depth.run("smoke", offline_features=True, work=work, out=str(tmp_path / "out"), remeasure=True,
-                             **SMALL)
+    again = ablate_anchors.run(PRESET, work=work, out=str(tmp_path / "out"), remeasure=True, **OFFLINE)
     after = stamps("cell.json")
     assert after.keys() == cells.keys() and all(after[p] != cells[p] for p in cells)
     assert stamps("train.json") == trained and stamps(os.path.join("run", "metrics.jsonl")) == checkpoints
@@ -139,15 +154,18 @@ def test_remeasure_evaluates_every_cell_again_and_trains_nothing(run, tmp_path):
     assert "load averages of" in open(tmp_path / "out" / "README.md").read()
 
 
-def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling(tmp_path):
+def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling(run, tmp_path):
     """--train-temperatures 0 1: a second data set, the target's answers sampled at T = 1 (not
     its greedy ones), and a drafter on it; every T > 0 row carries the greedy-draft ceiling of
-    its temperature, measured once for both drafts, and the findings state it beside tau."""
+    its temperature, measured once for both drafts, and the findings state it beside tau. In a
+    copy of the fixture's work directory with its settings: the greedy data, their drafter and
+    its T = 0 cell are the fixture's random-anchor ones."""
     from dflash_jax.experiments import ablate_temperature
 
+    fixture, fixture_work, _ = run
     work, out = tmp_path / "work", tmp_path / "out"
-    table = ablate_temperature.run("smoke", train_temperatures=(0.0, 1.0), work=str(work), out=str(out),
-                                   datasets=("gsm8k",), max_samples=2, timing_repeats=0, steps=2)
+    _copy(fixture_work, work)
+    table = ablate_temperature.run(PRESET, train_temperatures=(0.0, 1.0), work=str(work), out=str(out), **OFFLINE)
     metas = {}
     for d in glob.glob(str(work / "data" / "*")):
         if os.path.isdir(d):
@@ -159,6 +177,7 @@ def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling
     assert sum(differ) >= len(differ) - 2  # ... answered otherwise
     assert {r["label"]["train_T"] for r in table.rows} == {0.0, 1.0} and len(table.rows) == 6
     assert len({h for r in table.rows for h in r["cells"]}) == 2  # one drafter per data set
+    assert {h for r in table.rows if r["label"]["train_T"] == 0.0 for h in r["cells"]} == set(fixture.rows[0]["cells"])
     hot = [r for r in table.rows if r["label"]["temperature"] > 0]
     cold = [r for r in table.rows if r["label"]["temperature"] == 0]
     assert all("extra" not in r for r in cold)
@@ -179,9 +198,8 @@ def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_
     from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
 
     work = tmp_path / "work"
-    kw = dict(init_from="embedded", steps=0, depths=(1,), datasets=("gsm8k",), max_samples=2, timing_repeats=0,
-              work=str(work))
-    table = ablate_depth.run("smoke", out=str(tmp_path / "out"), **kw)
+    kw = dict(init_from="embedded", steps=0, depths=(1,), timing_repeats=0, work=str(work))
+    table = ablate_depth.run(PRESET, out=str(tmp_path / "out"), **kw)
     assert not (work / "data").exists()
     (drafter,) = glob.glob(str(work / "drafters" / "*" / "drafter"))
     for name in ("config.json", "model.safetensors"):
@@ -189,25 +207,35 @@ def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_
     (training,) = table.rows[0]["training"]
     assert training["steps"] == 0 and training["init_from"]["init_from"] == "embedded"
     assert table.rows[0]["average"]["tau"] > 2  # the trained drafter (a random one stays near 1)
-    ablate_depth.run("smoke", out=str(tmp_path / "out2"), num_prompts=32, **kw)
+    ablate_depth.run(PRESET, out=str(tmp_path / "out2"), num_prompts=32, **kw)
     assert len(glob.glob(str(work / "drafters" / "*"))) == 1
     assert "drafter is `embedded`, as it is" in open(tmp_path / "out" / "README.md").read()
 
 
-def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(tmp_path):
+def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(run, tmp_path):
     """With --steps N the trainer starts from the --init-from weights: the first step's loss is
     the trained drafter's (a random start is near ln(vocab)); the start is in the drafter's key.
-    A drafter of another shape, a missing one, and steps 0 without one are refused up front."""
-    kw = dict(depths=(1,), datasets=("gsm8k",), max_samples=2, timing_repeats=0, steps=2)
-    tuned = ablate_depth.run("smoke", init_from="embedded", work=str(tmp_path / "w"), out=str(tmp_path / "o"), **kw)
-    fresh = ablate_depth.run("smoke", work=str(tmp_path / "w"), out=str(tmp_path / "o2"), **kw)
+    A drafter of another shape, a missing one, and steps 0 without one are refused up front. In a
+    copy of the fixture's work directory with its settings: the drafter trained from random
+    weights is the fixture's random-anchor one."""
+    fixture, fixture_work, _ = run
+    work = _copy(fixture_work, tmp_path / "w")
+    kw = dict(OFFLINE, depths=(1,))
+    tuned = ablate_depth.run(PRESET, init_from="embedded", work=work, out=str(tmp_path / "o"), **kw)
+    fresh = ablate_depth.run(PRESET, work=work, out=str(tmp_path / "o2"), **kw)
 
     losses = {}  # the first step's loss of each run, by whether it started from the shipped weights
-    for root in glob.glob(str(tmp_path / "w" / "drafters" / "*")):
+    for root in glob.glob(os.path.join(work, "drafters", "*")):
+        key = json.load(open(os.path.join(root, "key.json")))
+        if not _random_anchors(key):  # the fixture's fixed-anchor drafter
+            continue
         first = json.loads(open(os.path.join(root, "run", "metrics.jsonl")).readline())
-        losses["init_from" in json.load(open(os.path.join(root, "key.json")))] = first["loss"]
+        assert ("init_from" in key) not in losses  # one drafter of each start
+        losses["init_from" in key] = first["loss"]
+    assert sorted(losses) == [False, True]
     assert losses[True] < 3.0 < np.log(8192) - 1 < losses[False], losses
     assert fresh.rows[0]["average"]["tau"] < tuned.rows[0]["average"]["tau"]
+    assert fresh.rows[0]["cells"] == fixture.rows[0]["cells"] != tuned.rows[0]["cells"]
     with pytest.raises(ValueError, match=r"num_layers 1 \(the cell: 2\)"):
         ablate_depth.run("smoke", init_from="embedded", depths=(2,), work="/nonexistent/w", out="/nonexistent/o")
     with pytest.raises(FileNotFoundError, match="no drafter there"):

@@ -1,7 +1,8 @@
-"""The ablation framework (experiments/): the smoke presets end to end on the embedded target
-(real regeneration, training, export and evaluation; the session fixture ``smoke`` in
-conftest.py runs ``experiments.paper all --preset smoke``), reuse of finished cells, exact
-resume of a killed cell, the settings hash, and the errors for bad input."""
+"""The ablation framework (experiments/): the test preset (the smoke grids and budget at the test
+suite's size) end to end on the embedded target (real regeneration, training, export and
+evaluation; the session fixture ``smoke`` in conftest.py runs ``experiments.paper all --preset
+test``), reuse of finished cells, exact resume of a killed cell, the settings hash, and the
+errors for bad input."""
 
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ def test_cells_are_lossless_and_their_metrics_follow_from_the_responses(smoke):
 def test_a_second_run_reuses_every_cell(smoke):
     root, work, depth, block = smoke
     before = {n: _files(work, n) for n in ("cell.json", "train.json", "metrics.jsonl")}
-    again = ablate_depth.run("smoke", out=str(root / "ablations" / "ablate_depth"), work=work)
-    again_block = ablate_block_size.run("smoke", out=str(root / "ablations" / "ablate_block_size"), work=work)
+    again = ablate_depth.run("test", out=str(root / "ablations" / "ablate_depth"), work=work)
+    again_block = ablate_block_size.run("test", out=str(root / "ablations" / "ablate_block_size"), work=work)
     for n, files in before.items():
         assert _files(work, n) == files, f"a {n} was rewritten: a finished cell was recomputed"
     plain = lambda rows: json.loads(json.dumps(rows))
@@ -117,7 +118,7 @@ def test_the_adaptive_inference_block_size_is_a_cell_of_the_block_size_ablation(
     # are not copied: reusing a finished drafter reads only its train.json and exported drafter/
     shutil.copytree(work, copy, ignore=shutil.ignore_patterns("checkpoints"))
     drafters = sorted(os.listdir(copy / "drafters"))
-    table = ablate_block_size.run("smoke", out=str(tmp_path / "out"), work=str(copy), train_block_sizes=(16,),
+    table = ablate_block_size.run("test", out=str(tmp_path / "out"), work=str(copy), train_block_sizes=(16,),
                                   eval_block_sizes=(16, "adaptive"))
     assert sorted(os.listdir(copy / "drafters")) == drafters  # nothing trained
     fixed, adaptive = table.rows
@@ -145,23 +146,26 @@ def test_the_adaptive_inference_block_size_is_a_cell_of_the_block_size_ablation(
 
 
 def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
-    """SIGKILL during a cell's training, rerun: the exported drafter equals the one the
-    uninterrupted smoke run trained (the trainer resumes from its Orbax checkpoint)."""
+    """SIGKILL during a cell's training (the command in a process of its own), rerun (the same
+    command, in this process): the exported drafter equals the one the uninterrupted run
+    trained (the trainer resumes from its Orbax checkpoint)."""
     _, work, depth, _ = smoke
     killed = tmp_path / "work"
     shutil.copytree(os.path.join(work, "data"), killed / "data")  # the same data: skip regenerating
     # and the cells' measurements: what is tested is the training; the rerun still trains (its
     # drafter has no train.json) and then reuses the cell instead of measuring it again
     shutil.copytree(os.path.join(work, "cells"), killed / "cells")
-    cmd = [sys.executable, "-m", "experiments.ablate_depth", "--preset", "smoke", "--depths", "1",
-           "--work", str(killed), "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = ["--preset", "test", "--depths", "1", "--work", str(killed), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.ablate_depth", *argv], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     drafter = depth.rows[0]["cells"][0]
     metrics = killed / "drafters" / drafter / "run" / "metrics.jsonl"
     lines = kill_after_lines(proc, metrics, 3)
     assert 3 <= lines < 8 and not (killed / "drafters" / drafter / "train.json").exists(), \
         "the run was not killed during training"
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    # the rerun needs no process of its own: what resumes is the trainer, from the killed
+    # process's checkpoint (a failed run exits: SystemExit fails the test)
+    ablate_depth.main(argv)
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
     ref = os.path.join(work, "drafters", drafter, "drafter", "model.safetensors")
@@ -249,7 +253,7 @@ def test_bad_settings_are_refused_before_anything_runs(tmp_path, overrides, mess
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
-def test_bad_targets_presets_and_outputs_are_refused(tmp_path):
+def test_bad_targets_presets_and_outputs_are_refused(tmp_path, capsys):
     work = tmp_path / "work"
     no_tok = tmp_path / "target"
     no_tok.mkdir()
@@ -277,23 +281,28 @@ def test_bad_targets_presets_and_outputs_are_refused(tmp_path):
     assert (mine / "README.md").read_text() == "my notes"
     assert json.loads((other / "table.json").read_text()) == {"experiment": "ablate_block_size"}
     assert not work.exists()
-    # the command line: a clear one-line error, exit code 2
-    r = subprocess.run([sys.executable, "-m", "experiments.ablate_depth", "--preset", "smoke", "--depths", "0",
-                        "--work", str(work), "--out", str(tmp_path / "o2")], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and "error:" in r.stderr and "0-layer drafter" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "experiments.ablate_depth", "--help"], cwd=ROOT, capture_output=True,
-                       text=True)
-    text = " ".join(r.stdout.split())  # argparse wraps the help
-    assert r.returncode == 0 and "--depths" in text
-    assert "(defaults: smoke 1 2, cpu 1 2 3, cpu-full 1 2 3, gpu 3 5 8)" in text
+    # the command line (its main, as `python -m experiments.ablate_depth` runs it; that entry
+    # point runs as a process of its own in test_a_killed_cell_resumes_to_the_uninterrupted_drafter):
+    # a clear one-line error, exit code 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        ablate_depth.main(["--preset", "smoke", "--depths", "0", "--work", str(work), "--out", str(tmp_path / "o2")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "error:" in err and "0-layer drafter" in err, err
+    assert not work.exists()
+    with pytest.raises(SystemExit) as exit_:
+        ablate_depth.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert exit_.value.code == 0 and "--depths" in text
+    assert "(defaults: smoke 1 2, test 1 2, cpu 1 2 3, cpu-full 1 2 3, gpu 3 5 8)" in text
 
 
 def test_an_out_of_other_settings_needs_overwrite(smoke, tmp_path):
     root, work, _, _ = smoke
     with pytest.raises(ValueError, match="other settings"):
-        ablate_depth.run("smoke", out=str(root / "ablations" / "ablate_depth"), work=work, depths=(1,))
+        ablate_depth.run("test", out=str(root / "ablations" / "ablate_depth"), work=work, depths=(1,))
     before = (root / "ablations" / "ablate_depth" / "table.json").read_text()
-    t = ablate_depth.run("smoke", out=str(tmp_path / "one"), work=work, depths=(1,))  # reused cell
+    t = ablate_depth.run("test", out=str(tmp_path / "one"), work=work, depths=(1,))  # reused cell
     assert len(t.rows) == 1 and (root / "ablations" / "ablate_depth" / "table.json").read_text() == before
 
 

@@ -1,6 +1,7 @@
 """The paper's tables and figures (experiments.paper) and the ablations beyond depth and block
 size (taps, conditioning, anchors, loss decay, denoising steps, temperature): ``paper all
---preset smoke`` end to end (the session fixture ``paper_all`` in conftest.py), the numbers
+--preset test`` end to end (the session fixture ``paper_all`` in conftest.py: the smoke preset's
+grids, budget and sizes on prompts of one program shape), the numbers
 recomputed from the saved measurements, what each ablation's drafters really were, and the
 errors for bad input (before any work)."""
 
@@ -21,6 +22,7 @@ from dflash_jax.experiments.paper import CONTINUED_METRICS, continued_stages
 
 pytestmark = [pytest.mark.xdist_group("test_experiments"), pytest.mark.slow, pytest.mark.experiments]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRESET = "test"  # paper_all's
 NEW = ("ablate_taps", "ablate_conditioning", "ablate_anchors", "ablate_loss_decay", "ablate_denoise",
        "ablate_temperature")
 
@@ -46,18 +48,18 @@ def test_all_writes_every_table_figure_and_ablation(paper_all):
             assert (root / "ablations" / a / f).stat().st_size > 0, (a, f)
     readme = (out / "README.md").read_text()
     for item in paper.ITEMS:
-        assert f"`python -m experiments.paper {item} --preset smoke`" in readme and f"({item}.png)" in readme
+        assert f"`python -m experiments.paper {item} --preset {PRESET}`" in readme and f"({item}.png)" in readme
     for a in paper.ABLATIONS:
         assert f"### {a}" in readme and f"../ablations/{a}/README.md" in readme
     assert "against the paper" in readme and ("the paper's direction" in readme or "opposite direction" in readme)
     index = json.loads((out / "paper.json").read_text())
-    assert index["preset"] == "smoke" and sorted(index["items"]) == sorted(paper.ITEMS)
+    assert index["preset"] == PRESET and sorted(index["items"]) == sorted(paper.ITEMS)
     # a smoke run says so; its 2 responses per average give no interval, so no finding
-    assert readme.startswith("# The paper's tables and figures (smoke preset)\n\n**This is a smoke run**")
+    assert readme.startswith(f"# The paper's tables and figures ({PRESET} preset)\n\n**This is a smoke run**")
     assert "do not overlap" not in readme and "agreeing with the paper" not in readme
     for a in paper.ABLATIONS:  # the commands recorded for the ablations of `all` name no absolute path
         command = _table(root, a)["command"]
-        assert command.startswith(f"python -m experiments.{a} --preset smoke --out ") and str(root) not in command
+        assert command.startswith(f"python -m experiments.{a} --preset {PRESET} --out ") and str(root) not in command
     t1 = json.loads((out / "table1.json").read_text())
     assert t1["smoke"] is True and t1["options"]["target"] == "embedded" and list(t1["results"]) == ["embedded"]
     assert "no 95 % interval (2 responses; an interval needs at least 8): not a finding" in t1["findings"][0]
@@ -75,7 +77,7 @@ def test_table1_acceptance_and_block_curve_follow_from_the_measurements(paper_al
     t1 = json.loads((root / "paper" / "table1.json").read_text())["results"]
     (drafter,) = t1
     bs = 16
-    sets = ("gsm8k", "humaneval")
+    sets = ("mbpp", "math500")  # the test preset's
     assert len(recs) == len(sets) * 3  # T 0 and 1 at block 16, T 0 at block 4 (16 is reused)
     for t in ("0", "1"):
         per = t1[drafter][t]["datasets"]
@@ -266,12 +268,12 @@ def test_training_curve_of_a_run_and_a_second_run_reuses_the_measurements(paper_
     run.mkdir()
     rows = [{"step": s, "loss": 4.0 / s, "eval_tau": (1.0 + s / 10) if s % 2 == 0 else None} for s in range(1, 7)]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    r = paper.run("training_curve", "smoke", out=str(tmp_path / "tc"), work=str(work), runs=(str(run),))
+    r = paper.run("training_curve", PRESET, out=str(tmp_path / "tc"), work=str(work), runs=(str(run),))
     assert r["training_curve"]["results"]["run"]["eval_tau"] == [(2, 1.2), (4, 1.4), (6, 1.6)]
     assert "still rising" in r["training_curve"]["findings"][0]
     before = {d: os.stat(os.path.join(work, "paper", d, "record.json")).st_mtime_ns
               for d in os.listdir(os.path.join(work, "paper"))}
-    again = paper.run("table1", "smoke", out=str(tmp_path / "t1"), work=str(work))
+    again = paper.run("table1", PRESET, out=str(tmp_path / "t1"), work=str(work))
     after = {d: os.stat(os.path.join(work, "paper", d, "record.json")).st_mtime_ns
              for d in os.listdir(os.path.join(work, "paper"))}
     assert after == before
@@ -313,14 +315,14 @@ def test_readme_alone_from_saved_outputs_lists_what_is_missing(paper_all, tmp_pa
     shutil.copytree(root / "paper", tmp_path / "paper")
     shutil.copytree(root / "ablations", tmp_path / "ablations")
     heads = lambda text: [x for x in text.splitlines() if x.startswith("#") or x.startswith("|") or x.startswith("- ")]
-    paper.run("readme", "smoke", out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
+    paper.run("readme", PRESET, out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
     assert heads((tmp_path / "paper" / "README.md").read_text()) == heads((root / "paper" / "README.md").read_text())
     (tmp_path / "paper" / "acceptance.json").unlink()
     (tmp_path / "ablations" / "ablate_taps" / "table.json").unlink()
-    paper.run("readme", "smoke", out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
+    paper.run("readme", PRESET, out=str(tmp_path / "paper"), ablations_out=str(tmp_path / "ablations"))
     text = (tmp_path / "paper" / "README.md").read_text()
-    assert "## Not made yet" in text and "`python -m experiments.paper acceptance --preset smoke`" in text
-    assert "`python -m experiments.ablate_taps --preset smoke`" in text and "### ablate_taps" not in text
+    assert "## Not made yet" in text and f"`python -m experiments.paper acceptance --preset {PRESET}`" in text
+    assert f"`python -m experiments.ablate_taps --preset {PRESET}`" in text and "### ablate_taps" not in text
     assert "### ablate_conditioning" in text and "## Acceptance lengths" not in text
 
 
