@@ -38,7 +38,7 @@ from dflash_jax.decoding import engine
 from dflash_jax.models.drafter import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.targets.moe import Qwen3MoeConfig
-from support.multidevice import emit
+from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
 BLOCK = 4
@@ -158,13 +158,6 @@ for name, (cfg, edit, moe_layers, moe_scans, meshes) in MODELS.items():
             res |= {"logits_err": float(np.max(np.abs(logits - ref_logits))),
                     "logits_scale": float(np.max(np.abs(ref_logits)))}
         result[name]["meshes"][f"{data}x{expert}x{model}"] = res
-
-def error(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
 
 import dataclasses
 six = dataclasses.replace(qwen, num_experts=6)

@@ -47,7 +47,7 @@ import jax
 import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax.config import RopeConfig, TargetConfig
-from support.multidevice import emit
+from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
 CONFIGS = {
@@ -120,13 +120,6 @@ for name, cfg in CONFIGS.items():
 """
 
 ERRORS_CODE = """
-def error(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
-
 cfg = TargetConfig(model_type="qwen3", vocab_size=256, hidden_size=32, intermediate_size=64,
                    num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
 odd_vocab = TargetConfig(model_type="qwen3", vocab_size=250, hidden_size=32, intermediate_size=64,

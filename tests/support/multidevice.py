@@ -112,3 +112,13 @@ def shared_run(tmp_path_factory, name: str, code: str, devices: int = 8, fast_co
 def emit(result: dict) -> None:
     """Called by the subprocess code: prints the result line."""
     print(PREFIX + json.dumps(result), flush=True)
+
+
+def error(fn) -> str | None:
+    """Called by the subprocess code: the message of the ValueError ``fn()`` raises, or None
+    when it raises none (a refusal that did not happen)."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
