@@ -108,10 +108,18 @@ def cost_table(target, drafter, lengths: tuple[int, ...], batch: int = 1, *,
             print(f"measuring the cost of an iteration at {what} on this device (once; cached in {path})",
                   file=sys.stderr)
         costs = measure_costs(target, drafter, lengths, batch, splits=splits)
-        write_json(path, {"key": key, "costs": {str(k): v for k, v in costs.items()},
-                          "unit": "seconds per decode iteration",
-                          "measured": {"time": _time_text(), "load_average": load_average()}})
+        store(key, costs)
     return costs
+
+
+def store(key: dict, costs: dict[int, float]) -> str:
+    """Writes ``costs`` (seconds per decode iteration, by verify length or split) as the cached
+    table of ``key`` (atomically), stamped with the time and load average; returns its path."""
+    path = cache_path(key)
+    write_json(path, {"key": key, "costs": {str(k): v for k, v in costs.items()},
+                      "unit": "seconds per decode iteration",
+                      "measured": {"time": _time_text(), "load_average": load_average()}})
+    return path
 
 
 def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,

@@ -38,15 +38,13 @@ def seed_per_row_cost_tables(target, drafter, cache: str) -> list[str]:
     their paths."""
     from dflash_jax.decoding import costs
     from dflash_jax.decoding.adaptive import per_row_lengths, row_splits
-    from dflash_jax.files import write_json
 
     paths = []
     for batch, table in ROW_SPLIT_COSTS.items():
         key = costs.cost_key(target, drafter, per_row_lengths(BLOCK), batch, splits=row_splits(batch))
         assert sorted(table) == list(row_splits(batch))
-        path = costs.cache_path(key)
+        path = costs.store(key, table)
         assert path.startswith(cache)
-        write_json(path, {"key": key, "costs": {str(k): v for k, v in table.items()}})
         paths.append(path)
     return paths
 
