@@ -8,7 +8,6 @@ plausible bug (a confidence that reads the drawn draft tokens); the rows of a de
 come out and go back unchanged; the cost table is measured per split and cached; bad options
 are clear errors."""
 
-import dataclasses
 import functools
 
 import jax
@@ -129,23 +128,6 @@ def test_split_follows_expected_tokens_per_second():
     assert seen == {True, False}  # both the batch-wide ends and splits inside the batch won
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class PeekingFrom(TableProposer):
-    """The sampled table proposer whose rows from ``first`` on carry the plausible bug of
-    ``TableProposer.peek`` (the confidence the split reads is the drawn tokens' own probability),
-    the rows before it the honest confidence: a correct and a buggy run in one program."""
-
-    first: int = 0
-
-    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-        proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-        if proposal.logp is None:
-            return proposal, state
-        drawn = jnp.take_along_axis(proposal.q_logp, proposal.tokens[..., None], -1)[..., 0]
-        peeks = (jnp.arange(drawn.shape[0]) >= self.first)[:, None]
-        return proposal._replace(logp=jnp.where(peeks, drawn, proposal.logp)), state
-
-
 def per_row_options(rows: int) -> dict:
     """Verify lengths 2 and 4 split per row, a quarter of the rows verifying long for free: a
     split inside the batch wins most iterations. Of the default splits (0, 1/4, 1/2, 3/4, all)
@@ -167,7 +149,7 @@ def test_per_row_sampling_keeps_the_target_distribution_and_a_peeking_choice_is_
     buggy ones.) Then the DFlash drafter's own sampled drafts, 16384 rows."""
     target, drafter, prefix_logits = sampling_setup
     joint, _ = prefix_logits.joint(1.0)
-    proposer = PeekingFrom(prefix_logits, q_temperature=Q_TEMPERATURE, first=ROWS)
+    proposer = TableProposer(prefix_logits, q_temperature=Q_TEMPERATURE, peek=True, peek_from_row=ROWS)
     r = dj.generate(target, [PROMPT] * (2 * ROWS), DEPTH, drafter=drafter, proposer=proposer, sampled_draft=True,
                     seed=3, block_size="adaptive", temperature=1.0, **per_row_options(2 * ROWS))
     honest = slice(0, ROWS)

@@ -105,6 +105,7 @@ class TableProposer(Proposer):
     prefix_logits: object
     q_temperature: float | None = None
     peek: bool = False  # sampled: the confidence reads the drawn tokens (a bug, for negative controls)
+    peek_from_row: int = 0  # with peek: the rows from this one on peek, those before it do not
 
     @property
     def sampled(self) -> bool:
@@ -135,8 +136,11 @@ class TableProposer(Proposer):
         q_logp = jnp.stack(qs, 1) if qs else None
         logp = None
         if want_logp and qs:
-            logp = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0] if self.peek \
-                else first_row_confidence(q_logp)
+            logp = first_row_confidence(q_logp)
+            if self.peek:
+                drawn = jnp.take_along_axis(q_logp, drafts[..., None], -1)[..., 0]
+                peeks = (jnp.arange(drafts.shape[0]) >= self.peek_from_row)[:, None]
+                logp = jnp.where(peeks, drawn, logp)
         return Proposal(drafts, q_logp, logp), state
 
 
