@@ -6,6 +6,11 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# XLA:CPU compiles fast rather than well for the whole run, this process and every subprocess
+# (tests/support/fast_compile.py: compiling is nearly all of the suite's time)
+from support import fast_compile  # noqa: E402
+
+fast_compile.apply()
 # One persistent compilation cache for the whole run, this process and the command-line
 # subprocesses it starts (they inherit the environment): the same engine programs are compiled
 # by many test modules (each module ends with jax.clear_caches(), below) and by every `python -m
@@ -40,7 +45,10 @@ import re
 
 import pytest
 
+from support.tiers import tiered
 from support.tiny_models import HF_VARIANTS, make_hf_model
+
+FAST_VARIANT = "qwen3-tied-bias"
 
 # Modules marked `torch` (transformers' PyTorch models as the oracle) or `triton` (the Triton kernel
 # in Triton's interpreter) import those packages at module level. In an environment without them
@@ -73,9 +81,10 @@ def pytest_terminal_summary(terminalreporter):
                                     f"{len(_NOT_COLLECTED)} modules")
 
 
-@pytest.fixture(scope="session", params=sorted(HF_VARIANTS))
+@pytest.fixture(scope="session", params=tiered(sorted(HF_VARIANTS), fast=[FAST_VARIANT]))
 def hf_checkpoint(request, tmp_path_factory):
-    """(name, torch model, checkpoint directory) for each variant of the parity grid."""
+    """(name, torch model, checkpoint directory) for each variant of the parity grid (the fast
+    tier runs one: qwen3 with tied embeddings and attention biases; the whole suite all four)."""
     kind, overrides = HF_VARIANTS[request.param]
     model = make_hf_model(kind, **overrides)
     path = tmp_path_factory.mktemp(request.param)

@@ -75,7 +75,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
 from dflash_jax.nn.attention import (BLOCK_ATTENTION, DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
                                      check_attention_impl, check_chunk, training_block_attention)
-from dflash_jax.nn.layers import out_projection, random_init
+from dflash_jax.nn.layers import out_projection, random_module_params
 
 
 class DrafterAttention(nn.Module):
@@ -423,8 +423,6 @@ def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
     taps = jnp.zeros((B, T, cfg.num_taps * cfg.hidden_size), dtype)
     anchors, valid = jnp.zeros((B, 1), jnp.int32), jnp.ones((B, 1), bool)
 
-    def init(k):
-        params = model.init(k, emb, pos, taps, anchors, valid, method=DrafterModel.train_blocks)["params"]
-        return random_init(params, k, init_scale, dtype)
-
-    return jax.jit(init)(key)
+    return random_module_params(
+        lambda k: model.init(k, emb, pos, taps, anchors, valid, method=DrafterModel.train_blocks)["params"],
+        key, init_scale, dtype)

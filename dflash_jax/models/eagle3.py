@@ -60,7 +60,7 @@ from dflash_jax.config import Eagle3Config
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
 from dflash_jax.nn.attention import joint_softmax
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.nn.layers import random_init
+from dflash_jax.nn.layers import random_module_params
 
 
 class Eagle3Attention(nn.Module):
@@ -218,8 +218,5 @@ def init_eagle3_params(cfg: Eagle3Config, key: jax.Array, dtype=jnp.float32, ini
     taps = jnp.zeros((1, 2, cfg.feature_size), dtype)
     valid = jnp.ones((1, 2), bool)
 
-    def init(k):
-        params = model.init(k, emb, taps, valid, method=Eagle3Model.init_all)["params"]
-        return random_init(params, k, init_scale, dtype)
-
-    return jax.jit(init)(key)
+    return random_module_params(
+        lambda k: model.init(k, emb, taps, valid, method=Eagle3Model.init_all)["params"], key, init_scale, dtype)

@@ -14,6 +14,7 @@ from dflash_jax.bench import decode_speed
 pytestmark = pytest.mark.torch
 
 
+@pytest.mark.slow
 def test_decode_speed_writes_json_and_plot(tmp_path):
     cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -59,6 +60,7 @@ def test_unknown_command_fails():
     assert out.returncode == 2 and "unknown command" in out.stderr
 
 
+@pytest.mark.slow
 def test_spec_speed_with_saved_target_and_drafter(tmp_path):
     """The DFlash benchmark on a saved target + drafter pair: files written, stats consistent."""
     import dflash_jax as dj
@@ -84,6 +86,7 @@ def test_spec_speed_with_saved_target_and_drafter(tmp_path):
     assert (tmp_path / "out" / "t_cpu_float32_xla_b1_bs4.png").exists()
 
 
+@pytest.mark.slow
 def test_iteration_profile_with_saved_target_and_drafter(tmp_path):
     """``iteration-profile`` on a saved pair: every part and loop timed, the derived ratios
     follow from them, the report and table written."""
@@ -106,6 +109,7 @@ def test_iteration_profile_with_saved_target_and_drafter(tmp_path):
     assert (tmp_path / "out" / "iteration_profile_cpu_float32.md").read_text().count("| verify") == 3
 
 
+@pytest.mark.slow
 def test_iteration_profile_per_depth(tmp_path):
     """``--depths``: one profile per drafter depth, each a drafter of that many layers (its
     parameters grow by one layer's worth per layer) with the drafter's block size; the table has
@@ -129,6 +133,7 @@ def test_iteration_profile_per_depth(tmp_path):
         iteration_profile.main(args + ["--depths", "0"])
 
 
+@pytest.mark.slow
 def test_train_speed_runs(tmp_path):
     from dflash_jax.bench import train_speed
 
@@ -140,6 +145,7 @@ def test_train_speed_runs(tmp_path):
     assert (tmp_path / "tiny_cpu_float32_b2_L32.png").exists()
 
 
+@pytest.mark.slow
 def test_kernel_speed_smoke(tmp_path):
     from dflash_jax.tools import kernel_speed
 
@@ -151,6 +157,7 @@ def test_kernel_speed_smoke(tmp_path):
         assert r["max_abs_err"] < 1e-4 and r["pallas_us"] > 0 and r["xla_us"] > 0
 
 
+@pytest.mark.slow
 def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatch):
     """bench renders every prompt (both turns of mt-bench too) with a Qwen3-style template's
     thinking switch off, ending in its non-thinking assistant prefix; --thinking renders them

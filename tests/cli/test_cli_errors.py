@@ -14,6 +14,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.__main__ import COMMANDS, main, usage
+from support.tiers import tiered
 
 # one pytest-xdist worker runs the whole module: its module fixture writes the bad inputs once
 pytestmark = pytest.mark.xdist_group("test_cli_errors")
@@ -96,6 +97,7 @@ def test_debug_shows_the_exception_instead(bad_inputs):
         main(["--debug", "generate", "--prompt", "hi", "--temperature", "-1"])
 
 
+@pytest.mark.slow
 def test_a_real_process_prints_one_line_and_exits_2(bad_inputs):
     out = subprocess.run([sys.executable, "-m", "dflash_jax", "generate", "--prompt", "x", "--drafter",
                           str(bad_inputs / "truncated")], capture_output=True, text=True)
@@ -137,13 +139,14 @@ def test_top_level_help_and_version(capsys):
     assert e.value.code == 2 and "unknown command 'frobnicate'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["dflash_jax.bench.harness", "dflash_jax.tools.kernel_speed",
-                                    "dflash_jax.bench.decode_speed"])
+@pytest.mark.parametrize("module", tiered(["dflash_jax.bench.harness", "dflash_jax.tools.kernel_speed",
+                                           "dflash_jax.bench.decode_speed"], fast=["dflash_jax.bench.harness"]))
 def test_modules_run_with_dash_m_show_their_help(module):
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("usage: python -m "), out.stdout[:200] + out.stderr
 
 
+@pytest.mark.slow
 def test_generate_command_equals_the_library(capsys):
     """Text prompts (digits included: text unless --token-ids), --chat, --token-ids and a
     drafter: the printed ids are dj.generate's on the same inputs."""
@@ -168,6 +171,7 @@ def test_generate_command_equals_the_library(capsys):
     assert capsys.readouterr().out == tok.decode(ref.sequences[0]) + "\n"  # greedy AR == DFlash
 
 
+@pytest.mark.slow
 def test_bench_keeps_finished_sets_when_interrupted(tmp_path, monkeypatch, capsys):
     """Ctrl-C during the second set: the first set's results are on disk, one line is printed,
     the status is 130."""

@@ -16,6 +16,7 @@ from dflash_jax.decoding import costs, engine
 
 from support import exact_sampling
 from support.oracle_proposers import ORACLE_NOISY, OracleProposer
+from support.tiers import tiered
 from test_speculative import ALPHA, pair, run_case, sampling_setup  # noqa: F401 (fixture)
 
 # The noisy oracle (right drafts with a quarter replaced at random) claiming, per iteration, a
@@ -32,7 +33,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", tiered(CASES, fast=["b3-noisy-random-confidence-stops"]))
 def test_adaptive_greedy_equals_autoregressive_and_records_lengths(case):
     kind, seed, lens, budgets, proposer, lengths, costs = CASES[case]
     target, drafter = pair(kind, seed)
@@ -116,6 +117,7 @@ def test_choice_follows_expected_tokens_per_second():
     assert int(choose(s, sure, one, jnp.array([2]))) == 0
 
 
+@pytest.mark.slow
 def test_adaptive_sampling_keeps_the_target_distribution(sampling_setup):
     """The sampled table proposer with the verify length chosen per iteration between 2 and 4
     rows (equal costs: 4 while rows have budget for it, 2 once every live row has one token
@@ -140,6 +142,7 @@ def tables(cache_dir) -> dict:
     return {p.name: json.loads(p.read_text()) for p in sorted(cache_dir.glob("verify-costs-*.json"))}
 
 
+@pytest.mark.slow
 def test_cost_table_is_measured_once_and_rebuilt_for_another_model_or_device(cache, capsys, monkeypatch):
     target, drafter = pair("qwen3", 0)
     prompt = [[1, 2, 3, 4]]

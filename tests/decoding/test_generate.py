@@ -11,6 +11,7 @@ import torch
 
 import dflash_jax as dj
 from support import exact_sampling
+from support.tiers import tiered
 from dflash_jax.targets import target_forward
 
 pytestmark = pytest.mark.torch
@@ -57,6 +58,7 @@ def test_stop_tokens_per_row(hf_checkpoint):
     assert per_row.sequences[1] == hf_greedy(model, prompts[1], 24, stop=[V - 1])
 
 
+@pytest.mark.slow
 def test_per_row_budgets(hf_checkpoint):
     name, model, path = hf_checkpoint
     target = dj.load_target(path)
@@ -96,7 +98,7 @@ def ar_joint(prefix_logits, kw):
     return joint
 
 
-@pytest.mark.parametrize("case", list(AR_CASES))
+@pytest.mark.parametrize("case", tiered(AR_CASES, fast=["T0.7-topk"]))
 def test_sampling_first_two_tokens_follow_the_model(tiny_target, tiny_prefix_logits, case):
     kw = AR_CASES[case]
     result = dj.generate(tiny_target, [AR_PROMPT] * AR_ROWS, 2, seed=11, **kw)
@@ -135,6 +137,7 @@ AR_MUTANTS = {  # case: rules run side by side, AR_ROWS rows each (None: the rea
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(AR_MUTANTS))
 def test_wrong_sampling_filters_are_rejected(tiny_target, tiny_prefix_logits, monkeypatch, case):
     """Negative controls: the library's filters replaced by plausible wrong ones (row group g
@@ -190,6 +193,7 @@ def test_result_fields(tiny_target):
     assert 0 < r.prefill_time_s and 0 < r.decode_time_s and r.prefill_time_s + r.decode_time_s <= wall
 
 
+@pytest.mark.slow
 def test_result_says_whether_its_times_include_compilation(tiny_target):
     """The first call with new shapes compiles inside its timed stages and says so; the same
     call again does not; a new seed (a traced argument) compiles nothing, a new cache length

@@ -26,6 +26,7 @@ from dflash_jax.decoding.sampling import process_logits
 
 from support import exact_sampling
 from support.oracle_proposers import ORACLE, ORACLE_NOISY, TableProposer
+from support.tiers import tiered
 
 CONFIGS = {
     "qwen3": dj.TargetConfig("qwen3", vocab_size=24, hidden_size=32, intermediate_size=48,
@@ -59,7 +60,7 @@ GREEDY_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(GREEDY_CASES))
+@pytest.mark.parametrize("case", tiered(GREEDY_CASES, fast=["b1-bs16-bs1"]))
 def test_greedy_speculative_equals_autoregressive(case):
     kind, seed, lens, max_new, stop_mode, runs = GREEDY_CASES[case]
     target, drafter = pair(kind, seed)
@@ -87,6 +88,7 @@ def test_greedy_speculative_equals_autoregressive(case):
             assert max(max(a, default=0) for a in sp.acceptance_lengths) == block_size
 
 
+@pytest.mark.slow
 def test_oracle_accepts_full_blocks_and_statistics():
     target, drafter = pair("qwen3", 0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
@@ -108,6 +110,7 @@ def test_oracle_accepts_full_blocks_and_statistics():
     assert ar_r.tau == 1.0 and ar_r.acceptance_lengths == [[1] * 4] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [2, 3])
 def test_denoise_steps_stay_lossless(steps):
     target, drafter = pair("llama", 1)
@@ -117,6 +120,7 @@ def test_denoise_steps_stay_lossless(steps):
     assert sp.sequences == ar.sequences
 
 
+@pytest.mark.slow
 def test_streaming_concatenates_to_generate():
     target, drafter = pair("qwen3", 2)
     prompts = [[1, 2, 3], [7] * 9, [5]]
@@ -182,7 +186,7 @@ def run_case(setup, case, groups=1, seed=3, adaptive=None, peek=False):
     return r, joint
 
 
-@pytest.mark.parametrize("case", list(SAMPLING_CASES))
+@pytest.mark.parametrize("case", tiered(SAMPLING_CASES, fast=["sampled-table-T1"]))
 def test_speculative_sampling_keeps_the_target_distribution(sampling_setup, case):
     r, joint = run_case(sampling_setup, case)
     report = exact_sampling.fit(r.sequences, joint, ALPHA)
@@ -229,7 +233,7 @@ MUTANTS = {
 }
 
 
-@pytest.mark.parametrize("case", list(MUTANTS))
+@pytest.mark.parametrize("case", tiered(MUTANTS, fast=["sampled-table-T1"]))
 def test_wrong_acceptance_rules_are_rejected(sampling_setup, monkeypatch, case):
     """Negative controls: the engine's ``accept`` replaced by plausible wrong rules must fail
     the check the engine passes, and the same rule written without a bug must pass it. One

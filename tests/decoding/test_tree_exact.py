@@ -35,6 +35,7 @@ from dflash_jax import targets
 from dflash_jax.decoding import tree as trees
 from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.proposers import DFlashProposer, Proposer
+from support.tiers import tiered
 
 pytestmark = pytest.mark.xdist_group("tree_exact")
 
@@ -169,7 +170,7 @@ def hand_tree(anchor: int) -> trees.Tree:
                       jnp.zeros((1, len(par)), jnp.float32))
 
 
-@pytest.mark.parametrize("kind", sorted(FAMILIES))
+@pytest.mark.parametrize("kind", tiered(sorted(FAMILIES), fast=["qwen3"]))
 def test_tree_forward_equals_causal_forwards_of_each_path(kind):
     """Node i of a tree verified in one pass (after a ragged prefill) has the logits and taps
     of a plain causal forward over the prompt + node i's root path. Rows 0 and 1: best-first
@@ -214,6 +215,7 @@ def test_tree_forward_equals_causal_forwards_of_each_path(kind):
     np.testing.assert_allclose(taps.reshape(B * N, -1), ref_taps, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_a_node_that_sees_a_sibling_changes_its_logits():
     """The mask is applied: letting one node see a sibling changes that node's logits only."""
     target = FAMILIES["qwen3"]()
@@ -301,7 +303,8 @@ def dense_ar():
     return target, prompts, budgets, dj.generate(target, prompts, budgets)
 
 
-@pytest.mark.parametrize("nodes,impl", [(6, "xla"), (16, "xla"), (11, "pallas")])
+@pytest.mark.parametrize("nodes,impl", [(6, "xla"), pytest.param(16, "xla", marks=pytest.mark.slow),
+                                         pytest.param(11, "pallas", marks=pytest.mark.slow)])
 def test_greedy_tree_equals_autoregressive_and_accepts_what_a_walk_predicts(dense_ar, nodes, impl):
     """``impl`` "pallas": the Pallas kernel's tree mask (interpreted on CPU) in the loop."""
     target, prompts, budgets, ar = dense_ar
@@ -394,6 +397,7 @@ def context_pair():
     return target, dj.Drafter(dcfg, numpy_params(lambda k: init_drafter_params(dcfg, k), 4))
 
 
+@pytest.mark.slow
 def test_drafter_context_gets_the_accepted_paths_taps_in_path_order():
     """Greedy DFlash tree decoding (tree=12, top-4, block 4) on a small random pair: at every
     iteration, the taps the proposer writes into the drafter's context are, at each position
@@ -439,6 +443,7 @@ def test_drafter_context_gets_the_accepted_paths_taps_in_path_order():
 
 
 # ---------------------------------------------------------------------------- the embedded pair
+@pytest.mark.slow
 def test_embedded_pair_chain_tree_equals_the_chain_and_trees_equal_ar():
     target, drafter = dj.load_embedded()
     tok = target.tokenizer

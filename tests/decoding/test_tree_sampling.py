@@ -444,6 +444,7 @@ def engine_setup():
     return target, exact_sampling.PrefixLogits.compute(target, E_PROMPT, E_DEPTH)
 
 
+@pytest.mark.slow
 def test_generate_with_a_tree_keeps_the_target_distribution(engine_setup, monkeypatch):
     """generate(tree=8, tree_topk=3, temperature=1) with a table tree proposer: the first 5
     tokens of E_ROWS rows have the target's exact law, and whole paths (depth 3) are accepted.

@@ -73,6 +73,7 @@ def test_greedy_dflash_equals_autoregressive_on_the_embedded_pair(pair):
     assert df.tau > 2.0  # the shipped drafter is trained (a random one gives ~1.0)
 
 
+@pytest.mark.slow
 def test_bench_on_two_prompts_per_set(tmp_path):
     report = harness.main(["--max-samples", "2", "--max-new-tokens", "24", "--out", str(tmp_path)])
     assert set(report["datasets"]) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}

@@ -18,6 +18,7 @@ QWEN = gc.model_shape("qwen3-8b")
 
 
 # ---------------------------------------------------------------------------- part 1
+@pytest.mark.slow
 def test_cli_compiles_every_engine_kernel_before_and_after_tuning(tmp_path):
     """Qwen3-8B at S = 4096, batch 1: verify, draft and decode, legacy and tuned launches, on
     both architectures. The legacy grid (8 KV heads x 8 splits = 64 programs) leaves most SMs
@@ -51,6 +52,7 @@ def test_cli_compiles_every_engine_kernel_before_and_after_tuning(tmp_path):
     assert (tmp_path / "qwen3-8b.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_cli_reports_the_triton_kernel_before_and_after_tuning(tmp_path):
     """--impl triton: the Triton-language kernel compiled from its source with the legacy launch
     and plan_launch's tuned defaults, in the same columns under its own file stem. The drafter's

@@ -13,6 +13,7 @@ from dflash_jax.kernels import block_attention, block_attention_reference
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
 from support.model_parity import drafter_outputs
+from support.tiers import tiered
 
 # on a GPU the same tests run the compiled kernel (python -m dflash_jax.tools.gpu_suite runs them)
 INTERPRET = jax.default_backend() != "gpu"
@@ -42,6 +43,8 @@ CASES = [
     (16, 2048, 1, 8, 64, jnp.bfloat16),
     (8, 200, 2, 1, 128, jnp.bfloat16),  # S not a multiple of the tile: padded
 ]
+# the fast tier: a multi-row float32 block and the padded bfloat16 one (the whole suite: all six)
+FAST_CASES = [CASES[3], CASES[5]]
 
 
 def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
@@ -54,7 +57,7 @@ def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
     return q, k, v, kb, vb, lens
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
+@pytest.mark.parametrize("case", [c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
 @pytest.mark.parametrize("causal", [True, False])
 def test_kernel_matches_reference(case, causal):
     q, k, v, kb, vb, lens = _inputs(*case)
@@ -124,6 +127,7 @@ CFG = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=64, intermediate_size=
                       num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
 
 
+@pytest.mark.slow
 def test_models_give_the_same_outputs_with_either_impl():
     target = dj.Target.random(CFG, seed=0, init_scale=0.3)
     drafter = dj.Drafter.random(target, num_layers=2, block_size=4, seed=1, init_scale=0.3,
@@ -155,7 +159,7 @@ def test_models_give_the_same_outputs_with_either_impl():
     assert sp.sequences == ar.sequences
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal", tiered([True, False], fast=[True]))
 def test_long_blocks_run_as_query_chunks(causal):
     """More than MAX_ROWS query rows per KV head (a 40-token prefill with 4 query heads per KV
     head; a drafter block with 16): the kernel runs query chunks, which must see exactly what

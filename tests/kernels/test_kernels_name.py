@@ -92,6 +92,7 @@ def _run(mode: str, tmp_path) -> dict:
     return json.loads(line[len("FACTS "):])
 
 
+@pytest.mark.slow
 def test_transformers_does_not_take_our_kernels_for_hugging_faces(tmp_path):
     try:
         dist = importlib.metadata.version("kernels")

@@ -77,9 +77,11 @@ def dense_tree_attention(q, k, v, lens, kb, vb, mask):
 # than MAX_ROWS = 64, so the kernel runs two query chunks of 16 that must carry their mask rows
 CASES = [(5, 1), (5, 4), (16, 2), (32, 4)]
 CHUNKED = (32, 4)
+FAST_CASES = [(5, 4), CHUNKED]  # the fast tier's (the whole suite: all four)
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"T{c[0]}-g{c[1]}")
+@pytest.fixture(scope="module", params=[c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES],
+                ids=lambda c: f"T{c[0]}-g{c[1]}")
 def case(request):
     """One random tree and its inputs; the kernel and the reference on its ancestor mask, on a
     mutant that also lets the last node with a sibling see that sibling (not an ancestor), and
@@ -122,6 +124,7 @@ def triton_outputs(case):
             for name, mask in (("out", "mask"), ("out_mutant", "mutant"), ("out_blind", "blind"))}
 
 
+@pytest.mark.triton
 def test_triton_tree_kernel(case, triton_outputs):
     """The same trees through the Triton-language kernel (one program for the block's rows, which
     reads the whole [T, T] mask; no query chunks): == the reference on the ancestor mask, the

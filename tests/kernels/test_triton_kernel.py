@@ -19,6 +19,7 @@ from dflash_jax.tools import gpu_compile as gc
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
 from support.model_parity import drafter_outputs
+from support.tiers import tiered
 from dflash_jax.kernels import block_attention_reference, tuning
 from dflash_jax.kernels.triton_block_attention import block_attention_triton, plan_launch
 
@@ -36,6 +37,7 @@ CASES = [
     (16, 2048, 1, 8, 64, jnp.bfloat16),
     (8, 200, 2, 1, 128, jnp.bfloat16),  # S not a multiple of the tile: the last tile is masked
 ]
+FAST_CASES = [CASES[3], CASES[5]]  # the fast tier's (the whole suite: all six)
 
 
 def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
@@ -56,7 +58,7 @@ def assert_close(out, ref, tol):
     assert size > 0 and err <= tol * size, f"max error {err:.3g} > {tol} * max |ref| {size:.3g}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
+@pytest.mark.parametrize("case", [c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
 @pytest.mark.parametrize("causal", [True, False])
 def test_interpreted_kernel_matches_reference(case, causal):
     q, k, v, kb, vb, lens = _inputs(*case)
@@ -113,7 +115,7 @@ def test_gpu_path_on_this_machine():
             run()
 
 
-@pytest.mark.parametrize("gpu", ["h100", "b200"])
+@pytest.mark.parametrize("gpu", tiered(["h100", "b200"], fast=["h100"]))
 def test_compiles_for_hopper_and_blackwell(gpu):
     """Qwen3-8B heads (32 q / 8 kv, Dh 128) in bf16, through gpu_compile's Triton path: the
     verify and draft blocks (T = 16) over a 4k cache and an 8-row decode over 32k, with the
@@ -161,6 +163,7 @@ CFG = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=64, intermediate_size=
                       num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
 
 
+@pytest.mark.slow
 def test_models_give_the_same_outputs_with_the_triton_impl():
     """attention_impl="triton" (the interpreter on CPU) == "xla": the target's block through a
     cache whose rows are at different positions (random K/V in every slot, so a slot seen past a

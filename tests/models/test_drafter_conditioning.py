@@ -357,6 +357,7 @@ def test_greedy_speculative_equals_autoregressive_none(drafters, autoregressive)
     assert sp.sequences == autoregressive
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_autoregressive_input_and_its_cache(drafters, autoregressive):
     """generate's engine with the input drafter (ragged prompts; the random drafter's blocks are
     mostly rejected, so every verified block has uncommitted rows) emits the autoregressive
@@ -386,6 +387,7 @@ def test_greedy_speculative_equals_autoregressive_input_and_its_cache(drafters, 
         np.testing.assert_allclose(np.asarray(state.proposer.cache.v)[:, b, :k], np.asarray(fresh.v)[:, b, :k], **TOL)
 
 
+@pytest.mark.slow
 def test_one_training_step_per_conditioning(drafters, tmp_path):
     from dflash_jax.training.data import TokenDataset
     from dflash_jax.training.trainer import TrainConfig, Trainer, export_run

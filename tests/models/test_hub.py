@@ -122,6 +122,7 @@ def test_a_repo_id_loads_and_generates_as_the_directory(offline):
     assert ours.sequences == theirs.sequences and len(ours.sequences[0]) == 8
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_repo_ids(offline, capsys, monkeypatch, tmp_path):
     """`generate --target org/name --drafter org/drafter` (from another working directory)
     prints the tokens the library gives for the plain directories."""

@@ -15,6 +15,7 @@ import sys
 import tomllib
 
 import pytest
+from support.tiers import tiered
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # installed package -> its folder in the repository (pyproject.toml's package-dir)
@@ -144,6 +145,7 @@ def test_shipped_files_are_package_data():
     assert not unmatched, unmatched
 
 
+@pytest.mark.slow
 def test_readme_snippet_runs_from_any_directory(tmp_path):
     """The README's first Python block, run as written in a directory outside the checkout."""
     readme = open(os.path.join(ROOT, "README.md")).read()
@@ -156,7 +158,7 @@ def test_readme_snippet_runs_from_any_directory(tmp_path):
     assert "PyTorch was not found" not in out.stderr
 
 
-@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize("flat", tiered([True, False], fast=[True]))
 def test_load_embedded_and_chat_prompts(flat):
     """load_embedded returns the shipped pair; generate takes what apply_chat_template returns
     (a BatchEncoding in transformers 5, a list in 4.x) and one int as stop id."""
@@ -198,6 +200,7 @@ def test_generate_rejects_what_it_cannot_use():
         dj.generate(target, {"ids": [1, 2]}, 4)
 
 
+@pytest.mark.slow
 def test_stream_after_generate_reuses_the_compiled_loop():
     """generate_stream with the shapes of an earlier generate compiles nothing new."""
     import dflash_jax as dj

@@ -62,6 +62,7 @@ import dflash_jax as dj
 
 from support.drafter_reference import MARGIN, RecordingProposer, reference_draft, target_taps, top2_margin
 from support.oracle_proposers import randomise_norms
+from support.tiers import tiered
 
 MIN_ITERATIONS = 4
 S_PAD = 128  # the reference runs on sequences padded to this length (one compiled program)
@@ -93,8 +94,8 @@ def pair(name: str):
     return target, drafter, prompts
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-@pytest.mark.parametrize("name", list(PAIRS))
+@pytest.mark.parametrize("steps", tiered([1, 3], fast=[3]))
+@pytest.mark.parametrize("name", tiered(PAIRS, fast=["random"]))
 def test_drafts_equal_reference_over_consecutive_iterations(name, steps):
     target, drafter, prompts = pair(name)
     bs, max_new = PAIRS[name]

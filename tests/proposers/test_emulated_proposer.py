@@ -81,6 +81,7 @@ def full_block_lengths(acceptance_lengths, budget: int, bs: int) -> np.ndarray:
     return np.asarray(out)
 
 
+@pytest.mark.slow
 def test_greedy_output_equals_autoregressive(runs):
     ar, t, prompts, n = runs["ar"], runs["target"], runs["prompts"], runs["short"]
     assert runs["em"].sequences == ar.sequences  # the drafter charged
@@ -92,6 +93,7 @@ def test_greedy_output_equals_autoregressive(runs):
            [a[:i - 1] for a, i in zip(runs["em"].acceptance_lengths, k)]
 
 
+@pytest.mark.slow
 def test_the_continuation_as_an_input_reuses_the_compiled_loop(runs):
     """as_input=True: the same tokens and acceptance as the constant continuation; a second
     continuation of the same shape (another proposer object) runs without compiling."""
@@ -105,6 +107,7 @@ def test_the_continuation_as_an_input_reuses_the_compiled_loop(runs):
     assert second.acceptance_lengths != first.acceptance_lengths  # another seed, other draws
 
 
+@pytest.mark.slow
 def test_a_wrong_continuation_stays_lossless_and_its_output_repairs_it(runs):
     """What the GPU stage's refinement relies on: a continuation that is not the target's
     (one token changed, as a bf16 near-tie would) leaves the output AR's but loses acceptance
@@ -121,6 +124,7 @@ def test_a_wrong_continuation_stays_lossless_and_its_output_repairs_it(runs):
     assert again.sequences == r.sequences and all(min(a[:-1]) == BS for a in again.acceptance_lengths)
 
 
+@pytest.mark.slow
 def test_acceptance_follows_the_truncated_geometric_model(runs):
     alpha = runs["alpha"]
     L = full_block_lengths(runs["em"].acceptance_lengths, MAX_NEW, BS)
@@ -208,6 +212,7 @@ def test_the_confidence_is_log_alpha_and_steers_the_verify_length():
         assert lengths[int(choice)] == want_length, (alpha, lengths[int(choice)], per_cost)
 
 
+@pytest.mark.slow
 def test_the_charged_drafter_is_compiled_into_the_loop(runs):
     """The drafter's drafts are discarded; its products must still be in the compiled loop:
     as many as the DFlash proposer's. Control: before XLA's optimisation the emulation without
@@ -228,6 +233,7 @@ def test_the_charged_drafter_is_compiled_into_the_loop(runs):
     assert traced(proposer=charged) > traced(proposer=plain) > 0
 
 
+@pytest.mark.slow
 def test_refusals(runs):
     t, d, prompts, seqs = runs["target"], runs["drafter"], runs["prompts"], runs["ar"].sequences
     for bad in (1.5, -0.1, float("nan"), True, "0.5"):

@@ -24,7 +24,6 @@ sharded one compiles both in the same subprocess, under the same flags."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -32,27 +31,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+from support import fast_compile
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "RESULT "
 
 
-FAST_COMPILE = "--xla_backend_optimization_level=0"
-ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+FAST_COMPILE, ELEMENTAL_EMITTERS = fast_compile.FAST_COMPILE, fast_compile.ELEMENTAL_EMITTERS
 
 
-@functools.cache
 def fast_compile_flags() -> tuple[str, ...]:
     """:data:`FAST_COMPILE`, and :data:`ELEMENTAL_EMITTERS` when this jaxlib has the option
-    (asked of XLA itself: a compile option it does not know is refused by name)."""
-    import jax
-
-    try:
-        jax.jit(lambda: 0).lower().compile(compiler_options={"xla_cpu_use_fusion_emitters": False})
-    except Exception as e:  # noqa: BLE001 -- only the unknown option is an answer
-        if "No such compile option" not in str(e):
-            raise
-        return (FAST_COMPILE,)
-    return (FAST_COMPILE, ELEMENTAL_EMITTERS)
+    (tests/support/fast_compile.py, which the whole test run uses too)."""
+    return fast_compile.flags()
 
 
 def device_env(devices: int, fast_compile: bool = False) -> dict:

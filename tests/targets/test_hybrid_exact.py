@@ -36,6 +36,7 @@ from dflash_jax import targets
 from support import exact_sampling
 from support import hybrid_targets as ht
 from support.oracle_proposers import ReferenceProposer, TableProposer
+from support.tiers import tiered
 
 pytestmark = [pytest.mark.xdist_group("hybrid_exact"), pytest.mark.torch]
 
@@ -102,8 +103,8 @@ def run_scheduled(t: dj.Target, bs: int):
 
 
 # ---------------------------------------------------------------------------- greedy == AR
-@pytest.mark.parametrize("mode", ["replay", "snapshot"])
-@pytest.mark.parametrize("bs", [4, 16])
+@pytest.mark.parametrize("mode", tiered(["replay", "snapshot"], fast=["snapshot"]))
+@pytest.mark.parametrize("bs", tiered([4, 16], fast=[16]))
 def test_greedy_equals_autoregressive_for_every_accepted_length(mode, bs):
     """Also the long run: 256 tokens per row, every iteration's rollback carried on."""
     r, plans = run_scheduled(target(mode), bs)
@@ -119,6 +120,7 @@ def test_greedy_equals_autoregressive_for_every_accepted_length(mode, bs):
     assert r.num_steps >= MAX_NEW // bs
 
 
+@pytest.mark.slow
 def test_rollback_that_keeps_the_whole_block_is_caught():
     """Negative control: the same weights and schedule, the GDN state after the whole block
     kept (the KV cache cropped right)."""
@@ -135,6 +137,7 @@ def test_rollback_that_keeps_the_whole_block_is_caught():
         assert first < 20 and wrong > len(want) // 2
 
 
+@pytest.mark.slow
 def test_dflash_drafter_on_hybrid_taps_equals_autoregressive():
     """A random DFlash drafter conditioned on the taps of the GDN layer 0 and the attention
     layer 1 (the last, after the final norm)."""
@@ -177,6 +180,7 @@ def sample(t, prefix_logits):
                        sampled_draft=True, temperature=1.0, seed=3)
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution(sampling_setup):
     good, _, prefix_logits = sampling_setup
     r = sample(good, prefix_logits)
@@ -189,6 +193,7 @@ def test_sampling_keeps_the_target_distribution(sampling_setup):
     assert all(np.mean(first == a) > 0.05 for a in range(1, BLOCK + 1)), np.bincount(first)
 
 
+@pytest.mark.slow
 def test_sampling_with_the_wrong_rollback_is_rejected(sampling_setup):
     """Negative control: the same check rejects the whole-block rollback."""
     _, bad, prefix_logits = sampling_setup
@@ -237,7 +242,7 @@ def hf_pair(tmp_path_factory):
 KEEP = [[6, 3, 1, 6, 2, 4], [6, 1, 4, 2, 6, 3]]
 
 
-@pytest.mark.parametrize("mode", ["replay", "snapshot"])
+@pytest.mark.parametrize("mode", tiered(["replay", "snapshot"], fast=["replay"]))
 def test_taps_through_rollbacks_equal_transformers_hidden_states(hf_pair, mode):
     """The engine's view: 6-row blocks through the decode state, each row keeping KEEP[b][i]
     rows (the rest garbage, as rejected drafts are) and rolled back to them; the taps of every
@@ -301,6 +306,7 @@ def moe_hybrid(model_type: str) -> dj.Target:
     return ht.random_target(cfg, seed=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_next"])
 def test_moe_hybrids_greedy_equals_autoregressive_for_every_accepted_length(model_type):
     """The MoE hybrid families in the loop: bs 4, replay rollback (chunks of 3), every accepted

@@ -216,6 +216,7 @@ def rows():
     return rng.integers(0, TEXT_DIMS["vocab_size"], (B, P + 5 + C))
 
 
+@pytest.mark.slow
 def test_decode_state_matches_one_pass(text, rows):
     """A prompt (chunked, over chunk boundaries), one-token steps (the recurrence) and blocks
     through the state: the logits of the one pass. (The snapshot mode's blocks run the

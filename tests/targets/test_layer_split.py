@@ -38,6 +38,7 @@ def test_split_params_layout(target):
     assert split_layer_params(split) is split  # already split: unchanged
 
 
+@pytest.mark.slow
 def test_split_forward_equals_stacked(target):
     """Prefill then a 5-row block through the cache, taps of every layer: logits, taps and the
     written cache agree with the scanned model's."""
@@ -113,6 +114,7 @@ def test_targets_over_the_size_cap_stay_stacked(target, monkeypatch):
         jax.clear_caches()
 
 
+@pytest.mark.slow
 def test_greedy_decode_unchanged_by_the_split(target):
     """The engine (split inside decode) gives the tokens of a step-by-step greedy loop over the
     stacked model's full forward (the independent oracle: no cache, no engine)."""

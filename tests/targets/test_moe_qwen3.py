@@ -312,6 +312,7 @@ def reference():
     return dj.generate(target(), PROMPTS, MAX_NEW).sequences
 
 
+@pytest.mark.slow
 def test_greedy_generate_equals_transformers_on_a_ragged_batch():
     model, _ = checkpoint("norm")
     ref = reference()

@@ -149,12 +149,14 @@ def test_recurrent_family_speculative_equals_autoregressive_for_every_accepted_l
     assert seen == set(range(1, BS + 1)), f"acceptance lengths seen: {sorted(seen)}"
 
 
+@pytest.mark.slow
 def test_recurrent_family_with_the_dflash_drafter_equals_autoregressive():
     t = target()
     drafter = dj.Drafter.random(t, num_layers=1, block_size=BS, seed=7, init_scale=0.35)
     assert dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter).sequences == reference()
 
 
+@pytest.mark.slow
 def test_rollback_that_keeps_the_whole_block_is_caught():
     """Negative control: the same weights with the whole-block rollback bug (in decoding).
     Autoregressive decoding keeps every verified row, so it is unaffected; speculative decoding

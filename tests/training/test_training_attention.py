@@ -16,6 +16,7 @@ from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import epoch_anchors, loss_weights
 from dflash_jax.training.loss import drafter_loss, target_features
 from dflash_jax.training.trainer import TrainConfig
+from support.tiers import tiered
 
 B, N, T, H, HKV, DH, S = 2, 7, 4, 4, 2, 8, 19
 # (anchor_chunk, context_chunk): dividing neither N nor S, single rows, exact covers, one chunk
@@ -56,7 +57,7 @@ def test_chunked_equals_dense_float32(ca, cc):
     assert np.all(out[1, 3:] == 0)  # padding blocks: exact zeros
 
 
-@pytest.mark.parametrize("ca, cc", [(3, 5), (2, 7)])
+@pytest.mark.parametrize("ca, cc", [(3, 5), pytest.param(2, 7, marks=pytest.mark.slow)])
 def test_chunked_gradients_equal_dense(ca, cc):
     args = inputs()
     ref = grads(block_sparse_attention, args)
@@ -70,6 +71,7 @@ def test_chunked_gradients_equal_dense(ca, cc):
     assert np.all(np.asarray(got[1])[:, S - 1] == 0) and np.all(np.asarray(got[2])[1, 6:] == 0)
 
 
+@pytest.mark.slow
 def test_chunked_equals_dense_float64():
     with jax.enable_x64(True):
         args = inputs(jnp.float64)
@@ -152,7 +154,7 @@ def target():
     return dj.Target.random(TCFG, seed=0, init_scale=0.35)
 
 
-@pytest.mark.parametrize("conditioning", ["kv", "input"])
+@pytest.mark.parametrize("conditioning", tiered(["kv", "input"], fast=["kv"]))
 def test_drafter_loss_with_small_chunks_equals_the_dense_default(target, conditioning):
     """The drafter's loss, its metrics and the loss's gradient w.r.t. every drafter parameter
     are the same with chunks (3 anchors, 7 positions: neither divides 6 anchors or length 24)
@@ -188,6 +190,7 @@ def test_drafter_loss_with_small_chunks_equals_the_dense_default(target, conditi
 
 
 # ---------------------------------------------------------------------------- memory
+@pytest.mark.slow
 def test_chunked_backward_needs_far_less_memory():
     """Compiled temp bytes of the jitted gradient (XLA's buffer assignment, CPU) at 128 blocks
     of 16 rows, 8 heads on 4 kv heads, 1024 context positions: the dense backward holds several

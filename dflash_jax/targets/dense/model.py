@@ -34,7 +34,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, dot_product_attention, rope_cos_sin
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
 from dflash_jax.nn.head import LMHeadKernel, embed_rows, lm_head
-from dflash_jax.nn.layers import out_projection, random_init
+from dflash_jax.nn.layers import out_projection, random_module_params
 from dflash_jax.nn import tree_attention
 from dflash_jax.nn.tree_attention import TreeAttention
 
@@ -281,10 +281,7 @@ def init_target_params(cfg: TargetConfig, key: jax.Array, dtype=jnp.float32,
     model = TargetModel(cfg, param_dtype=dtype)
     tokens = jnp.zeros((1, 1), jnp.int32)
 
-    def init(k):
-        return random_init(model.init(k, tokens, tokens)["params"], k, init_scale, dtype)
-
-    return jax.jit(init)(key)
+    return random_module_params(lambda k: model.init(k, tokens, tokens)["params"], key, init_scale, dtype)
 
 
 SPLIT_PREFIX = "layers_"
