@@ -37,6 +37,7 @@ def test_ceiling_is_the_mean_sum_of_products(bs):
         ab.ceiling([0.5], 1)
 
 
+@pytest.mark.slow
 def test_max_probs_are_transformers_softmax_maxima_at_the_temperature():
     import jax.numpy as jnp
     import torch

@@ -37,6 +37,7 @@ def test_decode_speed_writes_json_and_plot(tmp_path):
     assert (tmp_path / "out" / "tiny_cpu_float32.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_generate_command_with_token_ids(tmp_path):
     """The command's ids are the library's (a target without a tokenizer takes --token-ids)."""
     import dflash_jax as dj

@@ -70,6 +70,7 @@ def test_every_command_still_runs_by_its_name(capsys):
 
 
 # ------------------------------------------------------------------ the console script
+@pytest.mark.slow
 def test_the_console_script_is_installed_and_names_itself():
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == SCRIPT] or [None]
     assert ep is not None, (f"no {SCRIPT!r} console script in the installed metadata: re-run "

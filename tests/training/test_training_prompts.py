@@ -176,6 +176,7 @@ def test_the_overlap_check_finds_test_questions():
     assert sorted({p for p, _ in found}) == sorted(planted)
 
 
+@pytest.mark.slow
 def test_no_prompt_holds_a_benchmark_test_question():
     """The synthetic generators at their full size hold no test question before any filtering;
     nor does any pool built from the real training data and this interpreter's stdlib."""
