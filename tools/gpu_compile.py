@@ -322,6 +322,24 @@ def abstract_inputs(cfg: KernelConfig) -> tuple:
     return args
 
 
+# the GPU the Pallas kernels are lowered for where no GPU is attached: jax 0.12 and later look the
+# device's compute capability up while lowering a Pallas call for Triton, and without a GPU
+# backend they take it from the abstract mesh's device (jax 0.10 lowered without one). The
+# Triton IR is then compiled for each target GPU by ``triton.compile`` (:func:`_compile`).
+LOWERING_DEVICE_KIND = "NVIDIA H100"
+
+
+def lower_for_cuda(trace):
+    """``trace().lower(lowering_platforms=("cuda",))`` (``trace`` makes a ``jax.stages.Traced``);
+    on a host without a GPU backend, traced and lowered under an abstract mesh whose device is
+    :data:`LOWERING_DEVICE_KIND` (a traced program keeps the mesh it was traced under)."""
+    if jax.default_backend() == "gpu" or not hasattr(jax.sharding, "AbstractDevice"):
+        return trace().lower(lowering_platforms=("cuda",))
+    device = jax.sharding.AbstractDevice(device_kind=LOWERING_DEVICE_KIND, num_cores=None, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        return trace().lower(lowering_platforms=("cuda",))
+
+
 def lower_kernel(cfg: KernelConfig, launch: tuning.LaunchParams):
     """The kernel call of ``cfg`` with ``launch``, lowered for CUDA (a ``jax.stages.Lowered``)."""
 
@@ -330,7 +348,7 @@ def lower_kernel(cfg: KernelConfig, launch: tuning.LaunchParams):
                                block_k=launch.block_k, num_splits=launch.num_splits,
                                num_warps=launch.num_warps, num_stages=launch.num_stages)
 
-    return jax.jit(call).trace(*abstract_inputs(cfg)).lower(lowering_platforms=("cuda",))
+    return lower_for_cuda(lambda: jax.jit(call).trace(*abstract_inputs(cfg)))
 
 
 def triton_calls(lowered) -> list[TritonCall]:
@@ -693,11 +711,10 @@ def engine_programs(target_cfg, drafter_cfg, *, batch: int, prompt_len: int, cac
     sd = jax.ShapeDtypeStruct
     args = (tparams, dparams, sd((batch, prompt_len), jnp.int32), sd((batch,), jnp.int32),
             sd((batch,), jnp.int32), sd((batch, 1), jnp.int32), jax.eval_shape(lambda: key))
-    cuda = {"lowering_platforms": ("cuda",)}
-    prefill = engine.prefill.trace(*args, spec=spec, cache_len=cache_len).lower(**cuda)
+    prefill = lower_for_cuda(lambda: engine.prefill.trace(*args, spec=spec, cache_len=cache_len))
     state = jax.eval_shape(functools.partial(engine.prefill, spec=spec, cache_len=cache_len), *args)
-    decode = engine.decode.trace(tparams, dparams, state, args[4], args[5], sd((), jnp.int32),
-                                 spec=spec).lower(**cuda)
+    decode = lower_for_cuda(lambda: engine.decode.trace(tparams, dparams, state, args[4], args[5],
+                                                        sd((), jnp.int32), spec=spec))
     return {"prefill": prefill, "decode": decode}
 
 

@@ -82,6 +82,7 @@ def test_cli_reports_the_triton_kernel_before_and_after_tuning(tmp_path):
         gc.main(["--impl", "triton", "--engine", "--out", str(tmp_path)])
 
 
+@pytest.mark.triton  # compiles the kernels' Triton IR with Triton's compiler
 def test_wide_cache_offsets_compile_on_both_architectures():
     """The drafter at batch 8 over a 32k cache and Llama-3.1-8B's verify (T = 10) over 16k:
     the tuned launches compile without spills, traps or an idle device on both architectures."""
@@ -95,6 +96,7 @@ def test_wide_cache_offsets_compile_on_both_architectures():
             assert row["programs"] >= gpu.num_sms // 2
 
 
+@pytest.mark.triton  # compiles the kernels' Triton IR with Triton's compiler
 def test_tree_verify_kernel_compiles_for_sm_90a(tmp_path):
     """Tree verify of 32 nodes on Qwen3-8B's shapes (4 query heads per KV head: two query chunks
     of 16 nodes, one kernel): the Pallas kernel with the ancestor mask lowers for CUDA with the
@@ -177,8 +179,7 @@ def test_kernel_defaults_come_from_the_tuner():
     def lower(**launch):
         fn = lambda q, k, v, lens, layer: block_attention(q, k, v, lens, causal=True, layer=layer,
                                                           **launch)
-        [call] = gc.triton_calls(jax.jit(fn).trace(*gc.abstract_inputs(cfg)).lower(
-            lowering_platforms=("cuda",)))
+        [call] = gc.triton_calls(gc.lower_for_cuda(lambda: jax.jit(fn).trace(*gc.abstract_inputs(cfg))))
         return call
 
     call = lower()
@@ -205,6 +206,7 @@ def _kinds(calls):
     return sorted((stage, s["rows"], s["num_layers"], s["has_block"]) for stage, s, _ in calls)
 
 
+@pytest.mark.triton  # compiles the kernels' Triton IR with Triton's compiler
 def test_small_engine_lowers_for_cuda_and_every_kernel_compiles():
     """AR and DFlash generate (prefill + decode loop, attention_impl="pallas") of a small model,
     lowered for CUDA with abstract parameters; every Triton kernel compiles for sm_90a and

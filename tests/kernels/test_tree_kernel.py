@@ -176,6 +176,7 @@ def blind_node_gets_zeros(blind, out):
     np.testing.assert_array_equal(blind[keep], out[keep])
 
 
+@pytest.mark.triton
 def test_bad_blk_mask_is_refused():
     rng = np.random.default_rng(0)
     q, k, v, lens, kb, vb = inputs(rng, 5, 2)

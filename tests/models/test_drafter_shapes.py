@@ -54,7 +54,8 @@ from support.drafter_reference import (MARGIN, RecordingProposer, attention,
                                     layer_params, lm_head_kernel, rms_norm, swiglu, target_taps,
                                     top2_margin)
 
-pytestmark = pytest.mark.xdist_group("test_drafter_shapes")
+# torch: transformers' RoPE init functions (the oracle of the drafter's scaled RoPE) return torch tensors
+pytestmark = [pytest.mark.xdist_group("test_drafter_shapes"), pytest.mark.torch]
 
 TARGET = TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4,
                       num_heads=2, num_kv_heads=1, head_dim=32, max_position_embeddings=256)
