@@ -3,7 +3,8 @@ what each launch would use: registers, spills, shared memory, grid size against 
 occupancy, bytes per program and the bandwidth-bound time.
 
 How: ``jax.jit(f).trace(*abstract_args).lower(lowering_platforms=("cuda",))`` lowers the Pallas
-kernel for CUDA on the CPU; the kernel is a ``__gpu$xla.gpu.triton`` custom call whose backend
+kernel for CUDA on the CPU (jax 0.12 and later: under an abstract mesh with an H100 as its device,
+:func:`lower_for_cuda`); the kernel is a ``__gpu$xla.gpu.triton`` custom call whose backend
 config carries the Triton IR (MLIR bytecode, printed as text with jaxlib's Triton dialect);
 the ``triton`` package compiles that IR to PTX and cubin for sm_90a (H100, H200) and sm_100a
 (B200), and the ``ptxas`` it ships (``ptxas -v``) reports registers, spills and barriers.
