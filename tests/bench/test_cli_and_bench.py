@@ -215,6 +215,7 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
         assert text.endswith(end) and text.endswith(QWEN3_NO_THINK) == (end == QWEN3_NO_THINK)
 
 
+@pytest.mark.slow
 def test_spec_speed_raises_when_dflash_differs_from_ar(monkeypatch):
     """The exactness check is an exception (python -O keeps it), with what differed."""
     import dflash_jax as dj

@@ -37,6 +37,7 @@ def test_greedy_matches_transformers_ragged_batch(hf_checkpoint):
     assert result.finish_reasons == ["length"] * 4
 
 
+@pytest.mark.slow
 def test_stop_tokens_per_row(hf_checkpoint):
     name, model, path = hf_checkpoint
     target = dj.load_target(path)

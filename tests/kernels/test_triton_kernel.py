@@ -69,6 +69,7 @@ def test_interpreted_kernel_matches_reference(case, causal):
     assert_close(out, ref, TOL[case[5]])
 
 
+@pytest.mark.slow
 def test_splits_tiles_scale_and_empty_rows():
     q, k, v, kb, vb, lens = _inputs(4, 256, 2, 2, 64, jnp.float32, seed=1)
     ref = block_attention_reference(q, k, v, lens, causal=False, scale=0.3)

@@ -104,6 +104,7 @@ class RefDrafter(torch.nn.Module):
         return self.norm(h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("taps", [(0, 2), pytest.param((1, 2, 0), marks=pytest.mark.slow)])
 def test_exported_drafter_matches_an_independent_pytorch_dflash_forward(tmp_path, taps):
     torch.manual_seed(0)

@@ -237,6 +237,7 @@ def test_decode_state_matches_one_pass(text, rows):
     close(jnp.concatenate(got, axis=1), full, f"{mode}: stepped logits vs one pass")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,chunk,T", [MODES[0], pytest.param(*MODES[1], marks=pytest.mark.slow)])
 def test_rollback_to_every_length(text, rows, mode, chunk, T):
     """Six rows run a prompt (8) and a block (T), roll back to keep n = 0..T of the block (row

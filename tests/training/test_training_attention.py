@@ -154,6 +154,7 @@ def target():
     return dj.Target.random(TCFG, seed=0, init_scale=0.35)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conditioning", tiered(["kv", "input"], fast=["kv"]))
 def test_drafter_loss_with_small_chunks_equals_the_dense_default(target, conditioning):
     """The drafter's loss, its metrics and the loss's gradient w.r.t. every drafter parameter
