@@ -82,6 +82,7 @@ def test_cli_reports_the_triton_kernel_before_and_after_tuning(tmp_path):
         gc.main(["--impl", "triton", "--engine", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow
 @pytest.mark.triton  # compiles the kernels' Triton IR with Triton's compiler
 def test_wide_cache_offsets_compile_on_both_architectures():
     """The drafter at batch 8 over a 32k cache and Llama-3.1-8B's verify (T = 10) over 16k:

@@ -124,6 +124,7 @@ def triton_outputs(case):
             for name, mask in (("out", "mask"), ("out_mutant", "mutant"), ("out_blind", "blind"))}
 
 
+@pytest.mark.slow
 @pytest.mark.triton
 def test_triton_tree_kernel(case, triton_outputs):
     """The same trees through the Triton-language kernel (one program for the block's rows, which

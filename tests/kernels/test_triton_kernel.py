@@ -116,6 +116,7 @@ def test_gpu_path_on_this_machine():
             run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", tiered(["h100", "b200"], fast=["h100"]))
 def test_compiles_for_hopper_and_blackwell(gpu):
     """Qwen3-8B heads (32 q / 8 kv, Dh 128) in bf16, through gpu_compile's Triton path: the

@@ -103,6 +103,7 @@ def _snapshot(cache, repo, commit):
     return cache / f"models--{repo.replace('/', '--')}" / "snapshots" / commit
 
 
+@pytest.mark.slow
 def test_a_repo_id_loads_and_generates_as_the_directory(offline):
     """load_target / load_drafter by repo id give the snapshot's weights, tokenizer and the
     same greedy tokens as the plain directories."""
