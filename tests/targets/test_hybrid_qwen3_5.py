@@ -238,7 +238,7 @@ def test_decode_state_matches_one_pass(text, rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,chunk,T", [MODES[0], pytest.param(*MODES[1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode,chunk,T", MODES)
 def test_rollback_to_every_length(text, rows, mode, chunk, T):
     """Six rows run a prompt (8) and a block (T), roll back to keep n = 0..T of the block (row
     b keeps b % (T + 1)) and continue with 3 more tokens: their logits equal a fresh pass over

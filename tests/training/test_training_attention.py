@@ -16,7 +16,6 @@ from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import epoch_anchors, loss_weights
 from dflash_jax.training.loss import drafter_loss, target_features
 from dflash_jax.training.trainer import TrainConfig
-from support.tiers import tiered
 
 B, N, T, H, HKV, DH, S = 2, 7, 4, 4, 2, 8, 19
 # (anchor_chunk, context_chunk): dividing neither N nor S, single rows, exact covers, one chunk
@@ -155,7 +154,7 @@ def target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("conditioning", tiered(["kv", "input"], fast=["kv"]))
+@pytest.mark.parametrize("conditioning", ["kv", "input"])
 def test_drafter_loss_with_small_chunks_equals_the_dense_default(target, conditioning):
     """The drafter's loss, its metrics and the loss's gradient w.r.t. every drafter parameter
     are the same with chunks (3 anchors, 7 positions: neither divides 6 anchors or length 24)
