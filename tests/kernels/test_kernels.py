@@ -47,6 +47,10 @@ CASES = [
 FAST_CASES = [CASES[3], CASES[5]]
 
 
+
+def case_id(c):
+    return f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}"
+
 def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
     rng = np.random.default_rng(seed)
     B = 3
@@ -57,7 +61,7 @@ def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
     return q, k, v, kb, vb, lens
 
 
-@pytest.mark.parametrize("case", [c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
+@pytest.mark.parametrize("case", tiered(CASES, FAST_CASES, ids=case_id))
 @pytest.mark.parametrize("causal", [True, False])
 def test_kernel_matches_reference(case, causal):
     q, k, v, kb, vb, lens = _inputs(*case)

@@ -16,6 +16,7 @@ from dflash_jax.decoding.tree import ancestor_mask, best_first_tree
 from dflash_jax.kernels import block_attention, block_attention_reference
 from dflash_jax.kernels.block_attention import MAX_ROWS
 from dflash_jax.nn.attention import pallas_block_attention, triton_block_attention
+from support.tiers import tiered
 
 pytestmark = pytest.mark.xdist_group("test_tree_kernel")
 
@@ -80,8 +81,7 @@ CHUNKED = (32, 4)
 FAST_CASES = [(5, 4), CHUNKED]  # the fast tier's (the whole suite: all four)
 
 
-@pytest.fixture(scope="module", params=[c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES],
-                ids=lambda c: f"T{c[0]}-g{c[1]}")
+@pytest.fixture(scope="module", params=tiered(CASES, FAST_CASES, ids=lambda c: f"T{c[0]}-g{c[1]}"))
 def case(request):
     """One random tree and its inputs; the kernel and the reference on its ancestor mask, on a
     mutant that also lets the last node with a sibling see that sibling (not an ancestor), and

@@ -21,6 +21,7 @@ from dflash_jax.targets import target_forward
 from support.model_parity import drafter_outputs
 from dflash_jax.kernels import block_attention_reference, tuning
 from dflash_jax.kernels.triton_block_attention import block_attention_triton, plan_launch
+from support.tiers import tiered
 
 pytestmark = pytest.mark.triton
 
@@ -38,6 +39,10 @@ CASES = [
 ]
 FAST_CASES = [CASES[5]]  # the fast tier's (the whole suite: all six)
 
+
+
+def case_id(c):
+    return f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}"
 
 def _inputs(T, S, Hkv, G, Dh, dtype, seed=0):
     rng = np.random.default_rng(seed)
@@ -57,7 +62,7 @@ def assert_close(out, ref, tol):
     assert size > 0 and err <= tol * size, f"max error {err:.3g} > {tol} * max |ref| {size:.3g}"
 
 
-@pytest.mark.parametrize("case", [c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES], ids=lambda c: f"T{c[0]}-S{c[1]}-kv{c[2]}-g{c[3]}-d{c[4]}-{jnp.dtype(c[5]).name}")
+@pytest.mark.parametrize("case", tiered(CASES, FAST_CASES, ids=case_id))
 @pytest.mark.parametrize("causal", [True, False])
 def test_interpreted_kernel_matches_reference(case, causal):
     q, k, v, kb, vb, lens = _inputs(*case)

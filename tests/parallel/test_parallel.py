@@ -13,7 +13,7 @@ embedding as the vocabulary-sharded head) is sharded only along the model axis, 
 a head shard counted wrongly shows at any model size above 1; the data axis (rows split) and
 the pure data-parallel mesh do not depend on the family and are proven by qwen3's runs.
 
-The subprocesses compile with ``multidevice.FAST_COMPILE`` (see there): they compile some
+The subprocesses compile with ``support.fast_compile.FAST_COMPILE`` (see there): they compile some
 thirty small programs and run each for a few steps, so compiling is nearly all their time. Every
 oracle is computed under the same flags as what it checks: the single-device reference in the
 same subprocess as the meshes, the two-process reference in a subprocess with the same flags.

@@ -31,19 +31,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from support import fast_compile
+from support.fast_compile import flags as fast_compile_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "RESULT "
-
-
-FAST_COMPILE, ELEMENTAL_EMITTERS = fast_compile.FAST_COMPILE, fast_compile.ELEMENTAL_EMITTERS
-
-
-def fast_compile_flags() -> tuple[str, ...]:
-    """:data:`FAST_COMPILE`, and :data:`ELEMENTAL_EMITTERS` when this jaxlib has the option
-    (tests/support/fast_compile.py, which the whole test run uses too)."""
-    return fast_compile.flags()
 
 
 def device_env(devices: int, fast_compile: bool = False) -> dict:
