@@ -18,6 +18,7 @@ from dflash_jax.xla_flags import add_gpu_flags as _add_gpu_flags  # noqa: E402
 _add_gpu_flags()  # GPU installs only, before jax creates its backend (see dflash_jax/xla_flags.py)
 
 import dflash_jax.targets.builtin  # noqa: E402,F401  (registers the built-in target families)
+import dflash_jax.methods.builtin  # noqa: E402,F401  (registers the built-in drafting methods)
 
 from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter,  # noqa: E402
                             GenerateResult, StreamChunk, Target, generate, generate_stream,

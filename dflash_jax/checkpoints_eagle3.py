@@ -142,11 +142,11 @@ def check_eagle3_dir(path: str | os.PathLike) -> None:
     archs = [str(a) for a in (d.get("architectures") or [])]
     if any("eagle3" in a.lower() for a in archs):
         return
-    kind = ("a DFlash drafter: load it with load_drafter" if "dflash_config" in d
-            or "block_size" in d else "not an EAGLE-3 drafter (a target?): load_eagle3 reads "
-            f"directories whose config.json names architectures [{EAGLE3_ARCHITECTURE!r}]")
-    raise ValueError(f"{path} has architectures {archs}: {kind} (or load_any_drafter, which picks "
-                     "the loader by architectures)")
+    kind = ("a DFlash drafter" if "dflash_config" in d or "block_size" in d else
+            "not an EAGLE-3 drafter (a target?): an EAGLE-3 drafter's config.json names "
+            f"architectures [{EAGLE3_ARCHITECTURE!r}]")
+    raise ValueError(f"{path} has architectures {archs}: {kind}; load_drafter picks the drafting "
+                     "method by architectures")
 
 
 def load_eagle3_params(path: str | os.PathLike, cfg: Eagle3Config, dtype=None):

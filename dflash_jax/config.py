@@ -630,6 +630,9 @@ def conditioning_from_hf(d: Mapping[str, Any]) -> str:
     return check_conditioning(dflash["conditioning"], "drafter config.json dflash_config.conditioning")
 
 
+DFLASH_ARCHITECTURE = "DFlashDraftModel"  # the class name the released DFlash layout records
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
     """A DFlash drafter (docs/method.md section 3): ``num_layers`` = n Qwen3-style layers,
@@ -777,8 +780,8 @@ class DrafterConfig:
         archs = [str(a) for a in (d.get("architectures") or [])]
         if any("eagle3" in a.lower() for a in archs):
             raise ValueError(f"this is an EAGLE-3 drafter config (architectures {archs}), not a "
-                             "DFlash one: load it with load_eagle3 (or load_any_drafter, which "
-                             "picks the loader by architectures)")
+                             "DFlash one: load it with load_drafter, which picks the drafting "
+                             "method by architectures")
         fields = decoder_fields_from_hf(d, "drafter config.json")
         refuse(_unsupported_drafter_features(d), "drafter config.json")
         if not has_rope_theta(d):
@@ -843,7 +846,7 @@ class DrafterConfig:
         if self.conditioning != "kv":
             dflash_config["conditioning"] = self.conditioning
         return {
-            "architectures": ["DFlashDraftModel"],
+            "architectures": [DFLASH_ARCHITECTURE],
             "model_type": "qwen3",
             **decoder_fields_to_hf(self),
             "attention_bias": False,

@@ -34,7 +34,8 @@ def random_eagle3(target, dtype=None, seed: int = 0):
 def load_eagle3_drafter(name: str, target, dtype=None):
     """The EAGLE-3 drafter ``name`` names (module docstring); a missing one is refused naming
     the alternatives."""
-    from dflash_jax.models.handles import load_any_drafter, load_eagle3
+    from dflash_jax.methods.eagle3 import EAGLE3
+    from dflash_jax.models.handles import load_drafter
 
     if name == RANDOM:
         return random_eagle3(target, dtype)
@@ -45,10 +46,10 @@ def load_eagle3_drafter(name: str, target, dtype=None):
             raise FileNotFoundError(f"the shipped EAGLE-3 drafter ({EMBEDDED_EAGLE3}) is not in this installation "
                                     f"({EMBEDDED_EAGLE3_DIR}); give an EAGLE-3 drafter directory, or {RANDOM!r} "
                                     "(random weights, smoke runs only)")
-        return load_any_drafter(EMBEDDED_EAGLE3, target, dtype=dtype)
+        return load_drafter(EMBEDDED_EAGLE3, target, dtype=dtype)
     if not os.path.isdir(name):
         raise FileNotFoundError(f"EAGLE-3 drafter {name!r}: not a directory; give {NAMES_HELP}")
-    return load_eagle3(name, target, dtype=dtype)
+    return EAGLE3.load(name, target, dtype=dtype)
 
 
 def tree_spec(value, what: str = "tree") -> tuple[int, int]:

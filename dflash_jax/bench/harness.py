@@ -23,7 +23,7 @@ steps (the H100 measurement). Intervals resting on fewer than ``metrics.MIN_DIST
 responses are not given ("n < 8: no interval").
 
 ``--drafter`` takes a DFlash or an EAGLE-3 drafter (docs/eagle3.md; ``embedded-eagle3``: the one
-shipped for the embedded target), told apart by its config.json (``models.handles.load_any_drafter``):
+shipped for the embedded target), told apart by its config.json's architectures (``load_drafter``, ``dflash_jax.methods``):
 the speculative column is then EAGLE-3's, a chain of ``block_size - 1`` drafting steps (default 7)
 or, with ``--tree N --tree-topk K``, its dynamic tree (the paper's: ``--tree 16 --tree-topk 4``
 and ``--tree 60 --tree-topk 10``); no adaptive table (the adaptive block is DFlash's).
@@ -52,7 +52,7 @@ from dflash_jax.cli import command_main, command_parser, invocation, options, ru
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, EMBEDDED_EAGLE3_DIR, expand_embedded, resolve_checkpoint
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER, EMBEDDED_EAGLE3,
                                        EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, Eagle3Drafter,
-                                       load_any_drafter, load_target)
+                                       load_drafter, load_target)
 from dflash_jax.files import write_text
 from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
@@ -470,7 +470,7 @@ def run(args) -> dict:
     target = load_target(target_path, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
-    drafter = load_any_drafter(drafter_path, target, dtype=dtype)
+    drafter = load_drafter(drafter_path, target, dtype=dtype)
     if isinstance(drafter, Eagle3Drafter):  # the adaptive block is DFlash's (its per-position confidences)
         args.adaptive = False
     runner = Runner(target, drafter, args)

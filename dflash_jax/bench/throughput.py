@@ -319,7 +319,7 @@ def run(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.models.handles import load_any_drafter, load_target
+    from dflash_jax.models.handles import load_drafter, load_target
 
     check_settings(args.batch_sizes, args.max_new_tokens, args.methods, args.repeats, max(args.batch_sizes))
     load_before, cpu, warning = start_measurement()
@@ -330,7 +330,7 @@ def run(args) -> dict:
     drafter_name = args.drafter or ("embedded" if args.target == "embedded" else None)
     if drafter_name is None and any(m != AR for m in args.methods):
         raise ValueError("--drafter is required with a --target other than the embedded one (or --methods ar)")
-    drafter = load_any_drafter(drafter_name, target, dtype=target.dtype) if drafter_name else None
+    drafter = load_drafter(drafter_name, target, dtype=target.dtype) if drafter_name else None
     pool = pooled_prompts(target, args.datasets, max(args.batch_sizes), args.seed, args.data_dir)
     widest = max(len(ids) for _, ids in pool)
     measured = measure(target, drafter, [ids for _, ids in pool], sorted(set(args.batch_sizes)),

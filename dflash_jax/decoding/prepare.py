@@ -21,10 +21,10 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.adaptive import ADAPTIVE
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.decoding.tree import TreeVerify
-from dflash_jax.models.handles import Drafter, Eagle3Drafter, Target
+from dflash_jax import methods
+from dflash_jax.models.handles import Target
 from dflash_jax.nn.attention import check_attention_impl
-from dflash_jax.proposers import DFlashProposer, Proposer
-from dflash_jax.proposers.eagle3 import Eagle3Proposer
+from dflash_jax.proposers import Proposer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +230,7 @@ class PreparedDecode:
     prefill_time_s: float
 
 
-def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter=None,
                    **options) -> PreparedDecode:
     """Checks the arguments of :func:`generate` (same meaning; ``options`` are the fields of
     :class:`GenerateOptions`) and runs the prefill; the step benchmark uses it to get a
@@ -239,7 +239,7 @@ def prepare_decode(target: Target, prompts, max_new_tokens, *, drafter: Drafter 
                     GenerateOptions.from_keywords("prepare_decode", options))
 
 
-def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
+def _prepare(target: Target, prompts, max_new_tokens, drafter,
              opt: GenerateOptions) -> PreparedDecode:
     cfg = target.config
     rows = _as_prompt_list(prompts, cfg.vocab_size)
@@ -270,9 +270,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
             raise ValueError(f"block_size={block_size!r} needs a drafter (generate(..., drafter=...))")
         bs, dcfg, dparams = 1, None, None
     else:
-        if not isinstance(drafter, (Drafter, Eagle3Drafter)):
-            raise ValueError(f"drafter must be a dflash_jax.Drafter (load_drafter) or an "
-                             f"Eagle3Drafter (load_eagle3), got {type(drafter).__name__}")
+        method = methods.method_of(drafter)
         drafter.config.check_target(cfg)
         if drafter.mesh is not target.mesh and drafter.mesh != target.mesh:
             where = lambda m: "one device" if m is None else f"mesh {dict(zip(m.axis_names, m.devices.shape))}"
@@ -282,7 +280,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
         if block_size is not None and not adaptive and (
                 isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))):
             raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
-        trained = drafter.block_size if isinstance(drafter, Eagle3Drafter) else drafter.config.block_size
+        trained = method.default_block_size(drafter)
         bs = trained if block_size is None or adaptive else int(block_size)
         if bs < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -291,10 +289,8 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
                              f"{target.max_len}): a block must fit in the cache; use a block size "
                              f"up to {target.max_len} (the drafter was trained with "
                              f"{trained})")
-        dcfg, dparams = drafter.config, drafter.params
-        if isinstance(drafter, Eagle3Drafter):
-            _check_eagle3_options(opt, bs)
-            dparams = drafter.proposer_params()
+        method.check_options(opt, bs)
+        dcfg, dparams = drafter.config, method.proposer_params(drafter)
     if int(num_denoise_steps) != num_denoise_steps or num_denoise_steps < 1:
         raise ValueError(f"num_denoise_steps must be a positive integer, got {num_denoise_steps!r}")
     if num_denoise_steps > 1 and opt.sampled_draft:
@@ -341,11 +337,8 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
                 raise ValueError(f"proposer must be a dflash_jax.proposers.Proposer, got "
                                  f"{type(opt.proposer).__name__}")
             proposer = opt.proposer
-        elif isinstance(drafter, Eagle3Drafter):
-            proposer = Eagle3Proposer(dcfg)
         else:
-            proposer = DFlashProposer(dcfg, int(num_denoise_steps),
-                                      bool(opt.sampled_draft) and not sampling.greedy)
+            proposer = method.proposer(drafter, bs, opt, sampling.greedy)
     spec = engine.EngineSpec(
         target=cfg, proposer=proposer, block_size=bs, sampling=sampling,
         acceptance=engine.REJECTION if proposer is not None and proposer.sampled else engine.MATCH,
@@ -363,20 +356,6 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter: Drafter | None,
     jax.block_until_ready(state.out)
     return PreparedDecode(spec, dparams, max_new, stop_ids, state, stops, lens,
                           time.perf_counter() - t0)
-
-
-def _check_eagle3_options(opt: GenerateOptions, bs: int) -> None:
-    """The options that belong to the DFlash drafter, refused with an EAGLE-3 one."""
-    if opt.num_denoise_steps != 1:
-        raise ValueError("num_denoise_steps belongs to the DFlash drafter (passes over one "
-                         "block); an EAGLE-3 drafter drafts block_size - 1 sequential steps: "
-                         "leave num_denoise_steps at 1")
-    if opt.sampled_draft:
-        raise ValueError("an EAGLE-3 drafter drafts greedily (its top tokens, verified losslessly "
-                         "at any temperature); sampled_draft=True is for the DFlash drafter")
-    if bs < 2:
-        raise ValueError(f"block_size={bs}: an EAGLE-3 drafter needs at least one drafting "
-                         "step (block_size >= 2)")
 
 
 def _tree_policy(opt: GenerateOptions, bs: int, adaptive: bool) -> TreeVerify:

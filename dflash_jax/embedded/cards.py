@@ -247,7 +247,7 @@ def eagle3_card(eagle3_dir: str, recipe: dict) -> str:
 The EAGLE-3 drafter of the embedded target (`../target`), the baseline the shipped DFlash
 drafter (`../drafter`) is compared with (docs/eagle3.md). It is stored in the released EAGLE-3
 layout: `config.json` (`LlamaForCausalLMEagle3`, `eagle_config`) and `model.safetensors`
-(bfloat16, with `d2t` and `t2d`). Load it with `load_any_drafter("embedded-eagle3", target)`,
+(bfloat16, with `d2t` and `t2d`). Load it with `load_drafter("embedded-eagle3", target)`,
 or use `bench --drafter embedded-eagle3`.
 
 - **Architecture.** One decoder layer, hidden {c['hidden_size']}, SwiGLU {c['intermediate_size']},

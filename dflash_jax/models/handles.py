@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints import (load_drafter_params, load_target_params, save_drafter_params,
-                                    save_target_params, save_tokenizer)
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax import methods
+from dflash_jax.checkpoints import load_target_params, save_target_params, save_tokenizer
+from dflash_jax.config import TargetConfig, read_config_json
 from dflash_jax.hub import (ASSETS_DIR, EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR,  # noqa: F401 (re-exported)
-                            resolve_checkpoint)
-from dflash_jax.models.drafter import init_drafter_params
+                            is_embedded, resolve_checkpoint)
+from dflash_jax.methods.dflash import Drafter
+from dflash_jax.methods.eagle3 import (EAGLE3, EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3,  # noqa: F401
+                                       Eagle3Drafter, d2t_of_vocab)
 from dflash_jax.parallel import rules
 from dflash_jax.targets import family_of, init_target_params
 
@@ -114,7 +117,7 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
         config = TargetConfig.from_pretrained(path)
         rules.check_mesh_split(config, mesh)
         config, params = load_target_params(path, config, dtype=dtype,
-                                            sharding_of=_sharding_on(mesh, family_of(config).param_axes(config)))
+                                            sharding_of=rules.sharding_of(mesh, family_of(config).param_axes(config)))
     else:
         config, params = load_target_params(path, dtype=dtype)
     tokenizer = None
@@ -125,76 +128,34 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
     return Target(config, params, tokenizer, max_len, path, allow_extrapolation, mesh)
 
 
-def _sharding_on(mesh, table=None):
-    """param path, ndim -> its NamedSharding on ``mesh`` (``parallel.rules``; ``table``: a
-    target family's ``param_axes``, default the drafter's)."""
-    def sharding_of(path, ndim):
-        return jax.sharding.NamedSharding(
-            mesh, rules.logical_to_spec(rules.param_logical_axes(tuple(path), ndim, table),
-                                        mesh=mesh))
-    return sharding_of
-
-
-@dataclasses.dataclass
-class Drafter:
-    """A DFlash drafter: config (released layout) and parameters; uses the target's embedding
-    and LM head, which are never copied into ``params``. ``mesh``: the mesh its parameters are
-    placed on (its target's; None: one device)."""
-
-    config: DrafterConfig
-    params: Any
-    path: str | None = None
-    mesh: Any = None
-
-    def __post_init__(self):
-        if self.mesh is not None:
-            rules.check_model_split(self.config, rules.mesh_axis_sizes(self.mesh)[rules.MODEL],
-                                    "drafter")
-            self.params = rules.shard_params(self.params, self.mesh)
-
-    @property
-    def dtype(self):
-        # conditioning "none" has no fc
-        return (self.params["fc"]["kernel"] if "fc" in self.params else self.params["norm"]["weight"]).dtype
-
-    @classmethod
-    def random(cls, target: Target, num_layers: int = 1, block_size: int = 16,
-               mask_token_id: int | None = None, target_layer_ids=None, seed: int = 0,
-               dtype=None, init_scale: float = 0.02, conditioning: str = "kv") -> "Drafter":
-        """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row;
-        ``conditioning``: see :class:`~dflash_jax.config.DrafterConfig`)."""
-        mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
-        cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids,
-                                       conditioning=conditioning)
-        cfg.check_target(target.config)
-        params = init_drafter_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
-        return cls(cfg, params, mesh=target.mesh)
-
-
 def load_drafter(path: str | os.PathLike, target: Target, dtype=None, *,
-                 revision: str | None = None) -> Drafter:
-    """Loads a drafter in the released DFlash layout and checks it fits ``target``.
+                 revision: str | None = None):
+    """Loads a drafter of any registered drafting method (``dflash_jax.methods``: DFlash,
+    EAGLE-3), found by its ``config.json``'s ``architectures``, and checks it fits ``target``.
 
     ``path``: a directory, a Hugging Face repo id ``org/name[@revision]``
-    (``"z-lab/Qwen3-8B-DFlash-b16"``; ``revision=`` names the revision too) or ``"embedded"``,
-    as for :func:`load_target`. ``dtype`` defaults to the target's dtype (drafter and target
-    compute together). On a target loaded with a mesh, the drafter is placed sharded on the
-    same mesh as it loads."""
-    path = os.fspath(resolve_checkpoint(path, revision, kind="drafter"))
-    cfg = DrafterConfig.from_pretrained(path)
-    cfg.check_target(target.config)
-    if target.mesh is not None:
-        rules.check_model_split(cfg, rules.mesh_axis_sizes(target.mesh)[rules.MODEL], "drafter")
-        params = load_drafter_params(path, cfg, dtype=dtype or target.dtype,
-                                     sharding_of=_sharding_on(target.mesh))
-    else:
-        params = load_drafter_params(path, cfg, dtype=dtype or target.dtype)
-    return Drafter(cfg, params, path, target.mesh)
+    (``"z-lab/Qwen3-8B-DFlash-b16"``; ``revision=`` names the revision too), ``"embedded"`` (the
+    shipped DFlash drafter, as for :func:`load_target`) or a method's shipped drafter by name
+    (``"embedded-eagle3"``). ``dtype`` defaults to the target's dtype (drafter and target
+    compute together). On a target loaded with a mesh, a DFlash drafter is placed sharded on the
+    same mesh as it loads. Returns the method's handle (:class:`Drafter` for DFlash)."""
+    shipped = methods.method_of_shipped_name(path)
+    if shipped is not None and not is_embedded(path):
+        if revision is not None:
+            raise ValueError(f"drafter {path!r} is shipped in the package: it has no revision")
+        path = shipped.shipped_dir()
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"the shipped {shipped.name} drafter ({shipped.shipped_name}) is not in "
+                                    f"this installation ({path})")
+    resolved = os.fspath(resolve_checkpoint(path, revision, kind="drafter"))
+    method = methods.method_for_hf(read_config_json(resolved), f" in {resolved}")
+    return method.load(resolved, target, dtype)
 
 
-def save_drafter(drafter: Drafter, path: str | os.PathLike) -> None:
-    """Writes config.json + model.safetensors in the released DFlash layout."""
-    save_drafter_params(path, drafter.config, drafter.params)
+def save_drafter(drafter, path: str | os.PathLike) -> None:
+    """Writes ``drafter`` (a handle of any registered drafting method) to the directory
+    ``path``: config.json + model.safetensors in its method's released layout."""
+    methods.method_of(drafter).save(drafter, path)
 
 
 def load_embedded(dtype=None, max_len: int | None = None, mesh=None) -> tuple["Target", "Drafter"]:
@@ -207,119 +168,28 @@ def load_embedded(dtype=None, max_len: int | None = None, mesh=None) -> tuple["T
     return target, load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=dtype)
 
 
-@dataclasses.dataclass
-class Eagle3Drafter:
-    """An EAGLE-3 drafter (``docs/eagle3.md``): config (the released ``LlamaForCausalLMEagle3``
-    layout), the :class:`~dflash_jax.models.eagle3.Eagle3Model` parameters, and the draft
-    vocabulary's map ``d2t`` int32[Vd] (target id = draft id + d2t[draft id]). It embeds with
-    the target's embedding, which is never copied into ``params``. Pass it to ``generate`` as
-    ``drafter=`` like a DFlash drafter; its chain length is ``block_size - 1`` drafting steps
-    (default :data:`EAGLE3_DEFAULT_BLOCK`)."""
-
-    config: Any  # Eagle3Config
-    params: Any
-    d2t: Any
-    path: str | None = None
-    mesh: Any = None
-
-    def __post_init__(self):
-        d2t = np.asarray(self.d2t)
-        if d2t.shape != (self.config.draft_vocab_size,) or not np.issubdtype(d2t.dtype, np.integer):
-            raise ValueError(f"d2t must be an integer array of shape [{self.config.draft_vocab_size}] "
-                             f"(draft_vocab_size), got {d2t.dtype} {d2t.shape}")
-        ids = np.arange(d2t.size) + d2t
-        if ids.min(initial=0) < 0 or ids.max(initial=0) >= self.config.vocab_size or \
-                np.unique(ids).size != ids.size:
-            raise ValueError("d2t does not map the draft vocabulary to distinct target tokens "
-                             f"(draft id + d2t[draft id] must be distinct ids in [0, "
-                             f"{self.config.vocab_size})): the vocabulary map is corrupt")
-        self.d2t = d2t.astype(np.int32)
-        if self.mesh is not None:
-            raise ValueError("EAGLE-3 drafters run on one device here: load the target without "
-                             "a mesh to use one")
-
-    @property
-    def dtype(self):
-        return self.params["fc"]["kernel"].dtype
-
-    @property
-    def block_size(self) -> int:
-        """The default block: the anchor and ``EAGLE3_DEFAULT_BLOCK - 1`` drafting steps (the
-        training-time test's length)."""
-        return EAGLE3_DEFAULT_BLOCK
-
-    @property
-    def draft_vocab(self) -> np.ndarray:
-        """int32[Vd] the target ids of the draft vocabulary, in draft-id order."""
-        return (np.arange(self.d2t.size) + self.d2t).astype(np.int32)
-
-    def proposer_params(self) -> dict:
-        """What the engine hands the proposer: ``{"model": params, "d2t": int32[Vd]}``."""
-        return {"model": self.params, "d2t": jnp.asarray(self.d2t)}
-
-    @classmethod
-    def random(cls, target: Target, draft_vocab=None, target_layer_ids=None, seed: int = 0,
-               dtype=None, init_scale: float = 0.02) -> "Eagle3Drafter":
-        """A random-weight EAGLE-3 drafter shaped for ``target``. ``draft_vocab``: the target
-        ids of the draft vocabulary (any order; stored sorted), or None for the whole
-        vocabulary; ``target_layer_ids``: the three feature layers (default
-        ``config.default_eagle3_layer_ids``)."""
-        from dflash_jax.config import Eagle3Config
-        from dflash_jax.models.eagle3 import init_eagle3_params
-
-        vocab = (np.arange(target.config.vocab_size) if draft_vocab is None
-                 else np.unique(np.asarray(draft_vocab, np.int64)))
-        cfg = Eagle3Config.for_target(target.config, int(vocab.size), target_layer_ids)
-        cfg.check_target(target.config)
-        params = init_eagle3_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale)
-        return cls(cfg, params, d2t_of_vocab(vocab))
-
-
-EMBEDDED_EAGLE3 = "embedded-eagle3"  # the shipped EAGLE-3 drafter's name on command lines
-EAGLE3_DEFAULT_BLOCK = 8  # the anchor + 7 drafting steps (SpecForge's training-time-test length)
-
-
-def d2t_of_vocab(vocab) -> np.ndarray:
-    """The offsets ``d2t`` int32[Vd] of a draft vocabulary given as sorted target ids."""
-    vocab = np.asarray(vocab, np.int64)
-    return (vocab - np.arange(vocab.size)).astype(np.int32)
-
-
 def load_eagle3(path: str | os.PathLike, target: Target, dtype=None, *,
-                revision: str | None = None) -> Eagle3Drafter:
-    """Loads an EAGLE-3 drafter in the released layout (``config.json`` with architectures
-    ``LlamaForCausalLMEagle3``, safetensors with ``d2t`` / ``t2d``): a directory, a repo id, or
-    ``"embedded"``, the embedded target's EAGLE-3 drafter shipped in the package. Checks that it
-    fits ``target``; ``dtype`` defaults to the target's."""
-    from dflash_jax.checkpoints_eagle3 import load_eagle3_params
-    from dflash_jax.config import Eagle3Config
-
-    path = os.fspath(resolve_checkpoint(path, revision, kind="eagle3"))
-    cfg = Eagle3Config.from_pretrained(path, target.config)
-    cfg.check_target(target.config)
-    params, d2t = load_eagle3_params(path, cfg, dtype=dtype or target.dtype)
-    return Eagle3Drafter(cfg, params, d2t, path, target.mesh)
+                revision: str | None = None):
+    """Deprecated: :func:`load_drafter` loads an EAGLE-3 drafter too (by its architectures).
+    This one loads EAGLE-3 drafters only, as before; ``"embedded"`` here is the shipped EAGLE-3
+    drafter (``"embedded-eagle3"`` for ``load_drafter``)."""
+    _deprecated("load_eagle3", "load_drafter")
+    return EAGLE3.load(os.fspath(resolve_checkpoint(path, revision, kind="eagle3")), target, dtype)
 
 
-def save_eagle3(drafter: Eagle3Drafter, path: str | os.PathLike) -> None:
-    """Writes config.json + model.safetensors (with ``d2t`` and ``t2d``) in the released
-    EAGLE-3 layout."""
-    from dflash_jax.checkpoints_eagle3 import save_eagle3_params
-
-    save_eagle3_params(path, drafter.config, drafter.params, drafter.d2t)
+def save_eagle3(drafter, path: str | os.PathLike) -> None:
+    """Deprecated: :func:`save_drafter` writes a drafter of any method."""
+    _deprecated("save_eagle3", "save_drafter")
+    save_drafter(drafter, path)
 
 
 def load_any_drafter(path: str | os.PathLike, target: Target, dtype=None, *,
                      revision: str | None = None):
-    """A DFlash or an EAGLE-3 drafter, by its config.json's ``architectures`` (command lines'
-    ``--drafter``); ``"embedded"`` is the shipped DFlash drafter, ``"embedded-eagle3"`` the
-    shipped EAGLE-3 one."""
-    from dflash_jax.config import read_config_json
+    """Deprecated: :func:`load_drafter` picks the drafting method by architectures."""
+    _deprecated("load_any_drafter", "load_drafter")
+    return load_drafter(path, target, dtype, revision=revision)
 
-    if path == EMBEDDED_EAGLE3:
-        return load_eagle3("embedded", target, dtype)
-    resolved = os.fspath(resolve_checkpoint(path, revision, kind="drafter"))
-    archs = read_config_json(resolved).get("architectures") or []
-    if any("eagle3" in str(a).lower() for a in archs):
-        return load_eagle3(resolved, target, dtype)
-    return load_drafter(resolved, target, dtype)
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use dflash_jax.{new}, which reads a drafter of any drafting "
+                  "method (dflash_jax.methods)", DeprecationWarning, stacklevel=3)

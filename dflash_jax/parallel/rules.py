@@ -129,6 +129,15 @@ def shard_params(params, mesh, table=None, rules=LOGICAL_RULES):
     return jax.tree_util.tree_map(lambda x, s: place(x, NamedSharding(mesh, s)), params, specs)
 
 
+def sharding_of(mesh, table=None):
+    """``(param path, ndim) -> NamedSharding`` on ``mesh`` by these rules (``table``: a target
+    family's ``param_axes``; default the drafter's): what the checkpoint readers take to place
+    each tensor sharded as it loads."""
+    def of(path, ndim):
+        return NamedSharding(mesh, logical_to_spec(param_logical_axes(tuple(path), ndim, table), mesh=mesh))
+    return of
+
+
 def place(x, sharding):
     """``x`` (a host or single-device value, the same in every process, or a global array) as a
     global array with ``sharding``; each process builds only its own devices' shards, so this

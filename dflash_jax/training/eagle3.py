@@ -277,9 +277,9 @@ class Eagle3Trainer(Trainer):
     def init_state(self, seed: int | None = None) -> dict:
         if self.init_from is None:
             return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
-        from dflash_jax.models.handles import load_eagle3
+        from dflash_jax.methods.eagle3 import EAGLE3
 
-        loaded = load_eagle3(self.init_from, self.target, dtype=jnp.float32)
+        loaded = EAGLE3.load(self.init_from, self.target, dtype=jnp.float32)
         if not np.array_equal(loaded.draft_vocab, self.vocab):
             raise ValueError(f"{self.init_from} has another draft vocabulary than this run's: give "
                              "--draft-vocab-size and data that select the same one")

@@ -451,18 +451,18 @@ def latest_params(run_dir: str) -> tuple[Any, Any, int]:
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in the released layout: a DFlash drafter (loadable by
     ``load_drafter``) or, for an EAGLE-3 run, the EAGLE-3 layout with its draft vocabulary
-    (``load_eagle3``)."""
+    (both loadable by ``load_drafter``)."""
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     if jax.process_index() != 0:  # across hosts, process 0 writes the export
         return
     if run_method(run_dir) == "eagle3":
-        from dflash_jax.models.handles import Eagle3Drafter, d2t_of_vocab, save_eagle3
+        from dflash_jax.models.handles import Eagle3Drafter, d2t_of_vocab
         from dflash_jax.training.eagle3 import read_run_vocab
 
         with open(os.path.join(run_dir, RUN_FILE)) as f:
             vocab = read_run_vocab(run_dir, json.load(f))
-        save_eagle3(Eagle3Drafter(dcfg, params, d2t_of_vocab(vocab)), out_dir)
+        save_drafter(Eagle3Drafter(dcfg, params, d2t_of_vocab(vocab)), out_dir)
     else:
         save_drafter(Drafter(dcfg, params), out_dir)

@@ -49,6 +49,17 @@ def test_loads_by_name_in_the_released_layout(pair):
     assert e3.config.draft_vocab_size == config["draft_vocab_size"] < target.config.vocab_size
     t = np.arange(e3.config.draft_vocab_size) + np.asarray(e3.d2t)  # target id = draft id + d2t
     assert len(set(t.tolist())) == len(t) and t.min() >= 0 and t.max() < target.config.vocab_size
+    # dj.load_drafter reads it by name, as the bench's --drafter does, and the deprecated
+    # load_eagle3 by "embedded": the same drafter
+    from dflash_jax.models.handles import load_eagle3
+
+    by_name = dj.load_drafter("embedded-eagle3", target, dtype=target.dtype)
+    with pytest.warns(DeprecationWarning):
+        old = load_eagle3("embedded", target, dtype=target.dtype)
+    for d in (by_name, old):
+        assert type(d) is type(e3) and d.config == e3.config and d.path == e3.path
+        np.testing.assert_array_equal(d.d2t, e3.d2t)
+        np.testing.assert_array_equal(np.asarray(d.params["fc"]["kernel"]), np.asarray(e3.params["fc"]["kernel"]))
 
 
 @pytest.mark.parametrize("tree", [None, (16, 4)], ids=["chain", "tree16"])

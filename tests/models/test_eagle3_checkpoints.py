@@ -16,8 +16,10 @@ from dflash_jax import checkpoints
 from dflash_jax.checkpoints import CheckpointError, SINGLE_FILE, INDEX_FILE
 from dflash_jax.checkpoints_eagle3 import eagle3_tensor_specs, load_eagle3_params, save_eagle3_params
 from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.dflash import DFLASH
+from dflash_jax.methods.eagle3 import EAGLE3
 from dflash_jax.models.handles import (Eagle3Drafter, load_any_drafter, load_drafter, load_eagle3,
-                                       save_eagle3)
+                                       save_drafter, save_eagle3)
 
 pytestmark = [pytest.mark.xdist_group("test_eagle3_checkpoints"), pytest.mark.torch]
 
@@ -49,7 +51,7 @@ def drafter(target, vocab):
 @pytest.fixture(scope="module")
 def saved(drafter, tmp_path_factory):
     path = tmp_path_factory.mktemp("eagle3") / "drafter"
-    save_eagle3(drafter, path)
+    save_drafter(drafter, path)
     return path
 
 
@@ -89,7 +91,7 @@ def copy_dir(src, dst, drop=(), edit=None, config_edit=None):
 
 # ---------------------------------------------------------------------------- round trips
 def test_round_trip_bit_exact(target, drafter, saved, vocab):
-    again = load_eagle3(saved, target)
+    again = load_drafter(saved, target)
     assert again.config == drafter.config
     assert tree_bytes(again.params) == tree_bytes(drafter.params)
     np.testing.assert_array_equal(again.d2t, drafter.d2t)
@@ -187,7 +189,7 @@ def specforge_checkpoint(path, target, vocab, with_t2d=True, seed=3):
 @pytest.mark.parametrize("with_t2d", [True, False])
 def test_specforge_checkpoint_loads(target, vocab, tmp_path, with_t2d):
     sd = specforge_checkpoint(tmp_path, target, vocab, with_t2d)
-    d = load_eagle3(tmp_path, target)  # embed_tokens.weight ignored (the target's is used)
+    d = load_drafter(tmp_path, target)  # embed_tokens.weight ignored (the target's is used)
     assert d.config.draft_vocab_size == VD and d.config.target_layer_ids == LAYERS
     assert d.config.rope == target.config.rope
     p = d.params
@@ -203,13 +205,12 @@ def test_specforge_checkpoint_loads(target, vocab, tmp_path, with_t2d):
         np.testing.assert_array_equal(np.asarray(p["midlayer"][name]["weight"]), sd[f"midlayer.{name}.weight"])
     np.testing.assert_array_equal(np.asarray(p["norm"]["weight"]), sd["norm.weight"])
     np.testing.assert_array_equal(d.draft_vocab, vocab)
-    assert load_any_drafter(str(tmp_path), target).config == d.config  # picked by architectures
 
 
 # ---------------------------------------------------------------------------- refusals
 def refused(path, target, match):
     with pytest.raises(ValueError, match=match) as e:
-        load_eagle3(path, target)
+        load_drafter(path, target)
     return str(e.value)
 
 
@@ -248,9 +249,9 @@ def test_d2t_missing(saved, target, tmp_path):
     # the whole vocabulary: the identity map
     cfg = Eagle3Config.for_target(target.config, V, LAYERS)
     full = Eagle3Drafter(cfg, random_params(eagle3_tensor_specs(cfg)), np.zeros(V, np.int32))
-    save_eagle3(full, tmp_path / "full-src")
+    save_drafter(full, tmp_path / "full-src")
     copy_dir(tmp_path / "full-src", tmp_path / "full", drop=("d2t", "t2d"))
-    loaded = load_eagle3(tmp_path / "full", target)
+    loaded = load_drafter(tmp_path / "full", target)
     np.testing.assert_array_equal(loaded.d2t, np.zeros(V, np.int32))
     np.testing.assert_array_equal(loaded.draft_vocab, np.arange(V))
     assert tree_bytes(loaded.params) == tree_bytes(full.params)
@@ -284,8 +285,8 @@ def test_bad_d2t(saved, target, vocab, tmp_path, bad, match):
     # the saver refuses the same map before writing anything
     if bad != "float":
         with pytest.raises(CheckpointError, match=match):
-            save_eagle3_params(tmp_path / "new", load_eagle3(saved, target).config,
-                               load_eagle3(saved, target).params, load_file(tmp_path / SINGLE_FILE)["d2t"])
+            save_eagle3_params(tmp_path / "new", load_drafter(saved, target).config,
+                               load_drafter(saved, target).params, load_file(tmp_path / SINGLE_FILE)["d2t"])
         assert not os.path.exists(tmp_path / "new")
 
 
@@ -293,13 +294,38 @@ def test_wrong_loader(saved, target, tmp_path):
     dflash = tmp_path / "dflash"
     cfg = dj.DrafterConfig.for_target(target.config, 1, 4, V - 1)
     dj.save_drafter(dj.Drafter(cfg, random_params(checkpoints.drafter_tensor_specs(cfg))), dflash)
-    refused(dflash, target, r"not an EAGLE-3 drafter config.*load_drafter")
-    with pytest.raises(ValueError, match=r"a DFlash drafter: load it with load_drafter"):
-        load_eagle3_params(dflash, load_eagle3(saved, target).config)
-    with pytest.raises(ValueError, match=r"an EAGLE-3 drafter config .*load it with load_eagle3"):
-        load_drafter(saved, target)
-    assert isinstance(load_any_drafter(str(dflash), target), dj.Drafter)
-    assert isinstance(load_any_drafter(str(saved), target), Eagle3Drafter)
+    # load_drafter picks the drafting method by the architectures config.json names
+    assert isinstance(load_drafter(dflash, target), dj.Drafter)
+    assert isinstance(load_drafter(saved, target), Eagle3Drafter)
+    # a method's own reader refuses the other's directory, pointing at load_drafter
+    with pytest.raises(ValueError, match=r"not an EAGLE-3 drafter config.*load_drafter"):
+        EAGLE3.load(str(dflash), target)
+    with pytest.raises(ValueError, match=r"a DFlash drafter; load_drafter picks the drafting method"):
+        load_eagle3_params(dflash, load_drafter(saved, target).config)
+    with pytest.raises(ValueError, match=r"an EAGLE-3 drafter config .*load it with load_drafter"):
+        DFLASH.load(str(saved), target)
+
+
+def test_the_old_loaders_are_deprecated_aliases(saved, target, tmp_path):
+    new = load_drafter(saved, target)
+    with pytest.warns(DeprecationWarning, match=r"load_eagle3 is deprecated: use dflash_jax.load_drafter"):
+        old = load_eagle3(saved, target)
+    with pytest.warns(DeprecationWarning, match=r"load_any_drafter is deprecated: use dflash_jax.load_drafter"):
+        any_ = load_any_drafter(str(saved), target)
+    for d in (old, any_):
+        assert d.config == new.config and tree_bytes(d.params) == tree_bytes(new.params)
+        np.testing.assert_array_equal(d.d2t, new.d2t)
+    with pytest.warns(DeprecationWarning, match=r"save_eagle3 is deprecated: use dflash_jax.save_drafter"):
+        save_eagle3(new, tmp_path / "old")
+    save_drafter(new, tmp_path / "new")
+    for f in ("config.json", SINGLE_FILE):
+        assert (tmp_path / "old" / f).read_bytes() == (tmp_path / "new" / f).read_bytes()
+    # load_eagle3 reads EAGLE-3 drafters only, as it did
+    dflash = tmp_path / "dflash"
+    cfg = dj.DrafterConfig.for_target(target.config, 1, 4, V - 1)
+    dj.save_drafter(dj.Drafter(cfg, random_params(checkpoints.drafter_tensor_specs(cfg))), dflash)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"not an EAGLE-3 drafter config"):
+        load_eagle3(dflash, target)
 
 
 def test_config_refusals(saved, target, tmp_path):
@@ -320,7 +346,7 @@ def snapshot(path):
 
 def test_failed_saves_leave_the_directory_as_it_was(drafter, target, tmp_path, monkeypatch):
     dst = tmp_path / "drafter"
-    save_eagle3(drafter, dst)
+    save_drafter(drafter, dst)
     before = snapshot(dst)
     other = Eagle3Drafter(drafter.config, jax.tree_util.tree_map(lambda x: x + 1, drafter.params),
                           drafter.d2t)
@@ -333,7 +359,7 @@ def test_failed_saves_leave_the_directory_as_it_was(drafter, target, tmp_path, m
 
     monkeypatch.setattr(checkpoints, "save_file", dies)
     with pytest.raises(KeyboardInterrupt):
-        save_eagle3(other, dst)
+        save_drafter(other, dst)
     monkeypatch.undo()
     assert snapshot(dst) == before  # no half-written file, no .tmp left beside them
     # parameters of another shape are refused before anything is written
@@ -345,5 +371,5 @@ def test_failed_saves_leave_the_directory_as_it_was(drafter, target, tmp_path, m
     with pytest.raises(CheckpointError, match="not an EAGLE-3 parameter tree"):
         save_eagle3_params(dst, drafter.config, wrong, drafter.d2t)
     assert snapshot(dst) == before
-    save_eagle3(other, dst)  # a complete save replaces both files
-    assert tree_bytes(load_eagle3(dst, target).params) == tree_bytes(other.params)
+    save_drafter(other, dst)  # a complete save replaces both files
+    assert tree_bytes(load_drafter(dst, target).params) == tree_bytes(other.params)

@@ -435,6 +435,11 @@ def test_refusals_name_the_problem(pair):
     target, drafter, prompts, _ = pair
     with pytest.raises(ValueError, match="sampled_draft"):
         dj.generate(target, prompts, 4, drafter=drafter, temperature=1.0, sampled_draft=True)
+    # what the method declares it does not take (dflash_jax.methods.eagle3), refused with why
+    with pytest.raises(ValueError, match="num_denoise_steps belongs to the DFlash drafter"):
+        dj.generate(target, prompts, 4, drafter=drafter, num_denoise_steps=2)
+    with pytest.raises(ValueError, match="block_size=1: an EAGLE-3 drafter needs at least one drafting step"):
+        dj.generate(target, prompts, 4, drafter=drafter, block_size=1)
     # a drafter made for another target: its hidden size, its vocabulary, its feature layers
     for change, said in ((dict(hidden_size=48), "hidden_size"), (dict(vocab_size=80), "vocab_size"),
                          (dict(num_target_layers=6, target_layer_ids=(0, 2, 5)),

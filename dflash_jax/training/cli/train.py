@@ -153,9 +153,9 @@ def run_eagle3(args, cfg) -> None:
         if args.draft_vocab_size is not None or args.eagle3_layers is not None:
             raise ValueError("--init-from gives the drafter's config and draft vocabulary: drop "
                              "--draft-vocab-size and --eagle3-layers")
-        from dflash_jax.models.handles import load_eagle3
+        from dflash_jax.methods.eagle3 import EAGLE3
 
-        start = load_eagle3(init_from, target)
+        start = EAGLE3.load(init_from, target)
         config, vocab = start.config, start.draft_vocab
     else:
         size = target.config.vocab_size if args.draft_vocab_size is None else args.draft_vocab_size

@@ -1,0 +1,73 @@
+"""The drafting-method interface, :class:`DraftingMethod` (what the registry in
+``dflash_jax.methods`` maps a drafter checkpoint's ``architectures`` to; ``docs/methods.md``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class DraftingMethod:
+    """One drafting method. Subclass it, set :attr:`name` and :attr:`architectures`, implement
+    the methods that raise ``NotImplementedError`` here, give the method's drafter handle class a
+    ``method_name`` attribute equal to :attr:`name`, and register an instance
+    (``dflash_jax.methods.register``, one line in ``dflash_jax/methods/builtin.py``).
+
+    Loading and saving (``load_drafter`` / ``save_drafter``): :meth:`load`, :meth:`save`.
+    Generation (``decoding.prepare``): :meth:`default_block_size`, :meth:`check_options`,
+    :meth:`proposer`, :meth:`proposer_params`.
+    """
+
+    name: str = ""
+    """The method's short name (registry key, messages)."""
+
+    architectures: tuple[str, ...] = ()
+    """The ``config.json`` ``architectures`` values that name this method's checkpoints."""
+
+    shipped_name: str | None = None
+    """The command-line name of a drafter of this method shipped in the package (e.g.
+    ``embedded-eagle3``), if any; its directory is :meth:`shipped_dir`."""
+
+    def claims(self, d: Mapping[str, Any]) -> bool:
+        """Whether a ``config.json`` dict whose ``architectures`` name no registered method is
+        this method's by its fields (checkpoints written before their layout named a class, or
+        under another class name); the method's config reader then refuses what it does not
+        implement, naming the field."""
+        return False
+
+    def shipped_dir(self) -> str | None:
+        """The directory of the drafter :attr:`shipped_name` names."""
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+    def load(self, path: str, target, dtype=None):
+        """The drafter handle in the checkpoint directory ``path``, checked against the loaded
+        ``target`` (its config and mesh); ``dtype`` defaults to the target's."""
+        raise NotImplementedError(self._missing("load"))
+
+    def save(self, drafter, path) -> None:
+        """Writes ``drafter`` to the directory ``path`` in the method's released layout."""
+        raise NotImplementedError(self._missing("save"))
+
+    # ------------------------------------------------------------------ generation
+    def default_block_size(self, drafter) -> int:
+        """The block ``generate`` uses when none is given (the anchor and the drafted rows)."""
+        raise NotImplementedError(self._missing("default_block_size"))
+
+    def check_options(self, opt, block_size: int) -> None:
+        """Refuses, with the reason, generation options (``decoding.prepare.GenerateOptions``)
+        the method does not take at this block size."""
+
+    def proposer(self, drafter, block_size: int, opt, greedy: bool):
+        """The ``proposers.Proposer`` that drafts for ``drafter`` (``greedy``: the target
+        samples nothing)."""
+        raise NotImplementedError(self._missing("proposer"))
+
+    def proposer_params(self, drafter) -> Any:
+        """The pytree the engine hands :meth:`proposer`'s proposer (default: the parameters)."""
+        return drafter.params
+
+    def _missing(self, what: str) -> str:
+        return f"the drafting method {self.name!r} does not implement {what}"
+
+    def __repr__(self) -> str:
+        return f"<drafting method {self.name}>"

@@ -1,0 +1,10 @@
+"""The built-in drafting methods, one registry line each (``dflash_jax`` imports this module,
+so they are registered before any drafter loads). A new method: its package under
+``dflash_jax/methods/`` and one line here (``docs/methods.md``)."""
+
+from dflash_jax.methods import register
+from dflash_jax.methods import dflash
+from dflash_jax.methods import eagle3
+
+register(dflash.DFLASH)
+register(eagle3.EAGLE3)

@@ -1,0 +1,46 @@
+"""DFlash (``docs/method.md``): a block-diffusion drafter that fills a whole block in one
+forward pass, conditioned on the target's tapped hidden features injected into the K/V of every
+drafter layer. The handle and its released layout are in ``handle.py``; the Flax drafter is
+``dflash_jax.models.drafter``, the proposer ``dflash_jax.proposers.dflash``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from dflash_jax.config import DFLASH_ARCHITECTURE
+from dflash_jax.hub import EMBEDDED, EMBEDDED_DRAFTER_DIR
+from dflash_jax.methods.base import DraftingMethod
+from dflash_jax.methods.dflash import handle
+from dflash_jax.methods.dflash.handle import Drafter
+from dflash_jax.proposers.dflash import DFlashProposer
+
+
+class DFlashMethod(DraftingMethod):
+    name = "dflash"
+    architectures = (DFLASH_ARCHITECTURE,)
+    shipped_name = EMBEDDED
+
+    def claims(self, d: Mapping[str, Any]) -> bool:
+        # the DFlash fields, under no class name or another one (its variants: the config
+        # reader refuses each field it does not implement, naming it)
+        return "dflash_config" in d or "block_size" in d
+
+    def shipped_dir(self) -> str:
+        return EMBEDDED_DRAFTER_DIR
+
+    def load(self, path: str, target, dtype=None) -> Drafter:
+        return handle.load(path, target, dtype)
+
+    def save(self, drafter: Drafter, path) -> None:
+        handle.save(drafter, path)
+
+    def default_block_size(self, drafter: Drafter) -> int:
+        return drafter.config.block_size
+
+    def proposer(self, drafter: Drafter, block_size: int, opt, greedy: bool) -> DFlashProposer:
+        return DFlashProposer(drafter.config, int(opt.num_denoise_steps), bool(opt.sampled_draft) and not greedy)
+
+
+DFLASH = DFlashMethod()
+
+__all__ = ["DFLASH", "DFlashMethod", "Drafter"]

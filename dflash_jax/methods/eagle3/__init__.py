@@ -1,0 +1,56 @@
+"""EAGLE-3 (``docs/eagle3.md``): a one-layer autoregressive drafter over three of the target's
+hidden features, drafting a chain or a dynamic tree step by step. The handle and its released
+layout are in ``handle.py``; the Flax drafter is ``dflash_jax.models.eagle3``, the tensor
+names ``dflash_jax.checkpoints_eagle3``, the proposer ``dflash_jax.proposers.eagle3``."""
+
+from __future__ import annotations
+
+from dflash_jax.config import EAGLE3_ARCHITECTURE
+from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
+from dflash_jax.methods.base import DraftingMethod
+from dflash_jax.methods.eagle3 import handle
+from dflash_jax.methods.eagle3.handle import (EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3, Eagle3Drafter,
+                                              d2t_of_vocab)
+from dflash_jax.proposers.eagle3 import Eagle3Proposer
+
+
+class Eagle3Method(DraftingMethod):
+    name = "eagle3"
+    architectures = (EAGLE3_ARCHITECTURE,)
+    shipped_name = EMBEDDED_EAGLE3
+
+    def shipped_dir(self) -> str:
+        return EMBEDDED_EAGLE3_DIR
+
+    def load(self, path: str, target, dtype=None) -> Eagle3Drafter:
+        return handle.load(path, target, dtype)
+
+    def save(self, drafter: Eagle3Drafter, path) -> None:
+        handle.save(drafter, path)
+
+    def default_block_size(self, drafter: Eagle3Drafter) -> int:
+        return drafter.block_size
+
+    def check_options(self, opt, block_size: int) -> None:
+        """The options that belong to the DFlash drafter, refused with an EAGLE-3 one."""
+        if opt.num_denoise_steps != 1:
+            raise ValueError("num_denoise_steps belongs to the DFlash drafter (passes over one "
+                             "block); an EAGLE-3 drafter drafts block_size - 1 sequential steps: "
+                             "leave num_denoise_steps at 1")
+        if opt.sampled_draft:
+            raise ValueError("an EAGLE-3 drafter drafts greedily (its top tokens, verified losslessly "
+                             "at any temperature); sampled_draft=True is for the DFlash drafter")
+        if block_size < 2:
+            raise ValueError(f"block_size={block_size}: an EAGLE-3 drafter needs at least one drafting "
+                             "step (block_size >= 2)")
+
+    def proposer(self, drafter: Eagle3Drafter, block_size: int, opt, greedy: bool) -> Eagle3Proposer:
+        return Eagle3Proposer(drafter.config)
+
+    def proposer_params(self, drafter: Eagle3Drafter) -> dict:
+        return drafter.proposer_params()
+
+
+EAGLE3 = Eagle3Method()
+
+__all__ = ["EAGLE3", "EAGLE3_DEFAULT_BLOCK", "EMBEDDED_EAGLE3", "Eagle3Drafter", "Eagle3Method", "d2t_of_vocab"]
