@@ -46,13 +46,12 @@ import time
 
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import methods, metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
-from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, EMBEDDED_EAGLE3_DIR, expand_embedded, resolve_checkpoint
-from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER, EMBEDDED_EAGLE3,
-                                       EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, Eagle3Drafter,
-                                       load_drafter, load_target)
+from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, expand_embedded, resolve_checkpoint
+from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
+                                       EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter, load_target)
 from dflash_jax.files import write_text
 from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
@@ -163,14 +162,19 @@ def chat(turns, answers):
 
 
 def drafter_block_size(drafter) -> int:
-    """A drafter's default block: a DFlash drafter's trained block, an EAGLE-3 drafter's anchor
-    + drafting steps (``Eagle3Drafter.block_size``)."""
-    return drafter.block_size if isinstance(drafter, Eagle3Drafter) else drafter.config.block_size
+    """A drafter's default block (its method's: a DFlash drafter's trained block, an EAGLE-3
+    drafter's anchor + drafting steps)."""
+    return methods.method_of(drafter).default_block_size(drafter)
 
 
 def drafter_method(drafter) -> str:
-    """``"eagle3"`` or ``"dflash"``: the report's ``settings.method``."""
-    return "eagle3" if isinstance(drafter, Eagle3Drafter) else "dflash"
+    """The drafter's method name (``"dflash"``, ``"eagle3"``): the report's ``settings.method``."""
+    return methods.method_of(drafter).name
+
+
+def report_method(report: dict):
+    """The drafting method a report measured (reports written before EAGLE-3: DFlash)."""
+    return methods.method(report["settings"].get("method", "dflash"))
 
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:
@@ -289,7 +293,7 @@ def explanation(report: dict) -> str:
         if not np.isfinite(cost):
             continue
         tp = av["tau_pooled"]
-        who = "EAGLE-3" if report["settings"].get("method") == "eagle3" else "DFlash"
+        who = report_method(report).label
         text = (f"Why {av['speedup']:.2f}x ({label}): one {who} iteration (draft + verify) cost "
                 f"{cost:.2f} AR steps here ({who} decode time per iteration / AR decode time per "
                 f"token, mean over the sets) and made {tp:.2f} tokens (tau pooled), so speedup ~ "
@@ -335,14 +339,14 @@ def method_label(report: dict) -> str:
     EAGLE-3 drafter "EAGLE-3" / "EAGLE-3 tree N" the same way."""
     st = report["settings"]
     label = tree_args.label(argparse.Namespace(tree=st.get("tree"), tree_topk=st.get("tree_topk")))
-    return label.replace("DFlash", "EAGLE-3") if st.get("method") == "eagle3" else label
+    return label.replace("DFlash", report_method(report).label)
 
 
 def main_run_name(report: dict) -> str:
     """The main DFlash run beside the adaptive one, in legends and the summary: "fixed block",
     or "tree N" with ``--tree``."""
-    label = method_label(report)
-    return "fixed block" if label in ("DFlash", "EAGLE-3") else label.removeprefix("DFlash ").removeprefix("EAGLE-3 ")
+    label, method = method_label(report), report_method(report).label
+    return "fixed block" if label == method else label.removeprefix(method + " ")
 
 
 def _table(report: dict, method: str) -> str:
@@ -447,7 +451,8 @@ def run(args) -> dict:
         args.adaptive = False
     machine = machine_check()
     target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
-    drafter_dir = (EMBEDDED_EAGLE3_DIR if args.drafter == EMBEDDED_EAGLE3 else
+    shipped = methods.method_of_shipped_name(args.drafter)
+    drafter_dir = (shipped.shipped_dir() if shipped is not None else
                    expand_embedded(args.drafter, "drafter") if args.drafter else
                    EMBEDDED_DRAFTER if os.path.abspath(target_name) == EMBEDDED_TARGET else None)
     if drafter_dir is None:
@@ -464,14 +469,15 @@ def run(args) -> dict:
     if mesh is not None and mesh.devices.shape[0] != 1:
         raise ValueError(f"--mesh {args.mesh}: the benchmark decodes one prompt at a time, so "
                          "the data axis must be 1 (e.g. --mesh data=1,model=4)")
-    shown = lambda name, path: (EMBEDDED if os.path.abspath(path) in (EMBEDDED_TARGET, EMBEDDED_DRAFTER) else
-                                EMBEDDED_EAGLE3 if os.path.abspath(path) == EMBEDDED_EAGLE3_DIR else name)
+    shipped_names = {EMBEDDED_TARGET: EMBEDDED, **{os.path.abspath(m.shipped_dir()): m.shipped_name
+                                                   for m in methods.registered() if m.shipped_name}}
+    shown = lambda name, path: shipped_names.get(os.path.abspath(path), name)
     status(f"loading {shown(args.target, target_name)} and {shown(args.drafter, drafter_dir)} ...")
     target = load_target(target_path, dtype=dtype, mesh=mesh)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
     drafter = load_drafter(drafter_path, target, dtype=dtype)
-    if isinstance(drafter, Eagle3Drafter):  # the adaptive block is DFlash's (its per-position confidences)
+    if not methods.method_of(drafter).automatic_adaptive:  # no adaptive table: its method's declaration
         args.adaptive = False
     runner = Runner(target, drafter, args)
     report = {

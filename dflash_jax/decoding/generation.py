@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import methods, metrics
 from dflash_jax.decoding import costs, engine
 from dflash_jax.decoding.adaptive import ADAPTIVE, verify_lengths
 from dflash_jax.decoding.prepare import GenerateOptions, _as_prompt_list, _prepare, per_row_plan
@@ -112,7 +112,8 @@ def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> 
     (and cached) on this device for this pair and batch (``adaptive.cost_table``). Run before
     the arguments are prepared, so that preparing never starts a benchmark; options that
     cannot be measured are left for :func:`_prepare` to refuse."""
-    if opt.block_size != ADAPTIVE or opt.cost_table is not None or not isinstance(drafter, Drafter):
+    if (opt.block_size != ADAPTIVE or opt.cost_table is not None or drafter is None
+            or not methods.method_of(drafter).automatic_adaptive):
         return opt
     batch = len(_as_prompt_list(prompts, target.config.vocab_size))
     if opt.verify_per_row:

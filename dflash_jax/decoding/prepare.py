@@ -264,11 +264,11 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 2:
             raise ValueError(f"a proposer without a drafter needs block_size, an integer >= 2 "
                              f"(got {block_size!r})")
-        bs, dcfg, dparams = int(block_size), None, None
+        bs, dparams = int(block_size), None
     elif drafter is None:
         if block_size not in (None, 1):
             raise ValueError(f"block_size={block_size!r} needs a drafter (generate(..., drafter=...))")
-        bs, dcfg, dparams = 1, None, None
+        bs, dparams = 1, None
     else:
         method = methods.method_of(drafter)
         drafter.config.check_target(cfg)
@@ -290,7 +290,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
                              f"up to {target.max_len} (the drafter was trained with "
                              f"{trained})")
         method.check_options(opt, bs)
-        dcfg, dparams = drafter.config, method.proposer_params(drafter)
+        dparams = method.proposer_params(drafter)
     if int(num_denoise_steps) != num_denoise_steps or num_denoise_steps < 1:
         raise ValueError(f"num_denoise_steps must be a positive integer, got {num_denoise_steps!r}")
     if num_denoise_steps > 1 and opt.sampled_draft:

@@ -39,6 +39,11 @@ def register(method):
     return method
 
 
+def registered() -> tuple:
+    """Every registered method, in registration order."""
+    return tuple(_METHODS.values())
+
+
 def supported_methods() -> tuple[str, ...]:
     """Every registered method's name, in registration order."""
     return tuple(_METHODS)

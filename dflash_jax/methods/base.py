@@ -14,7 +14,8 @@ class DraftingMethod:
 
     Loading and saving (``load_drafter`` / ``save_drafter``): :meth:`load`, :meth:`save`.
     Generation (``decoding.prepare``): :meth:`default_block_size`, :meth:`check_options`,
-    :meth:`proposer`, :meth:`proposer_params`.
+    :meth:`proposer`, :meth:`proposer_params`, :attr:`automatic_adaptive`. Reports:
+    :attr:`label`.
     """
 
     name: str = ""
@@ -22,6 +23,14 @@ class DraftingMethod:
 
     architectures: tuple[str, ...] = ()
     """The ``config.json`` ``architectures`` values that name this method's checkpoints."""
+
+    label: str = ""
+    """The method's name in reports, tables and legends (e.g. ``"EAGLE-3"``)."""
+
+    automatic_adaptive: bool = False
+    """Whether ``generate`` measures the adaptive verify length's cost table itself for this
+    method's drafters (``decoding.costs``) and ``bench`` reports an adaptive column; without it
+    ``block_size="adaptive"`` takes an explicit ``cost_table``."""
 
     shipped_name: str | None = None
     """The command-line name of a drafter of this method shipped in the package (e.g.

@@ -17,6 +17,8 @@ from dflash_jax.proposers.dflash import DFlashProposer
 
 class DFlashMethod(DraftingMethod):
     name = "dflash"
+    label = "DFlash"
+    automatic_adaptive = True
     architectures = (DFLASH_ARCHITECTURE,)
     shipped_name = EMBEDDED
 

@@ -16,6 +16,7 @@ from dflash_jax.proposers.eagle3 import Eagle3Proposer
 
 class Eagle3Method(DraftingMethod):
     name = "eagle3"
+    label = "EAGLE-3"
     architectures = (EAGLE3_ARCHITECTURE,)
     shipped_name = EMBEDDED_EAGLE3
 
