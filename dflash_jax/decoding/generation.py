@@ -139,13 +139,25 @@ def _on_duration(event: str, seconds: float, **info) -> None:
         seen.append((name[4:-1] if name.startswith("jit(") and name.endswith(")") else name, seconds))
 
 
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
+_listener_lock = threading.Lock()
+_listening = False
+
+
+def _listen() -> None:
+    """Registers :func:`_on_duration` with jax.monitoring once, at the first timed call (not at
+    import: importing the library installs no process-wide hook)."""
+    global _listening
+    with _listener_lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            _listening = True
 
 
 @contextlib.contextmanager
 def _compile_seconds(program):
     """``with _compile_seconds(engine.decode) as spent:`` -- after the block, ``spent[0]`` is
     the seconds this thread spent building ``program`` (a jitted function) inside it."""
+    _listen()
     outer, _watch.seen = getattr(_watch, "seen", None), []
     spent = [0.0]
     try:

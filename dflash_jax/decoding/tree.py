@@ -79,16 +79,6 @@ class Tree(NamedTuple):
         return self.tokens.shape[1]
 
 
-def chain_tree(anchor: jax.Array, draft: jax.Array) -> Tree:
-    """The chain ``[anchor, draft...]`` (anchor int32[B], draft int32[B, n]) as a tree: node i's
-    parent is node i - 1."""
-    B, n = draft.shape
-    idx = jnp.broadcast_to(jnp.arange(n + 1, dtype=jnp.int32), (B, n + 1))
-    return Tree(jnp.concatenate([anchor[:, None], draft], 1).astype(jnp.int32),
-                jnp.maximum(idx - 1, 0), idx, jnp.zeros_like(idx), jnp.ones((B, n + 1), bool),
-                jnp.zeros((B, n + 1), jnp.float32))
-
-
 def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -> Tree:
     """The best-first tree of ``nodes`` nodes over per-depth log-probabilities.
 

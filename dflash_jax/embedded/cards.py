@@ -179,14 +179,6 @@ def safetensors_params(path: str, skip: tuple[str, ...] = ()) -> int:
     return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__" and k not in skip)
 
 
-def _metric_rows(run_dir: str) -> list[dict]:
-    """``metrics.jsonl`` of a run, one row per step (a step logged again after a resume keeps its
-    last row: the one the resumed run computed)."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = {r["step"]: r for r in (json.loads(line) for line in f if line.strip())}
-    return [rows[k] for k in sorted(rows)]
-
-
 def dflash_budget(recipe: dict) -> dict:
     """The shipped DFlash drafter's training budget, summed over its stages in ``recipe.json``:
     steps, sequences seen (steps x batch), response tokens in them (at each stage's data's mean
@@ -203,33 +195,6 @@ def dflash_budget(recipe: dict) -> dict:
             "timed_stages": len(timed), "timed_steps": sum(s["steps"] for s in timed),
             "timed_minutes": round(sum(s["minutes"] for s in timed), 1),
             "timed_response_tokens_seen": round(sum(s["steps"] * s["batch_size"] * s["tokens_per_seq"] for s in timed))}
-
-
-def eagle3_recipe(run_dir: str, data_dir: str, eagle3_dir: str, dflash_dir: str, **record) -> dict:
-    """``recipe.json`` of a shipped EAGLE-3 drafter, from its ``train`` run directory (settings,
-    held-out tau against steps, minutes of steps), its ``train-data`` directory (sequences,
-    response tokens), its exported directory (parameters) and the DFlash drafter it is compared
-    with (its budget); ``record``: what those do not know (date, prompts, commands, why it
-    stopped where it did)."""
-    run = _load(os.path.join(run_dir, "run.json"))
-    data = _load(os.path.join(data_dir, "metadata.json"))
-    rows = _metric_rows(run_dir)
-    train, e3 = run["train"], run["eagle3"]
-    done = rows[-1]["step"] if rows else 0
-    per_seq = data["response_tokens"] / data["sequences"]
-    params = safetensors_params(os.path.join(eagle3_dir, "model.safetensors"), skip=("d2t", "t2d"))
-    dflash_params = safetensors_params(os.path.join(dflash_dir, "model.safetensors"))
-    return {**record, "method": "eagle3", "feature_layers": run["drafter"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
-            "draft_vocab_size": run["drafter"]["draft_vocab_size"], "parameters": params,
-            "dflash_parameters": dflash_params, "steps_scheduled": train["steps"], "steps": done,
-            "batch_size": train["batch_size"], "learning_rate": train["learning_rate"],
-            "warmup_fraction": train["warmup_fraction"], "weight_decay": train["weight_decay"],
-            "ttt_steps": e3["ttt_steps"], "ttt_decay": e3["ttt_decay"], "sequences": data["sequences"],
-            "response_tokens": data["response_tokens"], "sequences_seen": done * train["batch_size"],
-            "response_tokens_seen": round(done * train["batch_size"] * per_seq),
-            "minutes": round(sum(r.get("time_s", 0.0) for r in rows) / 60, 1), "curve": tau_curve(rows),
-            "final_accuracy_per_step": rows[-1].get("accuracy_per_pos") if rows else None,
-            "dflash_budget": dflash_budget(_load(os.path.join(dflash_dir, "recipe.json")))}
 
 
 def eagle3_card(eagle3_dir: str, recipe: dict) -> str:
@@ -293,16 +258,3 @@ These are 16 prompts held out of the training data, 64 new tokens, greedy, a cha
 |---|---|---|
 {curve}
 """
-
-
-def write_eagle3_card(eagle3_dir: str, run_dir: str, data_dir: str, dflash_dir: str, **record) -> dict:
-    """Writes ``recipe.json``, ``training_metrics.jsonl`` (the run's, one row per step) and
-    ``README.md`` into the exported EAGLE-3 directory; returns the recipe."""
-    from dflash_jax.files import write_json, write_text
-
-    recipe = eagle3_recipe(run_dir, data_dir, eagle3_dir, dflash_dir, **record)
-    write_json(os.path.join(eagle3_dir, "recipe.json"), recipe)
-    write_text(os.path.join(eagle3_dir, "training_metrics.jsonl"),
-               "".join(json.dumps(r) + "\n" for r in _metric_rows(run_dir)))
-    write_text(os.path.join(eagle3_dir, "README.md"), eagle3_card(eagle3_dir, recipe))
-    return recipe

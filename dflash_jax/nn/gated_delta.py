@@ -205,18 +205,6 @@ def chunked(q, k, v, g, beta, state0, chunk_size: int = DEFAULT_CHUNK):
     return o, bounds
 
 
-def state_after(k, v, g, beta, state0, keep, chunk_size: int = DEFAULT_CHUNK):
-    """The state after the first ``keep[b]`` rows (int32[B], 0..T) of a block of prepared k, v,
-    g, beta (as :func:`chunked`) from ``state0``: the chunked form with the rows from
-    ``keep`` on masked out (``beta = 0``, ``g = 0``)."""
-    T = k.shape[1]
-    live = jnp.arange(T)[None, :] < keep[:, None]  # [B, T]
-    g = jnp.where(live[..., None], g, 0.0)
-    beta = jnp.where(live[..., None], beta, 0.0)
-    _, bounds = chunked(k, k, v, g, beta, state0, chunk_size)  # the output is not used
-    return bounds[:, -1]
-
-
 # ---------------------------------------------------------------------------- one layer
 @flax.struct.dataclass
 class BlockRecord:

@@ -45,13 +45,6 @@ def register(family):
     return family
 
 
-def unregister(family) -> None:
-    """Removes ``family`` (tests that register their own)."""
-    for t in family.model_types:
-        if _FAMILIES.get(t) is family:
-            del _FAMILIES[t]
-
-
 def supported_model_types() -> tuple[str, ...]:
     """Every registered ``model_type``, in registration order."""
     return tuple(_FAMILIES)

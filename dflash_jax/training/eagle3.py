@@ -91,13 +91,6 @@ def vocab_digest(vocab) -> str:
     return hashlib.sha256(np.asarray(vocab, np.int32).tobytes()).hexdigest()
 
 
-def in_vocab_mask(vocab, vocab_size: int) -> np.ndarray:
-    """``t2d``: bool[vocab_size], True at the draft vocabulary's target ids."""
-    t2d = np.zeros(vocab_size, bool)
-    t2d[np.asarray(vocab)] = True
-    return t2d
-
-
 # ------------------------------------------------------------------ the loss
 def teacher(tcfg: TargetConfig, tparams, tokens, tap_layer_ids):
     """One teacher-forced target pass: (logits float32[B, L, V], taps [B, L, 3*Dt]), both

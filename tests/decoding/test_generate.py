@@ -215,6 +215,26 @@ def test_result_says_whether_its_times_include_compilation(tiny_target):
     assert other.prefill_compile_s > 0 and other.decode_compile_s > 0
 
 
+def test_the_compile_timer_hooks_jax_monitoring_at_the_first_call_not_at_import():
+    """Importing the library registers no process-wide jax.monitoring listener; the first
+    generate does (once), which is how its result knows the compile seconds above."""
+    import subprocess
+    import sys
+
+    code = ("import dflash_jax as dj\n"
+            "from jax._src import monitoring\n"
+            "from dflash_jax.decoding import generation\n"
+            "hooked = lambda: monitoring.get_event_duration_listeners().count(generation._on_duration)\n"
+            "print(hooked())\n"
+            "t = dj.Target.random(dj.TargetConfig('qwen3', vocab_size=32, hidden_size=16, intermediate_size=32,"
+            " num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8))\n"
+            "dj.generate(t, [[1, 2]], 2); dj.generate(t, [[3, 4]], 2)\n"
+            "print(hooked())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"]
+
+
 
 def test_pad_to_shares_shapes_without_changing_results(tiny_target):
     from dflash_jax.decoding.prepare import plan_lengths

@@ -90,3 +90,7 @@ def test_model_card_follows_from_the_files():
     assert [c["step"] for c in recipe["curve"]] == [r["step"] for r in rows if "eval_tau" in r]
     card = open(os.path.join(EMBEDDED_EAGLE3_DIR, "README.md")).read()
     assert f"| {recipe['steps']} |" in card and f"{params / 1e6:.2f}M" in card
+    assert card == cards.eagle3_card(EMBEDDED_EAGLE3_DIR, recipe)  # the card its writer makes
+    # the DFlash drafter's budget beside it follows from that drafter's own recipe
+    with open(os.path.join(dj.EMBEDDED_DRAFTER_DIR, "recipe.json")) as f:
+        assert recipe["dflash_budget"] == cards.dflash_budget(json.load(f))

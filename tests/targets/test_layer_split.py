@@ -13,6 +13,7 @@ import dflash_jax as dj
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.nn.cache import KVCache
+from dflash_jax.targets import base as targets_base
 from dflash_jax.targets import dense, target_forward
 from dflash_jax.targets.dense.model import split_layer_params
 
@@ -100,7 +101,7 @@ def test_targets_over_the_size_cap_stay_stacked(target, monkeypatch):
     """Above ``SPLIT_MAX_BYTES`` of layer weights the loop keeps the stacked layout (no second
     copy of the weights), and still decodes the same tokens."""
     ref = dj.generate(target, [[5, 6, 7, 8]], 6).sequences
-    monkeypatch.setattr(dense, "SPLIT_MAX_BYTES", 0)
+    monkeypatch.setattr(targets_base, "SPLIT_MAX_BYTES", 0)
     jax.clear_caches()  # the layout is chosen when decode is traced
     try:
         assert dense.QWEN3.loop_params(target.params) is target.params

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax
-
 from dflash_jax.checkpoints import TensorSpec, layer_tensor_specs
 from dflash_jax.config import (TargetConfig, decoder_fields_from_hf, decoder_fields_to_hf,
                                qwen3_full_attention_to_hf, refuse, unsupported_decoder_features)
@@ -22,10 +20,6 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import partitioning
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.dense import model
-
-SPLIT_MAX_BYTES = 2 << 30
-"""The largest stacked layer weights (bytes) that :meth:`DenseFamily.loop_params` splits: the
-split copies them once per decode call and holds both copies while the loop runs."""
 
 
 class DenseFamily(TargetFamily):
@@ -99,18 +93,7 @@ class DenseFamily(TargetFamily):
                                     compute_logits=compute_logits, attention_impl=attention_impl,
                                     model_axis=model_axis, tree=tree)
 
-    def loop_params(self, params):
-        """On CPU the layers split into one tree each (``model.split_layer_params``): XLA:CPU
-        copies a stacked layer's weights out of the stack at every use inside a loop (a
-        ``dynamic-slice`` per weight per step; measured on the embedded target, 2 cores: AR
-        step 4.1 -> 3.3-3.6 ms, DFlash block-16 iteration 14.7 -> 13.1-13.5 ms). The split
-        holds a second copy of the layer weights during the call, so targets whose layer
-        weights exceed :data:`SPLIT_MAX_BYTES` keep the stacked layout (and the copies). On
-        GPU, XLA reads the slices in place (``xla_flags``)."""
-        if jax.default_backend() != "cpu" or "layers" not in params:
-            return params
-        size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params["layers"]))
-        return model.split_layer_params(params) if size <= SPLIT_MAX_BYTES else params
+    split_layers = staticmethod(model.split_layer_params)  # TargetFamily.loop_params, on CPU
 
     # ------------------------------------------------------------------ partitioning
     def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:

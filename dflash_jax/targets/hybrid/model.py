@@ -68,6 +68,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.nn.layers import apply_rope
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
+from dflash_jax.targets.moe.qwen3_5_moe import block_param_shapes, moe_block
 
 
 # ---------------------------------------------------------------------------- the decode state
@@ -134,8 +135,6 @@ def swiglu(x, p):
 def mlp(cfg, kind: str, p, x, moe_impl: str = "auto", model_axis=None, expert_axis=None):
     """Layer MLP of ``kind`` (``cfg.mlp_kind``) on x [B, T, D]."""
     if kind == "moe":
-        from dflash_jax.targets.moe.qwen3_5_moe import moe_block
-
         return moe_block(cfg.moe, p, x, impl=moe_impl, model_axis=model_axis, expert_axis=expert_axis)
     return swiglu(x, p)
 
@@ -383,8 +382,6 @@ def param_shapes(cfg) -> dict:
         tree["mlp"] = {"gate_proj": {"kernel": (Ld, D, F)}, "up_proj": {"kernel": (Ld, D, F)},
                        "down_proj": {"kernel": (Ld, F, D)}}
     if Lm:
-        from dflash_jax.targets.moe.qwen3_5_moe import block_param_shapes
-
         tree["moe"] = jax.tree_util.tree_map(lambda s: (Lm,) + s, block_param_shapes(cfg.moe),
                                              is_leaf=lambda v: isinstance(v, tuple))
     if not cfg.tie_word_embeddings:

@@ -33,6 +33,9 @@ from dflash_jax.checkpoints import CheckpointError, TensorSpec
 from dflash_jax.config import decoder_fields_from_hf, refuse
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.hybrid import model
+from dflash_jax.targets.moe import qwen3_5_moe as block
+from dflash_jax.targets.moe.qwen3_5_moe import (block_config_from_hf, block_config_to_hf, convert_fused_experts,
+                                               mlp_tensor_specs)
 from dflash_jax.targets.hybrid.config import (FULL, LAYER_TYPES, LINEAR, HybridConfig,
                                               check_hybrid_config)
 
@@ -108,8 +111,6 @@ class Qwen3_5Family(TargetFamily):
         src = dict(tc)
         moe_cfg = None
         if self.moe:
-            from dflash_jax.targets.moe.qwen3_5_moe import block_config_from_hf
-
             moe_cfg = block_config_from_hf(tc, what)
             src.setdefault("intermediate_size", moe_cfg.shared_expert_intermediate_size)
         fields = decoder_fields_from_hf(src, what)
@@ -197,8 +198,6 @@ class Qwen3_5Family(TargetFamily):
                "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
                "bos_token_id": cfg.bos_token_id, "eos_token_id": eos}
         if cfg.moe is not None:
-            from dflash_jax.targets.moe.qwen3_5_moe import block_config_to_hf
-
             out.update(block_config_to_hf(cfg.moe))
         else:
             out["intermediate_size"] = cfg.intermediate_size
@@ -243,8 +242,6 @@ class Qwen3_5Family(TargetFamily):
             for name, path, transpose, shape in table:
                 specs[f"{p}{sub}.{name}"] = TensorSpec((mixer, sub) + path, j, transpose, shape)
             if mlp_kind == "moe":
-                from dflash_jax.targets.moe.qwen3_5_moe import mlp_tensor_specs
-
                 specs.update(mlp_tensor_specs(cfg.moe, f"{p}mlp.", ("moe",), m))
             else:
                 for name, path, transpose, shape in dense:
@@ -284,8 +281,6 @@ class Qwen3_5Family(TargetFamily):
                                      zip(IGNORED_PREFIXES.items(), ignored.values()) if n), self.name)
         self.check_gdn_tensors(cfg, {n: tuple(t.shape) for n, t in out.items()}, what)
         if cfg.moe is not None:
-            from dflash_jax.targets.moe.qwen3_5_moe import convert_fused_experts
-
             for i in range(cfg.num_layers):
                 out = convert_fused_experts(cfg.moe, out, f"model.layers.{i}.mlp.", what)
         return out
@@ -359,8 +354,6 @@ class Qwen3_5Family(TargetFamily):
     def _mlp_params(self, cfg, read_rows: int | None = None, per_token: bool = False) -> float:
         if cfg.moe is None:
             return 3 * cfg.hidden_size * cfg.intermediate_size
-        from dflash_jax.targets.moe import qwen3_5_moe as block
-
         if per_token:
             return block.block_matrix_params_per_token(cfg.moe)
         if read_rows is not None:

@@ -45,7 +45,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints import CheckpointError, TensorSpec
+from dflash_jax.checkpoints import (CheckpointError, TensorSpec, _dtype_fields, params_to_tensors, read_tensors,
+                                    tensors_to_params, write_safetensors)
+from dflash_jax.config import read_config_json, refuse
+from dflash_jax.files import write_json
 from dflash_jax.nn import moe
 from dflash_jax.nn.layers import random_init
 from dflash_jax.parallel import experts as expert_parallel
@@ -140,8 +143,6 @@ def block_config_from_hf(d: Mapping[str, Any], what: str = "config.json") -> Moe
     """The block's config from a ``qwen3_5_moe_text`` (or ``qwen3_5_moe``) ``config.json``
     dict. A missing field or a routing option that is not implemented is a one-line
     ValueError naming the field."""
-    from dflash_jax.config import refuse
-
     d = text_config(d)
     missing = [k for k in REQUIRED_FIELDS if d.get(k) is None]
     if missing:
@@ -262,14 +263,6 @@ def expert_dims(cfg: MoeBlockConfig) -> list[tuple[str, int, str]]:
     """(config field, size, what) of the dimensions split over the ``expert`` mesh axis
     (``TargetFamily.expert_dims``)."""
     return [("num_experts", cfg.num_experts, "routed experts")]
-
-
-def model_split_dims(cfg: MoeBlockConfig) -> list[tuple[str, int, str]]:
-    """(config field, size, what) of the block's dimensions split over the ``model`` axis
-    (``TargetFamily.split_dims``)."""
-    return [("moe_intermediate_size", cfg.moe_intermediate_size, "each routed expert's width"),
-            ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size,
-             "the shared expert's width")]
 
 
 # ---------------------------------------------------------------------------- size model
@@ -419,8 +412,6 @@ def mlp_params_from_tensors(tensors: Mapping[str, np.ndarray], cfg: MoeBlockConf
     """One block's parameters (module docstring; ``dtype`` casts, None keeps the stored one)
     from its tensors in either expert layout, checked first: nothing is built from a block
     with a problem. Tensors outside ``prefix`` are ignored."""
-    from dflash_jax.checkpoints import tensors_to_params
-
     mine = {n: t for n, t in tensors.items() if n.startswith(prefix)}
     mine = convert_fused_experts(cfg, mine, prefix, what)
     return tensors_to_params(mine, mlp_tensor_specs(cfg, prefix), dtype=dtype, what=what)
@@ -429,8 +420,6 @@ def mlp_params_from_tensors(tensors: Mapping[str, np.ndarray], cfg: MoeBlockConf
 def mlp_params_to_tensors(params, cfg: MoeBlockConfig, prefix: str, layout: str = FUSED) -> dict[str, np.ndarray]:
     """Inverse of :func:`mlp_params_from_tensors`: one block's tensors named and shaped as on
     disk in ``layout`` (default the released, fused one)."""
-    from dflash_jax.checkpoints import params_to_tensors
-
     if layout not in EXPERT_LAYOUTS:
         raise ValueError(f"expert layout must be one of {EXPERT_LAYOUTS}, got {layout!r}")
     out = params_to_tensors(params, mlp_tensor_specs(cfg, prefix))
@@ -456,9 +445,6 @@ def save_block_layers(path, cfg: MoeBlockConfig, params, layout: str = FUSED,
     tensors of N layers (:data:`LAYER_PREFIX`) in ``layout``, safetensors + a config.json
     with the block's fields and ``num_hidden_layers`` = N: the MoE half of a Qwen3.5 MoE
     checkpoint (the block's tests, ``tools/load_report.py``)."""
-    from dflash_jax.checkpoints import _dtype_fields, write_safetensors
-    from dflash_jax.files import write_json
-
     n = jax.tree_util.tree_leaves(params)[0].shape[0]
     tensors = {}
     for i in range(n):
@@ -474,9 +460,6 @@ def load_block_layers(path, dtype=None) -> tuple[MoeBlockConfig, dict]:
     """The blocks of every layer of a checkpoint directory (either expert layout, every layer
     checked before anything is built; any tensor outside the layers' blocks is refused):
     ``(config, params stacked [N, ...])``; ``dtype`` casts (None keeps the stored one)."""
-    from dflash_jax.checkpoints import read_tensors, tensors_to_params
-    from dflash_jax.config import read_config_json
-
     d = read_config_json(path)
     cfg = block_config_from_hf(d, f"{os.fspath(path)}/config.json")
     n = _int(text_config(d).get("num_hidden_layers"), "num_hidden_layers", "config.json")

@@ -41,8 +41,6 @@ from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.moe import qwen3_moe_model as model
 
 MODEL_TYPE = "qwen3_moe"
-SPLIT_MAX_BYTES = 2 << 30
-"""As the dense family's: the largest stacked layer weights the CPU decode loop splits."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,14 +297,7 @@ class Qwen3MoeFamily(TargetFamily):
                                     model_axis=model_axis, expert_axis=expert_axis, moe_impl=moe_impl,
                                     tree=tree)
 
-    def loop_params(self, params):
-        """As the dense family: one tree per layer on CPU (below :data:`SPLIT_MAX_BYTES`)."""
-        if jax.default_backend() != "cpu" or "layers" not in params:
-            return params
-        size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params["layers"]))
-        if size > SPLIT_MAX_BYTES:
-            return params
-        return model.split_layer_params(params)
+    split_layers = staticmethod(model.split_layer_params)  # TargetFamily.loop_params, on CPU
 
     # ------------------------------------------------------------------ partitioning
     def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:
