@@ -653,11 +653,11 @@ class DrafterConfig:
     ``sliding_window``): in a sliding layer the block row at offset o (position ``p = a + o``,
     anchor a) sees context positions ``p - (W - 1) <= t < a`` and only the block rows at
     offsets ``<= o`` (causal in the block, not windowed); full layers: every context position
-    ``t < a`` and the whole block (``models.drafter``; docs/proposers.md). Only with conditioning
+    ``t < a`` and the whole block (``methods.dflash.model``; docs/proposers.md). Only with conditioning
     ``"kv"``.
 
     ``conditioning``: how the target's projected features ``c = hidden_norm(fc(taps))`` enter
-    the drafter (``models.drafter``):
+    the drafter (``methods.dflash.model``):
 
       * ``"kv"`` (the paper's method, the released drafters): injected into the keys and values
         of every layer;

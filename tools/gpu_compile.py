@@ -80,8 +80,8 @@ from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.decoding.sampling import SamplingParams
-from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.proposers import DFlashProposer
+from dflash_jax.methods.dflash.model import init_drafter_params
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.targets import init_target_params
 
 KIB = 1024

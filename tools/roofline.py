@@ -81,8 +81,8 @@ from dflash_jax.reporting import command_line, environment, new_figure, publish_
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.sampling import SamplingParams
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import init_drafter_params
-from dflash_jax.proposers import DFlashProposer
+from dflash_jax.methods.dflash.model import init_drafter_params
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.targets import init_target_params, target_forward as forward
 from dflash_jax.bench.decode_speed import PRESETS
 

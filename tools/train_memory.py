@@ -91,7 +91,7 @@ from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
                                      chunked_block_sparse_attention)
 from dflash_jax.bench.decode_speed import PRESETS
 from dflash_jax.tools.roofline import QWEN3_MASK_TOKEN_ID
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets import init_target_params
 from dflash_jax.training.blocks import block_loss_weights
 from dflash_jax.training.loss import drafter_loss

@@ -42,7 +42,7 @@ from dflash_jax.reporting import command_line, cpu_model, environment, load_aver
 from dflash_jax.decoding.costs import iteration_seconds
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import Drafter, load_drafter, load_target

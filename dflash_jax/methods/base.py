@@ -57,6 +57,16 @@ class DraftingMethod:
         """Writes ``drafter`` to the directory ``path`` in the method's released layout."""
         raise NotImplementedError(self._missing("save"))
 
+    def config_from_hf(self, d: Mapping[str, Any]):
+        """The method's drafter config from a ``config.json`` dict (a training run records
+        its drafter's so)."""
+        raise NotImplementedError(self._missing("config_from_hf"))
+
+    def from_run(self, run_dir: str, record: Mapping[str, Any], config, params):
+        """The drafter handle of a training run's ``config`` and ``params`` (``export``;
+        ``record``: the run's run.json, for what else the run keeps)."""
+        raise NotImplementedError(self._missing("from_run"))
+
     # ------------------------------------------------------------------ generation
     def default_block_size(self, drafter) -> int:
         """The block ``generate`` uses when none is given (the anchor and the drafted rows)."""

@@ -1,7 +1,4 @@
-"""The DFlash drafter (``drafter``), a Flax Linen module used functionally, and the handles of
-loaded models (``handles``: ``Target``, ``Drafter``, their loading and saving). The target
-architectures are families in ``dflash_jax.targets``; the decode states are in ``nn.cache``."""
-
-from dflash_jax.models.drafter import DrafterModel, init_drafter_params
-
-__all__ = ["DrafterModel", "init_drafter_params"]
+"""The handles of loaded models (``handles``: ``Target``, the loaders ``load_target`` /
+``load_drafter`` / ``load_embedded`` and ``save_drafter``). The target architectures are
+families in ``dflash_jax.targets``; the drafters are in their drafting methods' packages
+(``dflash_jax.methods``); the decode states are in ``nn.cache``."""

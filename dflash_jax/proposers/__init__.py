@@ -1,10 +1,10 @@
 """Proposers: what drafts the tokens the target verifies (``docs/proposers.md``).
 
 The interface is :class:`~dflash_jax.proposers.base.Proposer` (set up from the prompt's taps,
-propose a block, observe the verified rows); DFlash's block-diffusion drafter is
-:class:`~dflash_jax.proposers.dflash.DFlashProposer`. A new proposer is one module here."""
+propose a block, observe the verified rows). A drafting method's proposer lives in its package
+(DFlash's :class:`~dflash_jax.methods.dflash.proposer.DFlashProposer`, EAGLE-3's
+``methods.eagle3.proposer``); the ones here are not tied to a drafter checkpoint (``emulated``)."""
 
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
-from dflash_jax.proposers.dflash import DFlashProposer, DFlashState
 
-__all__ = ["Committed", "DFlashProposer", "DFlashState", "Proposal", "Proposer"]
+__all__ = ["Committed", "Proposal", "Proposer"]

@@ -18,7 +18,7 @@ tau per prompt set but no per-position rates; :func:`alpha_for_tau` fits ``alpha
 
 Optionally (``charge``, on when a DFlash drafter's config is given) each iteration also runs
 that drafter (its context update and its forward over the block, as
-:class:`~dflash_jax.proposers.dflash.DFlashProposer` does) and discards its drafts, so a
+:class:`~dflash_jax.methods.dflash.proposer.DFlashProposer` does) and discards its drafts, so a
 measured iteration includes the draft's cost.
 """
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from dflash_jax.config import DrafterConfig
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
-from dflash_jax.proposers.dflash import DFlashProposer
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 
 # ---------------------------------------------------------------------------- the acceptance model

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.targets import family_of, target_forward
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import build_blocks

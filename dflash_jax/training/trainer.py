@@ -25,8 +25,9 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from dflash_jax import methods
 from dflash_jax.config import DrafterConfig
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
 from dflash_jax.training import sharding
 from dflash_jax.training.blocks import block_loss_weights, check_anchor_strategy, check_gamma, epoch_anchors
@@ -255,7 +256,7 @@ class Trainer:
                 out_shardings=(self.state_shardings, sharding.replicated(mesh)))
 
     # ------------------------------------------------------------------ the drafter's parts
-    # (training.eagle3.Eagle3Trainer overrides these, the init / step / eval / record methods)
+    # (methods.eagle3.training.Eagle3Trainer overrides these, the init / step / eval / record methods)
     def _check_init_from(self, init_from: str) -> None:
         """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
         check_drafter_conditioning(init_from, self.dcfg)
@@ -420,24 +421,19 @@ class Trainer:
                                  "accuracy1": f"{row['accuracy_per_pos'][0]:.2f}"})
 
 
-def run_method(run_dir: str) -> str:
-    """The drafter a run trains: ``"dflash"`` or ``"eagle3"`` (run.json's ``method``; runs
-    recorded before EAGLE-3 existed have none and are DFlash runs)."""
+def run_method(run_dir: str) -> tuple[Any, dict]:
+    """(the drafting method a run trains, its run.json): run.json's ``method``; runs recorded
+    before EAGLE-3 existed have none and are DFlash runs."""
     with open(os.path.join(run_dir, RUN_FILE)) as f:
-        return json.load(f).get("method", "dflash")
+        record = json.load(f)
+    return methods.method(record.get("method", "dflash")), record
 
 
 def latest_params(run_dir: str) -> tuple[Any, Any, int]:
-    """(drafter config, fp32 params, step) of a run's newest checkpoint: a ``DrafterConfig``,
-    or an ``Eagle3Config`` for an EAGLE-3 run (:func:`run_method`)."""
-    with open(os.path.join(run_dir, RUN_FILE)) as f:
-        record = json.load(f)
-    if record.get("method", "dflash") == "eagle3":
-        from dflash_jax.config import Eagle3Config
-
-        dcfg = Eagle3Config.from_hf_dict(record["drafter"])
-    else:
-        dcfg = DrafterConfig.from_hf_dict(record["drafter"])
+    """(drafter config, fp32 params, step) of a run's newest checkpoint; the config is the run's
+    drafting method's (:func:`run_method`): a ``DrafterConfig`` for DFlash."""
+    method, record = run_method(run_dir)
+    dcfg = method.config_from_hf(record["drafter"])
     manager = reading_manager(run_dir)
     step = manager.latest_step()
     if step is None:
@@ -449,20 +445,12 @@ def latest_params(run_dir: str) -> tuple[Any, Any, int]:
 
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
-    """Writes a run's newest drafter in the released layout: a DFlash drafter (loadable by
-    ``load_drafter``) or, for an EAGLE-3 run, the EAGLE-3 layout with its draft vocabulary
-    (both loadable by ``load_drafter``)."""
+    """Writes a run's newest drafter in its method's released layout (loadable by
+    ``load_drafter``; an EAGLE-3 run's with its draft vocabulary)."""
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     if jax.process_index() != 0:  # across hosts, process 0 writes the export
         return
-    if run_method(run_dir) == "eagle3":
-        from dflash_jax.models.handles import Eagle3Drafter, d2t_of_vocab
-        from dflash_jax.training.eagle3 import read_run_vocab
-
-        with open(os.path.join(run_dir, RUN_FILE)) as f:
-            vocab = read_run_vocab(run_dir, json.load(f))
-        save_drafter(Eagle3Drafter(dcfg, params, d2t_of_vocab(vocab)), out_dir)
-    else:
-        save_drafter(Drafter(dcfg, params), out_dir)
+    method, record = run_method(run_dir)
+    save_drafter(method.from_run(run_dir, record, dcfg, params), out_dir)

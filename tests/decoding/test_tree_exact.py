@@ -34,7 +34,8 @@ import dflash_jax as dj
 from dflash_jax import targets
 from dflash_jax.decoding import tree as trees
 from dflash_jax.nn.tree_attention import TreeAttention
-from dflash_jax.proposers import DFlashProposer, Proposer
+from dflash_jax.methods.dflash.proposer import DFlashProposer
+from dflash_jax.proposers import Proposer
 from support.tiers import tiered
 
 pytestmark = pytest.mark.xdist_group("tree_exact")
@@ -388,7 +389,7 @@ def numpy_params(init, seed: int, scale: float = 0.35):
 def context_pair():
     """(target, drafter): a random qwen3 target of 6 tokens (so a top-4 tree often holds the
     target's next token, at any rank) and a 1-layer DFlash drafter of block 4 on its 2 layers."""
-    from dflash_jax.models.drafter import init_drafter_params
+    from dflash_jax.methods.dflash.model import init_drafter_params
 
     tparams = numpy_params(lambda k: targets.init_target_params(CONTEXT_TARGET, k, jnp.float32), 3)
     target = dj.Target(CONTEXT_TARGET, tparams)

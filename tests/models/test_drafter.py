@@ -11,7 +11,7 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.config import DrafterConfig, default_target_layer_ids
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 
 TARGET = dj.TargetConfig("qwen3", vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=6,
                          num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)

@@ -24,7 +24,7 @@ from dflash_jax.config import DrafterConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel, init_drafter_params
+from dflash_jax.methods.dflash.model import DrafterModel, init_drafter_params
 from dflash_jax.training.loss import target_features
 
 TARGET = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,

@@ -43,7 +43,7 @@ from transformers import AutoConfig
 
 import dflash_jax as dj
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
-from dflash_jax.models.drafter import DrafterModel, init_drafter_params
+from dflash_jax.methods.dflash.model import DrafterModel, init_drafter_params
 from dflash_jax.targets import init_target_params
 from dflash_jax.nn.attention import (block_sparse_attention, chunked_block_sparse_attention,
                                      training_block_attention)

@@ -1,4 +1,4 @@
-"""EAGLE-3 checkpoints (``dflash_jax.checkpoints_eagle3``): the released layout round trip, a
+"""EAGLE-3 checkpoints (``dflash_jax.methods.eagle3.checkpoint``): the released layout round trip, a
 checkpoint written by torch with SpecForge's tensor names, transformers reading the config, the
 refusals, and atomic writes."""
 
@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 import dflash_jax as dj
 from dflash_jax import checkpoints
 from dflash_jax.checkpoints import CheckpointError, SINGLE_FILE, INDEX_FILE
-from dflash_jax.checkpoints_eagle3 import eagle3_tensor_specs, load_eagle3_params, save_eagle3_params
+from dflash_jax.methods.eagle3.checkpoint import eagle3_tensor_specs, load_eagle3_params, save_eagle3_params
 from dflash_jax.config import Eagle3Config
 from dflash_jax.methods.dflash import DFLASH
 from dflash_jax.methods.eagle3 import EAGLE3

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from dflash_jax.checkpoints import SINGLE_FILE
-from dflash_jax.checkpoints_eagle3 import load_eagle3_params, save_eagle3_params
+from dflash_jax.methods.eagle3.checkpoint import load_eagle3_params, save_eagle3_params
 from dflash_jax.config import Eagle3Config, RopeConfig
-from dflash_jax.models.eagle3 import Eagle3Model
+from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.nn.cache import KVCache
 
 pytestmark = [pytest.mark.xdist_group("test_eagle3_parity"), pytest.mark.torch]

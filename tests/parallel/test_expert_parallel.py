@@ -35,7 +35,7 @@ from dflash_jax import parallel
 from dflash_jax import targets
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.targets.moe import Qwen3MoeConfig
 from support.multidevice import emit, error

@@ -22,7 +22,7 @@ import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets import init_target_params
 from support.multidevice import emit
 

@@ -19,7 +19,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import adaptive
-from dflash_jax.proposers import DFlashProposer
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 pytestmark = pytest.mark.slow
 

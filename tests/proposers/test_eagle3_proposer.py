@@ -1,4 +1,4 @@
-"""What the EAGLE-3 proposer (``proposers.eagle3.Eagle3Proposer``) proposes, against an
+"""What the EAGLE-3 proposer (``methods.eagle3.proposer.Eagle3Proposer``) proposes, against an
 independent reference, and that decoding with it is exact.
 
 Speculative decoding is lossless whatever a proposer proposes, so "EAGLE-3 == autoregressive"
@@ -73,9 +73,9 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax import targets
-from dflash_jax.models.eagle3 import Eagle3Model
+from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.models.handles import Eagle3Drafter
-from dflash_jax.proposers.eagle3 import Eagle3Proposer
+from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
 
 from support import exact_sampling
 from support.eagle3_reference import Eagle3Reference

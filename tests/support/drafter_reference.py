@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.proposers import DFlashProposer
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 MARGIN = 1e-4  # a decision closer than this (logits / log-probs) may flip with float rounding
 

@@ -1,5 +1,5 @@
 """A dense float64 numpy reference of what an EAGLE-3 drafter proposes (``docs/eagle3.md``),
-written from the method, not from ``dflash_jax.models.eagle3`` or the proposer: no Flax module,
+written from the method, not from ``dflash_jax.methods.eagle3.model`` or the proposer: no Flax module,
 no KV cache, no engine. Every drafted entry is recomputed from scratch, by a causal pass over
 the whole entry sequence.
 
@@ -74,7 +74,7 @@ class Eagle3Reference:
 
     Args:
       config: the drafter's ``Eagle3Config`` (only its shapes, eps, RoPE theta, norm_output).
-      params: its parameter tree (``models.eagle3``'s names, kernels [in, out]).
+      params: its parameter tree (``methods.eagle3.model``'s names, kernels [in, out]).
       d2t: int[Vd] the draft-to-target offsets.
       embedding: [V, D] the target's token embedding.
     """

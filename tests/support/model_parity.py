@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 
 
 def drafter_outputs(drafter, impls, rng) -> list[np.ndarray]:

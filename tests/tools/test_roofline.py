@@ -9,7 +9,7 @@ import pytest
 from dflash_jax.bench import decode_speed
 from dflash_jax.tools import roofline
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets import init_target_params
 
 # D 8, F 16, 2 layers, 2 heads / 1 KV head of 4, vocab 32. Per layer: q 8*2*4 = 64, k = v =

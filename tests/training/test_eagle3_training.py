@@ -1,4 +1,4 @@
-"""EAGLE-3 training (training.eagle3): the training-time-test loss against the drafter's own
+"""EAGLE-3 training (methods.eagle3.training): the training-time-test loss against the drafter's own
 inference path step by step, the draft vocabulary against a Counter, the step weights, the
 trainer (loss goes down, SIGKILL + resume bitwise equal to an uninterrupted run, other settings
 refused), the command line's method options, and export -> load_eagle3 -> generate == AR."""
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.models.eagle3 import Eagle3Model
+from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.config import Eagle3Config
 from dflash_jax.models.handles import Eagle3Drafter, load_eagle3
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import family_of, target_forward
-from dflash_jax.training import eagle3 as e3
+from dflash_jax.methods.eagle3 import training as e3
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
 from support.processes import kill_after_lines

@@ -13,7 +13,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.training.blocks import (block_boundaries, build_blocks, default_gamma, epoch_anchors,
                                         fixed_anchors, loss_weights, sample_anchors)

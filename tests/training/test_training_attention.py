@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
                                      block_sparse_attention, chunked_block_sparse_attention,
                                      training_block_attention)

@@ -1,18 +1,18 @@
 """DFlash (``docs/method.md``): a block-diffusion drafter that fills a whole block in one
 forward pass, conditioned on the target's tapped hidden features injected into the K/V of every
 drafter layer. The handle and its released layout are in ``handle.py``; the Flax drafter is
-``dflash_jax.models.drafter``, the proposer ``dflash_jax.proposers.dflash``."""
+``dflash_jax.methods.dflash.model``, the proposer ``dflash_jax.methods.dflash.proposer``."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dflash_jax.config import DFLASH_ARCHITECTURE
+from dflash_jax.config import DFLASH_ARCHITECTURE, DrafterConfig
 from dflash_jax.hub import EMBEDDED, EMBEDDED_DRAFTER_DIR
 from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.methods.dflash import handle
 from dflash_jax.methods.dflash.handle import Drafter
-from dflash_jax.proposers.dflash import DFlashProposer
+from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 
 class DFlashMethod(DraftingMethod):
@@ -35,6 +35,12 @@ class DFlashMethod(DraftingMethod):
 
     def save(self, drafter: Drafter, path) -> None:
         handle.save(drafter, path)
+
+    def config_from_hf(self, d: Mapping[str, Any]) -> DrafterConfig:
+        return DrafterConfig.from_hf_dict(d)
+
+    def from_run(self, run_dir: str, record: Mapping[str, Any], config: DrafterConfig, params) -> Drafter:
+        return Drafter(config, params)
 
     def default_block_size(self, drafter: Drafter) -> int:
         return drafter.config.block_size

@@ -12,7 +12,7 @@ import jax
 
 from dflash_jax.checkpoints import load_drafter_params, save_drafter_params
 from dflash_jax.config import DrafterConfig
-from dflash_jax.models.drafter import init_drafter_params
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.parallel import rules
 
 

@@ -1,17 +1,19 @@
 """EAGLE-3 (``docs/eagle3.md``): a one-layer autoregressive drafter over three of the target's
 hidden features, drafting a chain or a dynamic tree step by step. The handle and its released
-layout are in ``handle.py``; the Flax drafter is ``dflash_jax.models.eagle3``, the tensor
-names ``dflash_jax.checkpoints_eagle3``, the proposer ``dflash_jax.proposers.eagle3``."""
+layout are in ``handle.py``; the Flax drafter is ``dflash_jax.methods.eagle3.model``, the tensor
+names ``dflash_jax.methods.eagle3.checkpoint``, the proposer ``dflash_jax.methods.eagle3.proposer``."""
 
 from __future__ import annotations
 
-from dflash_jax.config import EAGLE3_ARCHITECTURE
+from typing import Any, Mapping
+
+from dflash_jax.config import EAGLE3_ARCHITECTURE, Eagle3Config
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.methods.eagle3 import handle
 from dflash_jax.methods.eagle3.handle import (EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3, Eagle3Drafter,
                                               d2t_of_vocab)
-from dflash_jax.proposers.eagle3 import Eagle3Proposer
+from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
 
 
 class Eagle3Method(DraftingMethod):
@@ -28,6 +30,12 @@ class Eagle3Method(DraftingMethod):
 
     def save(self, drafter: Eagle3Drafter, path) -> None:
         handle.save(drafter, path)
+
+    def config_from_hf(self, d: Mapping[str, Any]) -> Eagle3Config:
+        return Eagle3Config.from_hf_dict(d)
+
+    def from_run(self, run_dir: str, record: Mapping[str, Any], config: Eagle3Config, params) -> Eagle3Drafter:
+        return handle.from_run(run_dir, record, config, params)
 
     def default_block_size(self, drafter: Eagle3Drafter) -> int:
         return drafter.block_size

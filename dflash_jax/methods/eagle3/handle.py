@@ -1,11 +1,13 @@
 """The EAGLE-3 drafter handle (:class:`Eagle3Drafter`: config in the released
 ``LlamaForCausalLMEagle3`` layout, parameters and the draft vocabulary's map) and its
-checkpoint I/O (``dflash_jax.checkpoints_eagle3``); ``load_drafter`` / ``save_drafter`` reach
+checkpoint I/O (``dflash_jax.methods.eagle3.checkpoint``); ``load_drafter`` / ``save_drafter`` reach
 these through the method registry (``docs/eagle3.md``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -13,15 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints_eagle3 import load_eagle3_params, save_eagle3_params
+from dflash_jax.methods.eagle3.checkpoint import load_eagle3_params, save_eagle3_params
 from dflash_jax.config import Eagle3Config
-from dflash_jax.models.eagle3 import init_eagle3_params
+from dflash_jax.methods.eagle3.model import init_eagle3_params
 
 
 @dataclasses.dataclass
 class Eagle3Drafter:
     """An EAGLE-3 drafter (``docs/eagle3.md``): config (the released ``LlamaForCausalLMEagle3``
-    layout), the :class:`~dflash_jax.models.eagle3.Eagle3Model` parameters, and the draft
+    layout), the :class:`~dflash_jax.methods.eagle3.model.Eagle3Model` parameters, and the draft
     vocabulary's map ``d2t`` int32[Vd] (target id = draft id + d2t[draft id]). It embeds with
     the target's embedding, which is never copied into ``params``. Pass it to ``generate`` as
     ``drafter=`` like a DFlash drafter; its chain length is ``block_size - 1`` drafting steps
@@ -93,6 +95,33 @@ def d2t_of_vocab(vocab) -> np.ndarray:
     """The offsets ``d2t`` int32[Vd] of a draft vocabulary given as sorted target ids."""
     vocab = np.asarray(vocab, np.int64)
     return (vocab - np.arange(vocab.size)).astype(np.int32)
+
+
+VOCAB_FILE = "draft_vocab.json"  # a training run's draft vocabulary: sorted target ids
+
+
+def vocab_digest(vocab) -> str:
+    """sha256 of a draft vocabulary (int32 ids), recorded in run.json."""
+    return hashlib.sha256(np.asarray(vocab, np.int32).tobytes()).hexdigest()
+
+
+# ------------------------------------------------------------------ the loss
+
+def read_run_vocab(run_dir: str, record: dict) -> np.ndarray:
+    """A run's draft vocabulary (``draft_vocab.json``), checked against run.json's digest."""
+    path = os.path.join(run_dir, VOCAB_FILE)
+    with open(path) as f:
+        vocab = np.asarray(json.load(f), np.int32)
+    if vocab_digest(vocab) != record.get("draft_vocab_sha256"):
+        raise ValueError(f"{path} does not match the draft vocabulary recorded in {run_dir}/run.json: "
+                         "the run directory was altered")
+    return vocab
+
+
+def from_run(run_dir: str, record: dict, cfg: Eagle3Config, params) -> Eagle3Drafter:
+    """The drafter a training run holds: its config and parameters with the run's draft
+    vocabulary (``export``)."""
+    return Eagle3Drafter(cfg, params, d2t_of_vocab(read_run_vocab(run_dir, record)))
 
 
 def load(path: str, target, dtype=None) -> Eagle3Drafter:

@@ -83,7 +83,7 @@ def add_arguments(p) -> None:
 
 def check_method_options(args) -> None:
     """Refuses the options of the other method than ``--method`` (one error naming them all)."""
-    from dflash_jax.training.eagle3 import DFLASH_ONLY
+    from dflash_jax.methods.eagle3.training import DFLASH_ONLY
     from dflash_jax.cli import flag
 
     if args.method == "eagle3":
@@ -137,8 +137,8 @@ def run(args) -> None:
 
 
 def run_eagle3(args, cfg) -> None:
-    """``train --method eagle3``: an EAGLE-3 drafter (``training.eagle3``)."""
-    from dflash_jax.training.eagle3 import Eagle3TrainConfig, Eagle3Trainer, select_draft_vocab
+    """``train --method eagle3``: an EAGLE-3 drafter (``methods.eagle3.training``)."""
+    from dflash_jax.methods.eagle3.training import Eagle3TrainConfig, Eagle3Trainer, select_draft_vocab
     from dflash_jax.config import Eagle3Config
 
     eagle = Eagle3TrainConfig(**{k: getattr(args, k) for k in ("ttt_steps", "ttt_decay")

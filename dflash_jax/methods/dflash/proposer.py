@@ -26,7 +26,7 @@ from dflash_jax.config import DrafterConfig
 from dflash_jax.decoding.sampling import process_logits
 from dflash_jax.decoding.tree import Tree, best_first_tree
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.models.drafter import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.partitioning import CACHE_AXES
 from dflash_jax.parallel import rules
 from dflash_jax.proposers.base import Committed, Proposal, Proposer

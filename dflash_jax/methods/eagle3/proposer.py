@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from dflash_jax.config import Eagle3Config
 from dflash_jax.decoding.tree import Tree
-from dflash_jax.models.eagle3 import Eagle3Model
+from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.partitioning import CACHE_AXES
 from dflash_jax.proposers.base import Committed, Proposal, Proposer

@@ -50,7 +50,7 @@ IGNORED = ("embed_tokens.weight",)  # SpecForge's copy of the target's embedding
 
 def eagle3_tensor_specs(cfg: Eagle3Config) -> dict[str, TensorSpec]:
     """The weight tensors of an EAGLE-3 checkpoint (module docstring; not ``d2t`` / ``t2d``),
-    mapped into the :class:`~dflash_jax.models.eagle3.Eagle3Model` parameter tree."""
+    mapped into the :class:`~dflash_jax.methods.eagle3.model.Eagle3Model` parameter tree."""
     D, F = cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     rows = [
@@ -157,7 +157,7 @@ def load_eagle3_params(path: str | os.PathLike, cfg: Eagle3Config, dtype=None):
       cfg: its config (``Eagle3Config.from_pretrained(path, target)``).
       dtype: cast every weight (None keeps the stored dtype).
     Returns:
-      params: the :class:`~dflash_jax.models.eagle3.Eagle3Model` tree (kernels ``[in, out]``);
+      params: the :class:`~dflash_jax.methods.eagle3.model.Eagle3Model` tree (kernels ``[in, out]``);
       d2t: np.int32[Vd], target id = draft id + d2t[draft id].
     Raises:
       CheckpointError listing missing, unexpected and mis-shaped tensors at once, or naming a

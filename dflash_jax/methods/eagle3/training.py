@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import os
 from typing import Sequence
 
@@ -32,14 +30,13 @@ import numpy as np
 
 from dflash_jax.config import Eagle3Config, TargetConfig
 from dflash_jax.files import write_json
-from dflash_jax.models.eagle3 import Eagle3Model, init_eagle3_params
-from dflash_jax.models.handles import Eagle3Drafter, d2t_of_vocab
+from dflash_jax.methods.eagle3.model import Eagle3Model, init_eagle3_params
+from dflash_jax.methods.eagle3.handle import VOCAB_FILE, Eagle3Drafter, d2t_of_vocab, vocab_digest
 from dflash_jax.targets import family_of, target_forward
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.loop import batch_rows
 from dflash_jax.training.trainer import BATCH_STREAM, TrainConfig, Trainer, batch_width
 
-VOCAB_FILE = "draft_vocab.json"  # a run's draft vocabulary: sorted target ids
 
 # TrainConfig fields that only DFlash's block training reads (an EAGLE-3 run refuses them)
 DFLASH_ONLY = ("num_anchors", "anchors", "gamma", "uniform_weights", "anchor_chunk", "context_chunk")
@@ -86,12 +83,6 @@ def select_draft_vocab(data: TokenDataset, size: int, vocab_size: int) -> np.nda
     return np.sort(order[:int(size)]).astype(np.int32)
 
 
-def vocab_digest(vocab) -> str:
-    """sha256 of a draft vocabulary (int32 ids), recorded in run.json."""
-    return hashlib.sha256(np.asarray(vocab, np.int32).tobytes()).hexdigest()
-
-
-# ------------------------------------------------------------------ the loss
 def teacher(tcfg: TargetConfig, tparams, tokens, tap_layer_ids):
     """One teacher-forced target pass: (logits float32[B, L, V], taps [B, L, 3*Dt]), both
     without gradient."""
@@ -317,14 +308,3 @@ class Eagle3Trainer(Trainer):
 
     def row_metrics(self, done: int, m: dict) -> dict:
         return super().row_metrics(done, m) | {"step_loss": [round(float(x), 4) for x in m["step_loss"]]}
-
-
-def read_run_vocab(run_dir: str, record: dict) -> np.ndarray:
-    """A run's draft vocabulary (``draft_vocab.json``), checked against run.json's digest."""
-    path = os.path.join(run_dir, VOCAB_FILE)
-    with open(path) as f:
-        vocab = np.asarray(json.load(f), np.int32)
-    if vocab_digest(vocab) != record.get("draft_vocab_sha256"):
-        raise ValueError(f"{path} does not match the draft vocabulary recorded in {run_dir}/run.json: "
-                         "the run directory was altered")
-    return vocab

@@ -34,7 +34,7 @@ sees step 0's keys at positions ``j' <= j`` (the committed entries) and its own 
 of steps 1..s at position j (the entries it drafted), exactly what :meth:`decode` sees when it
 drafts s tokens past position j. Step s's output at j predicts ``x_{j+2+s}``.
 
-Parameter tree (kernels [in, out]; Hugging Face names in ``checkpoints_eagle3``):
+Parameter tree (kernels [in, out]; Hugging Face names in ``methods.eagle3.checkpoint``):
 
   fc/kernel                                   [3*Dt, D]
   midlayer/hidden_norm/weight                 [D]
