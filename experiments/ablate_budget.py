@@ -29,7 +29,7 @@ cache length over every set and cell), so each compiles once.
 
 The EAGLE-3 drafter (``--eagle3``): ``embedded-eagle3``, the one shipped with the package for the
 embedded target; a directory in the released layout; or ``random``, a random-weight drafter
-(``bench.drafters.random_eagle3``): acceptance ~1, for the smoke preset and the tests, whose
+(``methods.eagle3.named.random_eagle3``): acceptance ~1, for the smoke preset and the tests, whose
 numbers are not results.
 
 The outputs, under ``--out`` (default ``$DFLASH_JAX_HOME/results/ablations/ablate_budget``,
@@ -54,8 +54,8 @@ import numpy as np
 
 from dflash_jax import metrics
 from dflash_jax.bench import harness
-from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
-from dflash_jax.bench.drafters import EMBEDDED_EAGLE3, RANDOM, load_eagle3_drafter
+from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
+from dflash_jax.methods.eagle3.named import EMBEDDED_EAGLE3, RANDOM, load_eagle3_drafter
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding.generation import generate

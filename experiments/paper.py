@@ -65,8 +65,8 @@ from dflash_jax.reporting import command_line, cpu_model, environment, load_aver
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding import engine
 from dflash_jax.bench import harness
-from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
-from dflash_jax.bench.drafters import EMBEDDED_EAGLE3, NAMES_HELP, RANDOM, load_eagle3_drafter
+from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
+from dflash_jax.methods.eagle3.named import EMBEDDED_EAGLE3, NAMES_HELP, RANDOM, load_eagle3_drafter
 from dflash_jax.bench.harness import drafter_block_size
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 

@@ -53,8 +53,9 @@ import dataclasses
 import time
 from typing import Sequence
 
-from dflash_jax.bench.drafters import tree_spec as parse_tree_spec
-from dflash_jax.config import DrafterConfig, Eagle3Config, TargetConfig
+from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
+from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools import roofline_tree

@@ -47,7 +47,7 @@ from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import Drafter, load_drafter, load_target
 from dflash_jax.files import write_text
-from dflash_jax.bench.drafters import NAMES_HELP
+from dflash_jax.methods.eagle3.named import NAMES_HELP
 from dflash_jax.progress import progress
 
 LENGTHS = (1, 4, 8, 16)
@@ -367,7 +367,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    from dflash_jax.bench.drafters import load_eagle3_drafter
+    from dflash_jax.methods.eagle3.named import load_eagle3_drafter
 
     if args.methods_only and not args.eagle3_drafter:
         raise ValueError("--methods-only goes with --eagle3-drafter NAME (the per-method profile)")

@@ -60,3 +60,16 @@ def label(args: argparse.Namespace) -> str:
     if not opt:
         return "DFlash"
     return f"DFlash tree {opt['tree']}" + ("" if opt["tree_topk"] == DEFAULT_TOPK else f", top-{opt['tree_topk']}")
+
+
+def tree_spec(value, what: str = "tree") -> tuple[int, int]:
+    """A tree setting ``N:TOPK`` (node budget, root included; children per node) -> (N, TOPK);
+    refused naming ``what`` (the option or setting it came from) and the form."""
+    try:
+        n, k = (int(x) for x in str(value).split(":"))
+    except ValueError:
+        raise ValueError(f"{what} {value!r}: give N:TOPK (node budget, root included, and children per "
+                         "node), e.g. 16:4 60:10") from None
+    if n < 2 or k < 1:
+        raise ValueError(f"{what} {value!r}: a tree needs N >= 2 nodes (the root and one draft) and TOPK >= 1")
+    return n, k

@@ -256,7 +256,7 @@ class Trainer:
                 out_shardings=(self.state_shardings, sharding.replicated(mesh)))
 
     # ------------------------------------------------------------------ the drafter's parts
-    # (methods.eagle3.training.Eagle3Trainer overrides these, the init / step / eval / record methods)
+    # (a drafting method's Trainer subclass, e.g. EAGLE-3's, overrides these: the init / step / eval / record methods)
     def _check_init_from(self, init_from: str) -> None:
         """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
         check_drafter_conditioning(init_from, self.dcfg)

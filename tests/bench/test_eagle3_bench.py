@@ -1,7 +1,7 @@
 """The benchmarks with an EAGLE-3 drafter: ``bench --drafter EAGLE3_DIR --tree N`` (the EAGLE-3
 column, labelled as such, every greedy output equal to autoregressive decoding), table1's EAGLE-3
 columns (``experiments.paper``, ``--repeats``: the speedup recomputed with numpy from the runs'
-decode times averaged per response), the iteration profile per method, and ``bench.drafters``'s
+decode times averaged per response), the iteration profile per method, and ``methods.eagle3.named``'s
 refusals. The EAGLE-3 drafter has random weights (acceptance ~1): these check the plumbing and
 the arithmetic, not EAGLE-3's acceptance."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.bench import drafters as bd
+from dflash_jax.methods.eagle3 import named as bd
 from dflash_jax.bench import harness, iteration_profile
 from dflash_jax.experiments import paper
 from dflash_jax.models.handles import save_eagle3

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.bench import drafters as bd
+from dflash_jax.methods.eagle3 import named as bd
 from dflash_jax.embedded import cards
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 

@@ -15,7 +15,7 @@ import dflash_jax as dj
 from dflash_jax import checkpoints
 from dflash_jax.checkpoints import CheckpointError, SINGLE_FILE, INDEX_FILE
 from dflash_jax.methods.eagle3.checkpoint import eagle3_tensor_specs, load_eagle3_params, save_eagle3_params
-from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.dflash import DFLASH
 from dflash_jax.methods.eagle3 import EAGLE3
 from dflash_jax.models.handles import (Eagle3Drafter, load_any_drafter, load_drafter, load_eagle3,

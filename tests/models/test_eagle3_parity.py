@@ -25,7 +25,8 @@ import torch
 
 from dflash_jax.checkpoints import SINGLE_FILE
 from dflash_jax.methods.eagle3.checkpoint import load_eagle3_params, save_eagle3_params
-from dflash_jax.config import Eagle3Config, RopeConfig
+from dflash_jax.config import RopeConfig
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.nn.cache import KVCache
 

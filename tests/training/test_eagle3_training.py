@@ -18,7 +18,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.methods.eagle3.model import Eagle3Model
-from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.models.handles import Eagle3Drafter, load_eagle3
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import family_of, target_forward

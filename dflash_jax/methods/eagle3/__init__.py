@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dflash_jax.config import EAGLE3_ARCHITECTURE, Eagle3Config
+from dflash_jax.methods.eagle3.config import EAGLE3_ARCHITECTURE, Eagle3Config
 from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.methods.eagle3 import handle

@@ -1,7 +1,7 @@
 """EAGLE-3 drafter directories (``docs/eagle3.md``) <-> (parameter tree, ``d2t``).
 
 The released layout, as SpecForge's ``LlamaForCausalLMEagle3`` saves it: ``config.json``
-(:meth:`~dflash_jax.config.Eagle3Config.to_hf_dict`) and ``model.safetensors`` (or a sharded
+(:meth:`~dflash_jax.methods.eagle3.config.Eagle3Config.to_hf_dict`) and ``model.safetensors`` (or a sharded
 index) holding, with D = hidden_size, Dt = target_hidden_size, H / Hkv / Dh the heads, F the
 MLP width, V = vocab_size and Vd = draft_vocab_size (Linear weights ``[out, in]``):
 
@@ -41,7 +41,8 @@ from dflash_jax.checkpoints import (
     tensors_to_params,
     write_safetensors,
 )
-from dflash_jax.config import EAGLE3_ARCHITECTURE, Eagle3Config, read_config_json
+from dflash_jax.config import read_config_json
+from dflash_jax.methods.eagle3.config import EAGLE3_ARCHITECTURE, Eagle3Config
 from dflash_jax.files import write_json
 
 D2T, T2D = "d2t", "t2d"

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax.methods.eagle3.checkpoint import load_eagle3_params, save_eagle3_params
-from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.eagle3.model import init_eagle3_params
 
 
@@ -78,7 +78,7 @@ class Eagle3Drafter:
         """A random-weight EAGLE-3 drafter shaped for ``target``. ``draft_vocab``: the target
         ids of the draft vocabulary (any order; stored sorted), or None for the whole
         vocabulary; ``target_layer_ids``: the three feature layers (default
-        ``config.default_eagle3_layer_ids``)."""
+        ``methods.eagle3.config.default_eagle3_layer_ids``)."""
         vocab = (np.arange(target.config.vocab_size) if draft_vocab is None
                  else np.unique(np.asarray(draft_vocab, np.int64)))
         cfg = Eagle3Config.for_target(target.config, int(vocab.size), target_layer_ids)

@@ -56,7 +56,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
 from dflash_jax.nn.attention import joint_softmax
 from dflash_jax.nn.cache import KVCache

@@ -35,7 +35,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.config import Eagle3Config
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.decoding.tree import Tree
 from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.nn.cache import KVCache

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.config import Eagle3Config, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.files import write_json
 from dflash_jax.methods.eagle3.model import Eagle3Model, init_eagle3_params
 from dflash_jax.methods.eagle3.handle import VOCAB_FILE, Eagle3Drafter, d2t_of_vocab, vocab_digest

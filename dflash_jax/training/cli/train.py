@@ -139,7 +139,7 @@ def run(args) -> None:
 def run_eagle3(args, cfg) -> None:
     """``train --method eagle3``: an EAGLE-3 drafter (``methods.eagle3.training``)."""
     from dflash_jax.methods.eagle3.training import Eagle3TrainConfig, Eagle3Trainer, select_draft_vocab
-    from dflash_jax.config import Eagle3Config
+    from dflash_jax.methods.eagle3.config import Eagle3Config
 
     eagle = Eagle3TrainConfig(**{k: getattr(args, k) for k in ("ttt_steps", "ttt_decay")
                                  if getattr(args, k) is not None})

@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter a benchmark compares DFlash with, by the name a command line gives it.
+"""EAGLE-3 drafters by the names a command line gives them (what a benchmark compares DFlash with).
 
     load_eagle3_drafter("embedded-eagle3", target)   # shipped with the package (the embedded target's)
     load_eagle3_drafter("path/to/eagle3", target)    # a directory in the released layout
@@ -15,16 +15,18 @@ import os
 
 import numpy as np
 
+from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
+from dflash_jax.methods.eagle3 import EAGLE3
+from dflash_jax.methods.eagle3.handle import EMBEDDED_EAGLE3, Eagle3Drafter
+from dflash_jax.models.handles import load_drafter
+
 RANDOM = "random"
-EMBEDDED_EAGLE3 = "embedded-eagle3"
 NAMES_HELP = ("'embedded-eagle3' (the one shipped for the embedded target), an EAGLE-3 drafter directory in "
               "the released layout, or 'random' (random weights, acceptance ~1: smoke runs only)")
 
 
 def random_eagle3(target, dtype=None, seed: int = 0):
     """A random-weight EAGLE-3 drafter for ``target`` (module docstring)."""
-    from dflash_jax.models.handles import Eagle3Drafter
-
     n = target.config.num_layers
     ids = None if n >= 8 else tuple(min(i, n - 1) for i in (0, 1, 2))
     return Eagle3Drafter.random(target, draft_vocab=np.arange(0, target.config.vocab_size, 4),
@@ -34,14 +36,9 @@ def random_eagle3(target, dtype=None, seed: int = 0):
 def load_eagle3_drafter(name: str, target, dtype=None):
     """The EAGLE-3 drafter ``name`` names (module docstring); a missing one is refused naming
     the alternatives."""
-    from dflash_jax.methods.eagle3 import EAGLE3
-    from dflash_jax.models.handles import load_drafter
-
     if name == RANDOM:
         return random_eagle3(target, dtype)
     if name == EMBEDDED_EAGLE3:
-        from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
-
         if not os.path.exists(os.path.join(EMBEDDED_EAGLE3_DIR, "config.json")):
             raise FileNotFoundError(f"the shipped EAGLE-3 drafter ({EMBEDDED_EAGLE3}) is not in this installation "
                                     f"({EMBEDDED_EAGLE3_DIR}); give an EAGLE-3 drafter directory, or {RANDOM!r} "
@@ -50,16 +47,3 @@ def load_eagle3_drafter(name: str, target, dtype=None):
     if not os.path.isdir(name):
         raise FileNotFoundError(f"EAGLE-3 drafter {name!r}: not a directory; give {NAMES_HELP}")
     return EAGLE3.load(name, target, dtype=dtype)
-
-
-def tree_spec(value, what: str = "tree") -> tuple[int, int]:
-    """A tree setting ``N:TOPK`` (node budget, root included; children per node) -> (N, TOPK);
-    refused naming ``what`` (the option or setting it came from) and the form."""
-    try:
-        n, k = (int(x) for x in str(value).split(":"))
-    except ValueError:
-        raise ValueError(f"{what} {value!r}: give N:TOPK (node budget, root included, and children per "
-                         "node), e.g. 16:4 60:10") from None
-    if n < 2 or k < 1:
-        raise ValueError(f"{what} {value!r}: a tree needs N >= 2 nodes (the root and one draft) and TOPK >= 1")
-    return n, k
