@@ -271,6 +271,12 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
         bs, dparams = 1, None
     else:
         method = methods.method_of(drafter)
+        asked = {"tree": (opt.tree is not None, f"tree={opt.tree}"),
+                 "adaptive": (adaptive, f"block_size={ADAPTIVE!r}"),
+                 "sampled_draft": (bool(opt.sampled_draft), "sampled_draft=True")}
+        for what, (used, shown) in asked.items():  # what the method declares it does not do
+            if used and what in method.unsupported:
+                raise ValueError(f"{shown}: {method.unsupported[what]}")
         drafter.config.check_target(cfg)
         if drafter.mesh is not target.mesh and drafter.mesh != target.mesh:
             where = lambda m: "one device" if m is None else f"mesh {dict(zip(m.axis_names, m.devices.shape))}"

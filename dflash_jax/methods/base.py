@@ -13,8 +13,8 @@ class DraftingMethod:
     (``dflash_jax.methods.register``, one line in ``dflash_jax/methods/builtin.py``).
 
     Loading and saving (``load_drafter`` / ``save_drafter``): :meth:`load`, :meth:`save`.
-    Generation (``decoding.prepare``): :meth:`default_block_size`, :meth:`check_options`,
-    :meth:`proposer`, :meth:`proposer_params`, :attr:`automatic_adaptive`. Reports:
+    Generation (``decoding.prepare``): :attr:`unsupported`, :meth:`default_block_size`,
+    :meth:`check_options`, :meth:`proposer`, :meth:`proposer_params`, :attr:`automatic_adaptive`. Reports:
     :attr:`label`.
     """
 
@@ -31,6 +31,11 @@ class DraftingMethod:
     """Whether ``generate`` measures the adaptive verify length's cost table itself for this
     method's drafters (``decoding.costs``) and ``bench`` reports an adaptive column; without it
     ``block_size="adaptive"`` takes an explicit ``cost_table``."""
+
+    unsupported: Mapping[str, str] = {}
+    """What the method does not do, each with the reason ``generate`` gives, refused before
+    anything compiles: ``"tree"`` (``tree=N``), ``"adaptive"`` (``block_size="adaptive"``),
+    ``"sampled_draft"`` (``sampled_draft=True``). Absent: supported."""
 
     shipped_name: str | None = None
     """The command-line name of a drafter of this method shipped in the package (e.g.

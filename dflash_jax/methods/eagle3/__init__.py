@@ -19,6 +19,8 @@ from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
 class Eagle3Method(DraftingMethod):
     name = "eagle3"
     label = "EAGLE-3"
+    unsupported = {"sampled_draft": "an EAGLE-3 drafter drafts greedily (its top tokens, verified losslessly "
+                                    "at any temperature); sampled drafts are the DFlash drafter's"}
     architectures = (EAGLE3_ARCHITECTURE,)
     shipped_name = EMBEDDED_EAGLE3
 
@@ -46,9 +48,6 @@ class Eagle3Method(DraftingMethod):
             raise ValueError("num_denoise_steps belongs to the DFlash drafter (passes over one "
                              "block); an EAGLE-3 drafter drafts block_size - 1 sequential steps: "
                              "leave num_denoise_steps at 1")
-        if opt.sampled_draft:
-            raise ValueError("an EAGLE-3 drafter drafts greedily (its top tokens, verified losslessly "
-                             "at any temperature); sampled_draft=True is for the DFlash drafter")
         if block_size < 2:
             raise ValueError(f"block_size={block_size}: an EAGLE-3 drafter needs at least one drafting "
                              "step (block_size >= 2)")

@@ -1,0 +1,170 @@
+"""A drafting method added from outside the library (``support/tap_mlp_method.py``: a Medusa-like
+set of heads over one target feature), registered by one line, goes through the library's own
+paths: ``load_drafter`` / ``save_drafter`` in its own layout, the shared trainer (loss falls,
+resume, ``export``), ``generate`` with every verify policy it declares (greedy == AR) and a
+refusal, before anything compiles, of each one it declares it does not do. What it proposes is
+checked against an independent float64 reference, iteration by iteration: a wrong feature row or
+a wrong anchor would keep the output equal to AR and change only the proposals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax import methods
+from dflash_jax.decoding import engine
+from dflash_jax.targets import target_forward
+from dflash_jax.training.data import TokenDataset, regenerate
+from dflash_jax.training.trainer import TrainConfig, export_run, latest_params
+from support.tap_mlp_method import TAP_MLP, TapMlpDrafter, TapMlpProposer, TapMlpTrainer
+
+pytestmark = pytest.mark.xdist_group("test_tap_mlp_method")
+
+CFG = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def registered():
+    """The method registered by its one line, for this module only."""
+    saved = {t: dict(getattr(methods, t)) for t in ("_METHODS", "_ARCHITECTURES", "_NAMED")}
+    methods.register(TAP_MLP)
+    yield TAP_MLP
+    for t, table in saved.items():
+        setattr(methods, t, table)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return dj.Target.random(CFG, seed=3, init_scale=0.3)
+
+
+def test_loads_and_saves_in_its_own_layout(registered, target, tmp_path):
+    d = TapMlpDrafter.random(target, tap=1, seed=1)
+    dj.save_drafter(d, tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["architectures"] == ["TestTapMlpDrafter"]
+    back = dj.load_drafter(tmp_path / "d", target)
+    assert isinstance(back, TapMlpDrafter) and back.config == d.config
+    for k in ("w_in", "w_out"):
+        np.testing.assert_array_equal(np.asarray(back.params[k]), np.asarray(d.params[k]))
+    assert methods.method_of(back) is TAP_MLP
+
+
+def _generate(target, prompts, drafter, **options):
+    return dj.generate(target, prompts, 20, drafter=drafter, **options)
+
+
+def test_every_declared_policy_equals_ar_and_the_others_are_refused(registered, target, monkeypatch):
+    prompts = [[5, 9, 2, 7, 7, 1], [3, 3, 8], [11, 4, 6, 2, 9]]
+    drafter = TapMlpDrafter.random(target, tap=1, block_size=5, seed=2)
+    ar = dj.generate(target, prompts, 20).sequences
+    chain = _generate(target, prompts, drafter)
+    assert chain.sequences == ar and max(max(a) for a in chain.acceptance_lengths) <= 5
+    assert _generate(target, prompts, drafter, block_size=3).sequences == ar
+    adaptive = _generate(target, prompts, drafter, block_size="adaptive", verify_lengths=(3, 5),
+                         cost_table={3: 1.0, 5: 1.2})
+    assert adaptive.sequences == ar and set(np.concatenate(adaptive.verify_lengths).tolist()) <= {3, 5}
+    # the target sampling at T > 0 verifies the greedy heads too (lossless by the acceptance rule)
+    assert len(_generate(target, prompts, drafter, temperature=1.0, seed=4).sequences) == 3
+
+    def compiled(*args, **kwargs):
+        raise AssertionError("the engine ran before the refusal")
+
+    monkeypatch.setattr(engine, "prefill", compiled)
+    with pytest.raises(ValueError, match="^tree=8: the tap-MLP drafter drafts one chain"):
+        _generate(target, prompts, drafter, tree=8)
+    with pytest.raises(ValueError, match="^sampled_draft=True: the tap-MLP drafter drafts greedily"):
+        _generate(target, prompts, drafter, temperature=1.0, sampled_draft=True)
+    with pytest.raises(ValueError, match="has 4 heads"):
+        _generate(target, prompts, drafter, block_size=6)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecordingTapMlp(TapMlpProposer):
+    """Its proposals unchanged; each iteration's (start, anchor, draft) copied to ``records``."""
+
+    records: list = dataclasses.field(default_factory=list)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+        proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
+        jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
+                           committed.start, committed.bonus, proposal.tokens, ordered=True)
+        return proposal, state
+
+
+def causal_taps(target, tap: int, tokens: list[int]) -> np.ndarray:
+    """float64[L, D] the target's tap-layer outputs over ``tokens`` from one fresh causal forward
+    (no cache): the row at t depends on tokens 0..t only."""
+    toks = jnp.asarray([tokens], jnp.int32)
+    _, taps, _ = target_forward(target.config, target.params, toks, jnp.arange(len(tokens))[None],
+                                tap_layer_ids=(tap,), compute_logits=False)
+    return np.asarray(taps[0], np.float64)
+
+
+def reference_draft(target, drafter, feature, anchor: int) -> tuple[np.ndarray, float]:
+    """(draft int[K], its smallest top-2 logit margin) of the heads, in float64 numpy, for the
+    block anchored at ``anchor`` after the committed row whose tap is ``feature``."""
+    table = np.asarray(target.params["embed_tokens"]["embedding"], np.float64)
+    w_in, w_out = (np.asarray(drafter.params[k], np.float64) for k in ("w_in", "w_out"))
+    x = np.concatenate([feature, table[anchor]]) @ w_in
+    x = x / (1 + np.exp(-x))  # silu
+    head = table.T if target.config.tie_word_embeddings else np.asarray(target.params["lm_head"]["kernel"], np.float64)
+    logits = np.einsum("f,kfd->kd", x, w_out) @ head  # [K, V]
+    top2 = np.sort(logits, -1)[:, -2:]
+    return logits.argmax(-1), float(np.min(top2[:, 1] - top2[:, 0]))
+
+
+def test_proposals_equal_an_independent_reference(registered, target):
+    prompts = [[5, 9, 2, 7, 7, 1], [3, 3, 8]]
+    drafter = TapMlpDrafter.random(target, tap=1, block_size=4, seed=5)
+    recorder = RecordingTapMlp(drafter.config, 4)
+    res = dj.generate(target, prompts, 16, drafter=drafter, proposer=recorder)
+    checked = 0
+    for b, prompt in enumerate(prompts):
+        seq = prompt + res.sequences[b]
+        taps = causal_taps(target, drafter.config.tap, seq)
+        start = len(prompt)  # the bonus of the prefill sits at len(prompt)
+        for i, a in enumerate(res.acceptance_lengths[b]):
+            rec_start, rec_anchor, rec_draft = (r[b] for r in recorder.records[i])
+            assert rec_start == start and rec_anchor == seq[start]
+            draft, margin = reference_draft(target, drafter, taps[start - 1], seq[start])
+            if margin > 1e-4:
+                np.testing.assert_array_equal(rec_draft, draft)
+                checked += 1
+            start += a
+    assert checked >= 10
+
+
+def test_trains_with_the_shared_trainer_resumes_and_exports(registered, target, tmp_path):
+    target.path = str(tmp_path / "target")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 20, size=int(rng.integers(3, 7))).tolist() for _ in range(24)]
+    regenerate(target, prompts, str(tmp_path / "data"), max_new_tokens=10, max_len=24, batch_size=8, shard_size=24)
+    data = TokenDataset(str(tmp_path / "data"))
+    cfg = TrainConfig(steps=5, batch_size=8, learning_rate=3e-2, warmup_fraction=0.0, checkpoint_every=1)
+    config = TapMlpDrafter.random(target, tap=1, block_size=4).config
+    TapMlpTrainer(target, config, data, str(tmp_path / "full"), cfg).run()
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 5 and losses[-1] < losses[0] - 0.2, losses
+    # interrupted after 3 steps, then resumed from its checkpoint by a new trainer: the same weights
+    TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run(stop_after=3)
+    assert latest_params(str(tmp_path / "cut"))[2] == 3
+    TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run()
+    (c1, full, s1), (c2, cut, s2) = latest_params(str(tmp_path / "full")), latest_params(str(tmp_path / "cut"))
+    assert s1 == s2 == 5 and c1 == c2 == config
+    for k in ("w_in", "w_out"):
+        np.testing.assert_array_equal(np.asarray(full[k]), np.asarray(cut[k]))
+    # export writes the method's layout through the registry; load_drafter reads it back
+    export_run(str(tmp_path / "full"), str(tmp_path / "export"))
+    exported = dj.load_drafter(tmp_path / "export", target)
+    assert isinstance(exported, TapMlpDrafter)
+    np.testing.assert_array_equal(np.asarray(exported.params["w_out"]), np.asarray(full["w_out"]))
+    assert json.loads((tmp_path / "full" / "run.json").read_text())["method"] == "tap-mlp"
