@@ -37,6 +37,13 @@ class DraftingMethod:
     anything compiles: ``"tree"`` (``tree=N``), ``"adaptive"`` (``block_size="adaptive"``),
     ``"sampled_draft"`` (``sampled_draft=True``). Absent: supported."""
 
+    training_module: str | None = None
+    """The module with the method's part of the ``train`` command, if it trains there:
+    ``TRAIN_OPTIONS`` ({(dest, option): value when not given} of its own options),
+    ``IGNORED_SETTINGS`` (the ``TrainConfig`` fields it does not read), ``add_train_arguments(p)``
+    and ``train_from_args(args, train_config)``. Imported by the command only (it sits above the
+    trainer)."""
+
     shipped_name: str | None = None
     """The command-line name of a drafter of this method shipped in the package (e.g.
     ``embedded-eagle3``), if any; its directory is :meth:`shipped_dir`."""

@@ -20,6 +20,7 @@ class DFlashMethod(DraftingMethod):
     label = "DFlash"
     automatic_adaptive = True
     architectures = (DFLASH_ARCHITECTURE,)
+    training_module = "dflash_jax.methods.dflash.training"
     shipped_name = EMBEDDED
 
     def claims(self, d: Mapping[str, Any]) -> bool:

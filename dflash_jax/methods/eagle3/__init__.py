@@ -22,6 +22,7 @@ class Eagle3Method(DraftingMethod):
     unsupported = {"sampled_draft": "an EAGLE-3 drafter drafts greedily (its top tokens, verified losslessly "
                                     "at any temperature); sampled drafts are the DFlash drafter's"}
     architectures = (EAGLE3_ARCHITECTURE,)
+    training_module = "dflash_jax.methods.eagle3.training"
     shipped_name = EMBEDDED_EAGLE3
 
     def shipped_dir(self) -> str:

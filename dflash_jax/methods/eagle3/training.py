@@ -32,7 +32,10 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.files import write_json
 from dflash_jax.methods.eagle3.model import Eagle3Model, init_eagle3_params
+from dflash_jax.hub import resolve_checkpoint
+from dflash_jax.methods.eagle3 import handle
 from dflash_jax.methods.eagle3.handle import VOCAB_FILE, Eagle3Drafter, d2t_of_vocab, vocab_digest
+from dflash_jax.models.handles import load_target
 from dflash_jax.targets import family_of, target_forward
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.loop import batch_rows
@@ -41,6 +44,11 @@ from dflash_jax.training.trainer import BATCH_STREAM, TrainConfig, Trainer, batc
 
 # TrainConfig fields that only DFlash's block training reads (an EAGLE-3 run refuses them)
 DFLASH_ONLY = ("num_anchors", "anchors", "gamma", "uniform_weights", "anchor_chunk", "context_chunk")
+IGNORED_SETTINGS = DFLASH_ONLY  # what the train command refuses with --method eagle3
+
+# the train command's options of this method: (dest, flag) -> the value it has when not given
+TRAIN_OPTIONS = {("draft_vocab_size", "--draft-vocab-size"): None, ("ttt_steps", "--ttt-steps"): None,
+                 ("ttt_decay", "--ttt-decay"): None, ("eagle3_layers", "--eagle3-layers"): None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,9 +270,7 @@ class Eagle3Trainer(Trainer):
     def init_state(self, seed: int | None = None) -> dict:
         if self.init_from is None:
             return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
-        from dflash_jax.methods.eagle3 import EAGLE3
-
-        loaded = EAGLE3.load(self.init_from, self.target, dtype=jnp.float32)
+        loaded = handle.load(self.init_from, self.target, dtype=jnp.float32)
         if not np.array_equal(loaded.draft_vocab, self.vocab):
             raise ValueError(f"{self.init_from} has another draft vocabulary than this run's: give "
                              "--draft-vocab-size and data that select the same one")
@@ -309,3 +315,40 @@ class Eagle3Trainer(Trainer):
 
     def row_metrics(self, done: int, m: dict) -> dict:
         return super().row_metrics(done, m) | {"step_loss": [round(float(x), 4) for x in m["step_loss"]]}
+
+
+# ------------------------------------------------------------------ the train command's part
+def add_train_arguments(p) -> None:
+    g = p.add_argument_group("EAGLE-3 (--method eagle3)")
+    g.add_argument("--draft-vocab-size", type=int,
+                   help="tokens of the EAGLE-3 draft vocabulary: the most frequent response tokens of "
+                        "the training data (default: the target's whole vocabulary)")
+    g.add_argument("--ttt-steps", type=int, help="drafting steps unrolled per position by the training-time "
+                   "test (default 7); the held-out tau drafts chains of this length")
+    g.add_argument("--ttt-decay", type=float, help="weight of training-time-test step s: ttt_decay**s "
+                   "(default 0.8)")
+    g.add_argument("--eagle3-layers", type=int, nargs=3, metavar="LAYER",
+                   help="the three target layers whose outputs feed the EAGLE-3 drafter (default: "
+                        "(1, N//2-1, N-4) of an N-layer target)")
+
+
+def train_from_args(args, cfg: TrainConfig) -> None:
+    """``train --method eagle3``: an EAGLE-3 drafter, on one device."""
+    eagle = Eagle3TrainConfig(**{k: getattr(args, k) for k in ("ttt_steps", "ttt_decay")
+                                 if getattr(args, k) is not None})
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None)
+    data = TokenDataset(args.data)
+    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
+    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="eagle3")) if args.init_from else None
+    if init_from:
+        if args.draft_vocab_size is not None or args.eagle3_layers is not None:
+            raise ValueError("--init-from gives the drafter's config and draft vocabulary: drop "
+                             "--draft-vocab-size and --eagle3-layers")
+        start = handle.load(init_from, target)
+        config, vocab = start.config, start.draft_vocab
+    else:
+        size = target.config.vocab_size if args.draft_vocab_size is None else args.draft_vocab_size
+        vocab = select_draft_vocab(data, size, target.config.vocab_size)
+        config = Eagle3Config.for_target(target.config, len(vocab), args.eagle3_layers)
+    Eagle3Trainer(target, config, data, args.run, cfg, eagle, vocab, eval_prompts,
+                  init_from=init_from).run(stop_after=args.stop_after)

@@ -1,5 +1,5 @@
-"""Write a training run's latest drafter in the released layout (a DFlash drafter, or for a
---method eagle3 run the EAGLE-3 layout: config.json + safetensors with d2t / t2d)."""
+"""Write a training run's latest drafter in its drafting method's released layout, with what
+else the method keeps (a draft vocabulary); ``load_drafter`` reads it back."""
 
 from __future__ import annotations
 
