@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.verification.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.experiments import framework, paper_numbers as paper
 from dflash_jax.reporting import new_figure
 

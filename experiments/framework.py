@@ -80,7 +80,7 @@ from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR,
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.trainer import TrainConfig, Trainer, batch_for_step, export_run
 from dflash_jax.config import DrafterConfig, TargetConfig
-from dflash_jax.decoding.adaptive import ADAPTIVE
+from dflash_jax.verification.adaptive import ADAPTIVE
 from dflash_jax.datasets import DATA_DIR_ENV, default_data_dir
 from dflash_jax.embedded import corpus
 from dflash_jax.prompts import encode_prompt, humaneval_prompt

@@ -12,7 +12,7 @@ One call attends a block of T queries ``q [B, T, H, Dh]`` to a cache
   (non-causal; docs/method.md section 3), which are not in the cache.
 * ``causal=False`` with ``blk_mask`` bool[B, T, T] (tree verify, docs/trees.md): as the drafter,
   but query t sees block row j only where ``blk_mask[b, t, j]`` (its ancestors and itself in a
-  tree of T nodes, ``decoding.tree.ancestor_mask``). The kernel folds the mask like the queries
+  tree of T nodes, ``verification.tree.ancestor_mask``). The kernel folds the mask like the queries
   (row r of a tile is query r // G) and loads it as one int8 tile per program.
 
 Kernel layout. The grid is ``(B, Hkv, num_splits)``. GQA is folded into the rows of one tile:

@@ -24,7 +24,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
-# The adaptive block size's measured cost tables (dflash_jax.decoding.adaptive) go to a fresh
+# The adaptive block size's measured cost tables (dflash_jax.verification.adaptive) go to a fresh
 # directory per run too, not to the user's ~/.cache.
 _OWN_COSTS = None
 if "DFLASH_CACHE_DIR" not in os.environ:

@@ -79,7 +79,7 @@ from dflash_jax.kernels.block_attention import block_attention
 from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import round_up
-from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.targets import init_target_params

@@ -79,7 +79,7 @@ from dflash_jax.config import DrafterConfig, TargetConfig
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.methods.dflash.proposer import DFlashProposer

@@ -10,7 +10,7 @@ rows through a cache filled with ``--context`` prompt positions, the drafter's t
 collected as the engine's verify does. The chain is the causal block (rows at slots and
 positions ``start + arange(N)``); the tree is the same N rows with
 ``tree=TreeAttention(start + depth, ancestor_mask)`` of a best-first tree
-(``decoding.tree.best_first_tree``, ``--tree-topk`` children per node at most, depth at most the
+(``verification.tree.best_first_tree``, ``--tree-topk`` children per node at most, depth at most the
 drafter's block size - 1) grown from random per-depth distributions: the cost of a dense pass
 does not depend on which tree it is, and the tree's shape is recorded. Each is timed inside one
 compiled program (``--calls`` calls in a ``lax.fori_loop``, the written cache carried as the
@@ -57,9 +57,9 @@ def _spread(xs) -> dict:
 
 
 def random_tree(vocab: int, depth: int, nodes: int, topk: int, anchor: int, seed: int = 0):
-    """A best-first :class:`~dflash_jax.decoding.tree.Tree` of ``nodes`` nodes (batch 1) over
+    """A best-first :class:`~dflash_jax.verification.tree.Tree` of ``nodes`` nodes (batch 1) over
     random per-depth distributions (logits normal(0, 3) over ``vocab`` at depths 1..``depth``)."""
-    from dflash_jax.decoding.tree import best_first_tree
+    from dflash_jax.verification.tree import best_first_tree
 
     logits = 3.0 * jax.random.normal(jax.random.key(seed), (1, depth, vocab), jnp.float32)
     return best_first_tree(jnp.array([anchor], jnp.int32), jax.nn.log_softmax(logits, -1), nodes, topk)
@@ -82,7 +82,7 @@ def measure_verify(target, drafter, nodes, topk: int, context: int, calls: int, 
     medians and ratios (one entry per N)."""
     from dflash_jax.bench.iteration_profile import loop_program
     from dflash_jax.decoding.prepare import prepare_decode
-    from dflash_jax.decoding.tree import ancestor_mask
+    from dflash_jax.verification.tree import ancestor_mask
     from dflash_jax.nn.tree_attention import TreeAttention
 
     V = target.config.vocab_size

@@ -56,7 +56,7 @@ from dflash_jax.files import write_text
 from dflash_jax.progress import progress
 from dflash_jax.reporting import (busy_warning, command_line, cpu_description, cpu_info, environment,
                                   load_average, new_figure, portable_path, write_report)
-from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.verification.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.decoding import tree_args
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.decoding.prepare import round_up

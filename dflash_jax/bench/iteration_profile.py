@@ -41,6 +41,7 @@ from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, write_report
 from dflash_jax.decoding.costs import iteration_seconds
 from dflash_jax.decoding import engine
+from dflash_jax.verification import acceptance, policy
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.head import embed, lm_head
@@ -132,17 +133,17 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
     lengths = [L for L in LENGTHS if L < bs] + [bs]
     for L in lengths:
         def verify(i, tp, cache, L=L):  # logits and taps consumed, the written cache carried
-            logits, taps, cache = engine.verify(spec, tp, shift(i, block[:, :L]), positions[:, :L], cache)
+            logits, taps, cache = policy.verify(spec, tp, shift(i, block[:, :L]), positions[:, :L], cache)
             return (logits, taps), cache
 
         parts[f"verify {L}"] = in_loop(verify, (tp, state.tcache), n, repeats, carried=1)
     draft = block[:, 1:]
-    logits = engine.verify(spec, tp, block, positions, state.tcache)[0]
+    logits = policy.verify(spec, tp, block, positions, state.tcache)[0]
 
     def accept_commit(i, logits, tcache):
         d = shift(i, draft)
-        accepted, bonus = engine.accept(spec.acceptance, spec.sampling, d, None, logits, jax.random.key(0))
-        tcache = engine.rollback(state, accepted, tcache)
+        accepted, bonus = acceptance.accept(spec.acceptance, spec.sampling, d, None, logits, jax.random.key(0))
+        tcache = policy.rollback(accepted, tcache, state.done, state.tcache.lengths)
         return engine.commit(spec, state, d, accepted, bonus, tcache, pre.max_new, pre.stop_ids).out
 
     parts["accept + commit"] = in_loop(accept_commit, (logits, state.tcache), n, repeats)
@@ -179,7 +180,7 @@ def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None
     ``prompt`` ([[token ids]]): the proposer's ``propose`` (``propose_tree`` with ``tree`` nodes),
     and the target over the block (under the ancestor mask for a tree), each jitted alone, the
     median of ``repeats`` runs after a compiling one (host dispatch included: one call each)."""
-    from dflash_jax.decoding import tree as trees
+    from dflash_jax.verification import tree as trees
 
     pre = prepare_decode(target, prompt, 8, drafter=drafter, block_size=block_size, tree=tree,
                          tree_topk=tree_topk if tree else 4)
@@ -197,12 +198,12 @@ def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None
     proposed = draft(tp, dp, state, key)[0]
     if tree:
         mask = trees.ancestor_mask(proposed, spec.block_size - 1)
-        run = jax.jit(functools.partial(engine.verify_tree, spec))
+        run = jax.jit(functools.partial(trees.verify_tree, spec))
         out["verify_ms"] = 1e3 * time_fn(run, tp, proposed, mask, state.tcache, repeats=repeats)
     else:
         block = jnp.concatenate([state.bonus[:, None], proposed.tokens], axis=1)
         positions = state.tcache.lengths[:, None] + jnp.arange(block.shape[1], dtype=jnp.int32)
-        run = jax.jit(functools.partial(engine.verify, spec))
+        run = jax.jit(functools.partial(policy.verify, spec))
         out["verify_ms"] = 1e3 * time_fn(run, tp, block, positions, state.tcache, repeats=repeats)
     return out
 

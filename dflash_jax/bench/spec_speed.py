@@ -34,7 +34,7 @@ from dflash_jax.bench.env import add_preset_argument, time_fn
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import TargetConfig
 from dflash_jax.decoding import engine
-from dflash_jax.decoding import tree as trees
+from dflash_jax.verification import policy, tree as trees
 from dflash_jax.decoding.generation import generate
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.hub import CHECKPOINT_HELP
@@ -62,7 +62,7 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
     block = jnp.concatenate([state.bonus[:, None], tokens], axis=1)
     positions = state.tcache.lengths[:, None] + jnp.arange(block_size)
 
-    verify = jax.jit(functools.partial(engine.verify, spec))  # spec carries attention_impl
+    verify = jax.jit(functools.partial(policy.verify, spec))  # spec carries attention_impl
 
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
             "verify_ms": 1e3 * time_fn(verify, target.params, block, positions, state.tcache,
@@ -72,14 +72,14 @@ def step_times(target: Target, drafter: Drafter, prompts, block_size: int, repea
 def tree_step_times(target: Target, spec: engine.EngineSpec, dparams, state, key, repeats: int) -> dict:
     """Median milliseconds of the tree draft (drafter pass + best-first tree), the tree verify
     (N nodes under the ancestor mask) and a causal verify of N plain rows at the same slots."""
-    policy, N = spec.verify, spec.verify.nodes
+    tree_policy, N = spec.verify, spec.verify.nodes
     draft = jax.jit(lambda tp, dp, st, k: spec.proposer.propose_tree(
-        spec, tp, dp, st.proposer, engine.committed(st), k, policy))
+        spec, tp, dp, st.proposer, engine.committed(st), k, tree_policy))
     tree = draft(target.params, dparams, state, key)[0]
     mask = trees.ancestor_mask(tree, spec.block_size - 1)
     slots = state.tcache.lengths[:, None] + jnp.arange(N, dtype=jnp.int32)
-    verify_tree = jax.jit(functools.partial(engine.verify_tree, spec))
-    verify_chain = jax.jit(functools.partial(engine.verify, spec))
+    verify_tree = jax.jit(functools.partial(trees.verify_tree, spec))
+    verify_chain = jax.jit(functools.partial(policy.verify, spec))
     return {"draft_ms": 1e3 * time_fn(draft, target.params, dparams, state, key, repeats=repeats),
             "verify_ms": 1e3 * time_fn(verify_tree, target.params, tree, mask, state.tcache,
                                        repeats=repeats),

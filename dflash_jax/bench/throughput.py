@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
-from dflash_jax.decoding.adaptive import ADAPTIVE, per_row_lengths
+from dflash_jax.verification.adaptive import ADAPTIVE, per_row_lengths
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.progress import Bar, progress
 from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence, new_figure,

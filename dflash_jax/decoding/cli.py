@@ -9,7 +9,7 @@ from dflash_jax.cli import command_main, run_cli, status
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
-from dflash_jax.decoding.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.verification.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.decoding.generation import generate as run_generate
 from dflash_jax.decoding import tree_args
 from dflash_jax.prompts import encode_prompt

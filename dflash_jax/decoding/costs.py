@@ -1,4 +1,4 @@
-"""Measured cost tables of the adaptive block size (``decoding.adaptive``): the seconds of one
+"""Measured cost tables of the adaptive block size (``verification.adaptive``): the seconds of one
 decode iteration at each verify length, for a model pair, batch and device.
 
 A table is measured once per (model pair, dtype, batch, device) by timing the decode loop forced
@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.adaptive import ADAPTIVE, check_cost_table
+from dflash_jax.verification.adaptive import ADAPTIVE, check_cost_table
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.files import exclusive, write_json
 from dflash_jax.reporting import cpu_flags, cpu_model, load_average

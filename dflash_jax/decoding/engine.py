@@ -1,35 +1,21 @@
-"""The decoding engine: prefill, then one on-device ``lax.while_loop`` of
-propose -> verify -> accept -> rollback -> commit (``docs/method.md``, ``docs/proposers.md``).
+"""The decoding engine: prefill, then one on-device ``lax.while_loop`` of iterations
+(``docs/method.md``, ``docs/methods.md``).
 
-The engine names no concrete target and no concrete proposer: the target is its family
+The engine names no concrete target, proposer or verify policy: the target is its family
 (``dflash_jax.targets``: forward, decode state, rollback), the proposer an object behind the
-interface of ``dflash_jax.proposers`` whose state the loop carries without looking inside.
-Autoregressive decoding is the same engine with no proposer and block size 1 (the block is
-just the bonus token and verify is one target step), so the baseline and DFlash share every
-line of the loop. Rows of a batch advance by their own acceptance lengths: each row has its own
-state lengths, positions, stop ids and budget; a finished row idles.
+interface of ``dflash_jax.proposers`` whose state the loop carries without looking inside, the
+verify policy an object behind ``verification.policy.VerifyPolicy``. Autoregressive decoding is
+the same engine with no proposer and block size 1 (the block is just the bonus token and
+verify is one target step), so the baseline and DFlash share every line of the loop. Rows of a
+batch advance by their own acceptance lengths: each row has its own state lengths, positions,
+stop ids and budget; a finished row idles.
 
-One iteration, one function per step:
-  * the proposer's ``propose``: the ``bs - 1`` tokens after the bonus;
-  * :func:`verify`: the target over ``[bonus, proposal]``: logits [B, bs, V] and taps;
-  * :func:`accept`: the accepted proposal length and the bonus token (the acceptance rule);
-  * :func:`rollback`: the target's decode state back to the kept rows (KV: set the length);
+One iteration:
+  * the policy's ``step``: the proposer's drafts (a chain or a tree), the target over them, the
+    acceptance rule (``verification.acceptance``), the target's decode state rolled back to
+    what each row keeps; it returns the kept path as a chain (``verification.policy.Verified``);
   * :func:`commit`: emit the tokens, apply stop ids and budgets;
-  * the proposer's ``observe``: the verified block's taps.
-
-Modes, each a named value of :class:`EngineSpec`: no proposer = autoregressive; the acceptance
-rule (:data:`MATCH`, :data:`REJECTION`); the verify length (:class:`FixedVerify`, the whole
-block; :class:`AdaptiveVerify`, a length per iteration from the proposer's confidence and a
-cost table passed in).
-
-Acceptance rules:
-  * :data:`MATCH` (greedy proposals): the target samples ``x_i ~ p_i`` at every block row
-    (argmax at temperature 0) and the proposal is accepted while it agrees; every emitted token
-    is a target sample given the true prefix, so the output has the target's distribution;
-  * :data:`REJECTION` (sampled proposals, ``d_{i+1} ~ q_i``): accept with probability
-    ``min(1, p_i(d)/q_i(d))``; at the first rejection emit a sample of
-    ``normalise(max(p_i - q_i, 0))``; after a full block a sample of ``p_{bs-1}``. Lossless
-    for any q.
+  * the proposer's ``observe``: the taps of the kept path.
 
 Multi-device (``EngineSpec.mesh``, ``dflash_jax.parallel``): ``prefill`` and ``decode`` run their
 whole body, the ``while_loop`` included, inside one ``shard_map`` over the mesh. Each device
@@ -53,65 +39,27 @@ import jax.numpy as jnp
 
 from dflash_jax import targets
 from dflash_jax.config import TargetConfig
-from dflash_jax.decoding import tree as trees
-from dflash_jax.decoding.sampling import SamplingParams, process_logits, sample_tokens
-from dflash_jax.decoding.tree import TreeVerify
-from dflash_jax.nn.tree_attention import TreeAttention
-from dflash_jax.nn.cache import put_rows, take_rows
 from dflash_jax.parallel import rules, vocab
-from dflash_jax.proposers.base import Committed, Proposal, Proposer
+from dflash_jax.proposers.base import Committed, Proposer
+from dflash_jax.verification.acceptance import ACCEPTANCE_RULES, MATCH
+from dflash_jax.verification.policy import FixedVerify, VerifyPolicy
+from dflash_jax.verification.sampling import SamplingParams, sample_tokens
 
 
 # Bumped whenever a change to the loop changes what an iteration costs, so that measured cost
-# tables (``decoding.adaptive``) made before it are measured again. 2: the target's weights
+# tables (``verification.adaptive``) made before it are measured again. 2: the target's weights
 # split per layer on CPU (the dense family's ``loop_params``).
 LOOP_VERSION = 2
-
-MATCH = "match"
-"""Acceptance rule: accept while the proposal equals the target's own choice (argmax at
-temperature 0, else an independent sample per row): greedy proposals."""
-REJECTION = "rejection"
-"""Acceptance rule: rejection sampling against the proposal's distribution: sampled proposals."""
-ACCEPTANCE_RULES = (MATCH, REJECTION)
-
-
-@dataclasses.dataclass(frozen=True)
-class FixedVerify:
-    """Verify the whole block every iteration (the paper)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AdaptiveVerify:
-    """Verify only the first L block rows per iteration (``decoding.adaptive``): L one of
-    ``lengths`` (static, ascending, each <= the block size), chosen by :func:`choose_verify_length`
-    from the proposer's confidence and ``costs``, the seconds of an iteration at each length
-    (same order; measured by ``costs.cost_table`` or given); one compiled verify branch per
-    length (``lax.switch``).
-
-    Per row (``splits`` set; ``decoding.adaptive``): ``lengths`` is (short, long) and each
-    iteration verifies the k rows whose drafts promise the most from the long length at the
-    long length and the others at the short one, k one of ``splits`` (row counts, ascending,
-    0 and the batch included) chosen by :func:`choose_row_split`; ``costs`` are then the
-    seconds of an iteration at each split (same order); one compiled branch per split."""
-
-    lengths: tuple[int, ...]
-    costs: tuple[float, ...]
-    splits: tuple[int, ...] | None = None
-
-    @property
-    def per_row(self) -> bool:
-        return self.splits is not None
-
 
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """Everything static about one decoding run (a jit cache key).
 
     proposer: the proposer (``dflash_jax.proposers``), or None: autoregressive decoding.
-    acceptance: the acceptance rule, :data:`MATCH` or :data:`REJECTION` (a sampled proposer's).
-    verify: :class:`FixedVerify`, :class:`AdaptiveVerify` or ``decoding.tree.TreeVerify`` (a
-      tree of ``nodes`` drafts per iteration from the proposer's ``propose_tree``, depth up to
-      ``block_size - 1``; :func:`_tree_iteration`).
+    acceptance: the chain acceptance rule (``verification.acceptance``): ``MATCH`` or
+      ``REJECTION`` (a sampled proposer's).
+    verify: the verify policy (``verification.policy.VerifyPolicy``): ``FixedVerify`` (the
+      default), ``verification.adaptive.AdaptiveVerify`` or ``verification.tree.TreeVerify``.
     mesh: a ``(data, model)`` or ``(data, expert, model)`` device mesh (``parallel.make_mesh``)
       to run on, or None (one device). Inside the sharded program the functions see
       :meth:`local` specs: ``mesh`` None, ``shards`` set, the configs of one model (and
@@ -123,7 +71,7 @@ class EngineSpec:
     block_size: int
     sampling: SamplingParams
     acceptance: str = MATCH
-    verify: FixedVerify | AdaptiveVerify | TreeVerify = FixedVerify()
+    verify: VerifyPolicy = FixedVerify()
     out_len: int = 64
     attention_impl: str = "xla"
     mesh: Any = None
@@ -136,31 +84,10 @@ class EngineSpec:
         if (self.proposer is None) != (self.block_size == 1):
             raise ValueError(f"block_size={self.block_size} with proposer {self.proposer!r}: "
                              "autoregressive decoding is block size 1 without a proposer")
-        if self.tree:
-            self._check_tree()
-
-    def _check_tree(self):
-        """Raises ValueError when this run cannot verify trees (the reason named)."""
-        if self.proposer is None:
-            raise ValueError("tree verification needs a proposer (a drafter): autoregressive "
-                             "decoding has no drafts")
-        refusal = self.family.tree_refusal
-        if refusal is not None:
-            raise ValueError(f"the {self.target.model_type!r} target cannot verify a tree of "
-                             f"drafts: {refusal}")
-        if self.acceptance != MATCH:
-            raise ValueError("a tree's siblings are the proposer's top-k tokens (deterministic "
-                             "drafts): use a greedy-draft proposer (sampled_draft=False)")
-
-    @property
-    def tree(self) -> bool:
-        """Whether each iteration verifies a tree of drafts (``decoding.tree``)."""
-        return isinstance(self.verify, TreeVerify)
-
-    @property
-    def adaptive(self) -> bool:
-        """Whether each iteration chooses its verify length."""
-        return isinstance(self.verify, AdaptiveVerify)
+        if not isinstance(self.verify, VerifyPolicy):
+            raise ValueError(f"verify must be a verify policy (verification.policy.VerifyPolicy), "
+                             f"got {self.verify!r}")
+        self.verify.check(self)
 
     @property
     def tp_axis(self) -> str | None:
@@ -296,142 +223,6 @@ def _prefill(spec: EngineSpec, cache_len: int, tparams, pparams, tokens, lengths
         key=key)
 
 
-# ---------------------------------------------------------------------------- adaptive length
-def expected_tokens(lengths, draft_logp, state: DecodeState, max_new) -> jax.Array:
-    """float32[B, len(lengths)]: the tokens each row is expected to emit when its first L block
-    rows are verified, for each L of ``lengths`` (:func:`choose_verify_length`), capped by its
-    remaining budget; 0 for a row that is done."""
-    lengths = jnp.asarray(lengths, jnp.int32)
-    B = draft_logp.shape[0]
-    reach = jnp.exp(jnp.cumsum(draft_logp.astype(jnp.float32), axis=1))  # P(drafts 1..k accepted)
-    prefix = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), jnp.cumsum(reach, axis=1)], axis=1)
-    expected = 1.0 + prefix[:, lengths - 1]  # [B, n_lengths] tokens emitted verifying L rows
-    expected = jnp.minimum(expected, (max_new - state.n).astype(jnp.float32)[:, None])
-    return jnp.where(state.done[:, None], 0.0, expected)
-
-
-def choose_verify_length(policy: AdaptiveVerify, draft_logp, state: DecodeState, max_new) -> jax.Array:
-    """The index into ``policy.lengths`` of this iteration's verify length (one for the
-    whole batch, or for a data shard's rows on a mesh).
-
-    The drafter's probabilities stand in for acceptance: the chance that its first k draft
-    tokens are all accepted is estimated as ``prod_{i<=k} q(d_i)``, so verifying L rows is
-    expected to emit ``1 + sum_{k<L} prod_{i<=k} q(d_i)`` tokens, capped by the row's remaining
-    budget (a row about to finish gains nothing from a long block). Summed over the live rows
-    and divided by the measured iteration cost at L, it is the expected tokens per second;
-    the largest wins (ties: the shorter length).
-
-    Args:
-      draft_logp: float32[B, bs-1] the proposer's log-probability of each draft token.
-      state: the carry (``n``, ``done``); max_new: int32[B] budgets.
-    """
-    total = jnp.sum(expected_tokens(policy.lengths, draft_logp, state, max_new), axis=0)
-    return jnp.argmax(total / jnp.asarray(policy.costs, jnp.float32)).astype(jnp.int32)
-
-
-def choose_row_split(policy: AdaptiveVerify, draft_logp, state: DecodeState, max_new):
-    """Per-row verification (``policy.splits``): which rows verify the long length.
-
-    Each row's gain from the long length over the short one is its expected tokens at the long
-    length less those at the short (:func:`expected_tokens`; 0 for a done row). The rows are
-    ordered by gain, largest first (ties: the lower row index); at split k the first k verify
-    long, the rest short, and the batch expects ``sum(short) + the k largest gains`` tokens.
-    Divided by the measured cost of an iteration at that split, the largest wins (ties: the
-    smaller split).
-
-    Returns (index into ``policy.splits`` int32[], order int32[B]: the rows by gain)."""
-    e = expected_tokens(policy.lengths, draft_logp, state, max_new)  # [B, 2]
-    gain = e[:, 1] - e[:, 0]
-    order = jnp.argsort(-gain, stable=True).astype(jnp.int32)
-    top = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(gain[order])])  # [B + 1]
-    total = jnp.sum(e[:, 0]) + top[jnp.asarray(policy.splits, jnp.int32)]
-    return jnp.argmax(total / jnp.asarray(policy.costs, jnp.float32)).astype(jnp.int32), order
-
-
-# ---------------------------------------------------------------------------- acceptance
-def accept(rule: str, sampling: SamplingParams, draft, q_logp, logits, key,
-           ops: vocab.VocabOps = vocab.LOCAL):
-    """Decides how many draft tokens the target accepts, and the token it adds after them.
-
-    Args:
-      rule: :data:`MATCH` or :data:`REJECTION` (module docstring).
-      sampling: the target's sampling (temperature, top-k, top-p).
-      draft: int32[B, bs-1] the drafted tokens of block rows 1..bs-1.
-      q_logp: float32[B, bs-1, V] the draft distribution each was sampled from (REJECTION).
-      logits: float32[B, bs, V] the target's logits at the block rows (row i predicts row i+1).
-      key: PRNG key.
-      ops: the vocabulary reductions (``parallel.vocab.VocabOps``; V is then the shard's slice).
-
-    Returns:
-      (accepted int32[B] in 0..bs-1: the length of the accepted draft prefix,
-       bonus int32[B]: the target's token after it; see the rules in the module docstring).
-    """
-    B, bs, V = logits.shape  # V: the shard's vocabulary slice under tensor parallelism
-    if rule == MATCH:
-        # greedy: argmax; sampling with a greedy draft: one independent target sample per row
-        choice_BxBs = sample_tokens(key, logits, sampling, ops)
-        match = draft == choice_BxBs[:, :-1]
-        accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
-        return accepted, jnp.take_along_axis(choice_BxBs, accepted[:, None], 1)[:, 0]
-    if q_logp is None:
-        raise ValueError("the rejection rule needs the proposal's distribution (q_logp): a "
-                         "sampled proposer returns it")
-    k_u, k_res = jax.random.split(key)
-    p_logp = process_logits(logits, sampling, ops)  # [B, bs, V]
-    p_d = ops.take(p_logp[:, :-1], draft)  # [B, bs-1]
-    q_d = ops.take(q_logp, draft)
-    u = ops.uniform(k_u, (B, bs - 1))
-    ok = jnp.log(u) < p_d - q_d  # u < p/q  (always when p >= q)
-    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
-    p_a = jnp.exp(jnp.take_along_axis(p_logp, accepted[:, None, None], 1)[:, 0])  # [B, V]
-    q_pad = jnp.concatenate([jnp.exp(q_logp), jnp.zeros((B, 1, V), q_logp.dtype)], axis=1)
-    q_a = jnp.take_along_axis(q_pad, accepted[:, None, None], 1)[:, 0]  # zeros after a full block
-    resid = jnp.maximum(p_a - q_a, 0.0)
-    mass = ops.sum(resid, keepdims=True)
-    resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_a)
-    bonus = ops.categorical(k_res, jnp.log(resid))
-    return accepted, bonus
-
-
-# ---------------------------------------------------------------------------- verify
-def verify(spec: EngineSpec, tparams, block: jax.Array, positions: jax.Array, tcache):
-    """The target over the block ``[bonus, draft...]`` (tokens int32[B, T]) at positions
-    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its decode state.
-
-    Returns (logits float32[B, T, V]: row i predicts the token after ``block[:, i]``;
-    taps [B, T, k*D] of the block rows, None without a drafter; the state holding the whole
-    block, ``lengths = positions[:, -1] + 1``, rolled back by :func:`rollback`).
-    """
-    return spec.family.forward(spec.target, tparams, block, positions, tcache,
-                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                               **spec.target_axes)
-
-
-def verify_tree(spec: EngineSpec, tparams, tree: trees.Tree, mask: jax.Array, tcache):
-    """The target over the N nodes of ``tree`` in one pass (``docs/trees.md``): node i written
-    to slot ``tcache.lengths + i``, rotated to ``tcache.lengths + depth[i]``, seeing the
-    committed slots and its ancestors' (``mask``: ``decoding.tree.ancestor_mask``). Returns
-    what :func:`verify` returns for a block of N rows."""
-    start = tcache.lengths[:, None]
-    slots = start + jnp.arange(tree.nodes, dtype=jnp.int32)
-    return spec.family.forward(spec.target, tparams, tree.tokens, slots, tcache,
-                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                               tree=TreeAttention(start + tree.depth, mask), **spec.target_axes)
-
-
-# ---------------------------------------------------------------------------- rollback
-def rollback(state: DecodeState, accepted: jax.Array, tcache, done=None, start=None):
-    """The target's decode state after verify (``tcache``, holding the whole block) rolled back
-    to what each row keeps: ``start + accepted + 1`` positions (the anchor and the accepted
-    drafts; the bonus, not yet seen by the target, is the next block's anchor), or ``start``
-    for a row that was already done. A KV cache sets its length; a recurrent state restores
-    the state after the last kept row (``nn.cache``). ``done`` / ``start`` (bool / int32[R]):
-    a group of rows' own, instead of ``state.done`` and ``state.tcache.lengths``."""
-    done = state.done if done is None else done
-    start = state.tcache.lengths if start is None else start
-    return tcache.rollback(jnp.where(done, start, start + accepted + 1))
-
-
 # ---------------------------------------------------------------------------- commit
 def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax.Array,
            bonus: jax.Array, tcache, max_new: jax.Array, stop_ids: jax.Array,
@@ -445,7 +236,7 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
     Args:
       state: the carry before this iteration (``state.tcache.lengths`` = the block's start).
       draft: int32[B, bs-1]; accepted: int32[B] accepted draft tokens; bonus: int32[B].
-      tcache: the target's state from :func:`rollback`.
+      tcache: the target's state rolled back to what each row keeps (the policy's step).
       max_new: int32[B] token budget; stop_ids: int32[B, n_stop] (-1 = none).
       verified: the block rows the target verified this iteration (recorded per iteration;
         default: the block size).
@@ -475,147 +266,20 @@ def commit(spec: EngineSpec, state: DecodeState, draft: jax.Array, accepted: jax
 
 # ---------------------------------------------------------------------------- the loop
 def _iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids, state: DecodeState):
-    """propose -> verify -> accept -> rollback -> commit for every row, then the proposer
-    observes the verified block.
+    """One iteration for every row: the policy's step (propose, verify, accept, roll back),
+    :func:`commit`, then the proposer observes the kept path.
 
     ``tparams``: the target's parameters as given (the proposer gets these); ``vparams``: the
     same in the layout verify runs (the family's ``loop_params``)."""
-    bs = spec.block_size
-    B = state.bonus.shape[0]
     key, k_draft, k_accept = jax.random.split(state.key, 3)
-    if spec.tree:
-        return _tree_iteration(spec, tparams, vparams, pparams, max_new, stop_ids, state, k_draft,
-                               k_accept).replace(key=key)
-    positions = state.tcache.lengths[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    pstate = state.proposer
+    step = spec.verify.step(spec, tparams, vparams, pparams, state, committed(state), max_new,
+                            k_draft, k_accept)
+    state = commit(spec, state, step.draft, step.accepted, step.bonus, step.tcache, max_new,
+                   stop_ids, step.verified)
+    pstate = step.proposer
     if spec.proposer is not None:
-        proposal, pstate = spec.proposer.propose(spec, tparams, pparams, pstate, committed(state), k_draft,
-                                                 want_logp=spec.adaptive)
-    else:  # autoregressive: the block is the bonus alone
-        proposal = Proposal(jnp.zeros((B, 0), jnp.int32))
-    draft = proposal.tokens
-    block = jnp.concatenate([state.bonus[:, None], draft], axis=1)
-    if spec.adaptive:
-        accepted, bonus, taps, tcache, verified = _adaptive_verify(
-            spec, vparams, state, block, positions, proposal, max_new, k_accept)
-    else:
-        logits, taps, tcache = verify(spec, vparams, block, positions, state.tcache)
-        accepted, bonus = accept(spec.acceptance, spec.sampling, draft, proposal.q_logp, logits,
-                                 k_accept, spec.ops)
-        tcache = rollback(state, accepted, tcache)
-        verified = bs
-    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, verified)
-    if spec.proposer is not None:
-        pstate = spec.proposer.observe(spec, pparams, pstate, taps, positions)
+        pstate = spec.proposer.observe(spec, pparams, pstate, step.taps, step.positions)
     return state.replace(proposer=pstate, key=key)
-
-
-def _tree_iteration(spec: EngineSpec, tparams, vparams, pparams, max_new, stop_ids,
-                    state: DecodeState, k_draft, k_accept) -> DecodeState:
-    """One iteration with a tree of drafts (``decoding.tree``, ``docs/trees.md``): the
-    proposer's tree of N nodes; the target over all of them in one pass, node i in slot
-    ``start + i`` at RoPE position ``start + depth[i]``, seeing the committed slots and its
-    ancestors; the accepted root path (greedy: :func:`decoding.tree.accept_greedy`; T > 0:
-    ``decoding.tree_sampling.accept_sampled``); its nodes' K/V moved to slots ``start ..
-    start + accepted`` (``compact``), the state rolled back after them; the path's tokens
-    committed as a chain's accepted drafts; the proposer observes the path's taps in order."""
-    policy, bs = spec.verify, spec.block_size
-    N = policy.nodes
-    start = state.tcache.lengths
-    tree, pstate = spec.proposer.propose_tree(spec, tparams, pparams, state.proposer,
-                                              committed(state), k_draft, policy)
-    if tree.tokens.shape != (start.shape[0], N):
-        raise ValueError(f"{type(spec.proposer).__name__}.propose_tree returned a tree of shape "
-                         f"{tree.tokens.shape}; the policy asks for [{start.shape[0]}, {N}]")
-    mask = trees.ancestor_mask(tree, bs - 1)
-    logits, taps, tcache = verify_tree(spec, vparams, tree, mask, state.tcache)
-    if spec.sampling.greedy:
-        last, accepted, bonus = trees.accept_greedy(tree, mask, logits, spec.ops)
-    else:
-        from dflash_jax.decoding import tree_sampling
-
-        last, accepted, bonus = tree_sampling.accept_sampled(tree, mask, logits, spec.sampling,
-                                                             k_accept, spec.ops)
-    path = trees.path_nodes(mask, tree.depth, last, bs)  # [B, bs]: root, then the accepted nodes
-    tcache = rollback(state, accepted, tcache.compact(start, path))
-    draft = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
-    state = commit(spec, state, draft, accepted, bonus, tcache, max_new, stop_ids, N)
-    if taps is not None:
-        taps = jnp.take_along_axis(taps, path[:, :, None], axis=1)
-    pstate = spec.proposer.observe(spec, pparams, pstate, taps,
-                                   start[:, None] + jnp.arange(bs, dtype=jnp.int32))
-    return state.replace(proposer=pstate)
-
-
-def _verify_rows(spec: EngineSpec, tparams, block, positions, tcache, draft, q_logp, done, key):
-    """Verify + accept + rollback of a block of L rows (``block`` int32[R, L], ``positions``,
-    ``draft`` int32[R, L-1], ``q_logp`` or None, ``done`` bool[R]) for R rows whose decode
-    state is ``tcache``. Returns (accepted int32[R], bonus int32[R], taps [R, bs, k*D] padded
-    to the block with zeros (rows past L are never committed, so never read) or None, the
-    rolled-back state)."""
-    L = block.shape[1]
-    start = tcache.lengths
-    logits, taps, tcache = verify(spec, tparams, block, positions, tcache)
-    accepted, bonus = accept(spec.acceptance, spec.sampling, draft, q_logp, logits, key, spec.ops)
-    tcache = rollback(None, accepted, tcache, done, start)
-    if taps is not None:
-        taps = jnp.pad(taps, ((0, 0), (0, spec.block_size - L), (0, 0)))
-    return accepted, bonus, taps, tcache
-
-
-def _adaptive_verify(spec: EngineSpec, tparams, state: DecodeState, block, positions,
-                     proposal: Proposal, max_new, key):
-    """Verify + accept + rollback with the verify length chosen per iteration: the first L
-    block rows of every row, L chosen by :func:`choose_verify_length` (one ``lax.switch``
-    branch per static length), or, per row (``policy.splits``), the rows split into a long
-    and a short group by :func:`choose_row_split` (one branch per split; a group's rows are
-    taken out of the decode state, verified, and put back: ``nn.cache.take_rows``). Returns
-    (accepted, bonus, taps, the rolled-back state, the rows verified: int32[] or int32[B])."""
-    if proposal.logp is None:
-        raise ValueError("the adaptive verify length is chosen from the proposer's confidence: "
-                         "its propose(..., want_logp=True) must return Proposal.logp")
-    policy = spec.verify
-    B = block.shape[0]
-    operands = (block, positions, state.tcache, proposal.tokens, proposal.q_logp)
-
-    def group(operands, L, rows=None, k=key):
-        block, positions, tcache, draft, q_logp = operands
-        done = state.done
-        if rows is not None:
-            take = lambda x: None if x is None else jnp.take(x, rows, axis=0)
-            block, positions, draft, q_logp, done = map(take, (block, positions, draft, q_logp, done))
-            tcache = take_rows(tcache, rows, B)
-        return _verify_rows(spec, tparams, block[:, :L], positions[:, :L], tcache, draft[:, :L - 1],
-                            None if q_logp is None else q_logp[:, :L - 1], done, k)
-
-    if not policy.per_row:
-        choice = choose_verify_length(policy, proposal.logp, state, max_new)
-        accepted, bonus, taps, tcache = jax.lax.switch(
-            choice, [functools.partial(group, L=L) for L in policy.lengths], operands)
-        return accepted, bonus, taps, tcache, jnp.asarray(policy.lengths, jnp.int32)[choice]
-
-    short, long = policy.lengths
-    choice, order = choose_row_split(policy, proposal.logp, state, max_new)
-
-    def split(k):
-        def run(operands):
-            if k in (0, B):  # one group: the batch-wide verify at one length
-                L = long if k else short
-                return (*group(operands, L), jnp.full((B,), L, jnp.int32))
-            k_long, k_short = jax.random.split(key)
-            rows = (order[:k], order[k:])
-            parts = (group(operands, long, rows[0], k_long), group(operands, short, rows[1], k_short))
-            merge = lambda i: jnp.zeros((B,) + parts[0][i].shape[1:], parts[0][i].dtype) \
-                .at[rows[0]].set(parts[0][i]).at[rows[1]].set(parts[1][i])
-            taps = None if parts[0][2] is None else merge(2)
-            slots = lambda i, L: jnp.take(operands[1], rows[i], axis=0)[:, :L]  # the K/V slots a group wrote
-            tcache = put_rows(put_rows(operands[2], rows[0], parts[0][3], B, slots(0, long)),
-                              rows[1], parts[1][3], B, slots(1, short))
-            verified = jnp.full((B,), short, jnp.int32).at[rows[0]].set(long)
-            return merge(0), merge(1), taps, tcache, verified
-        return run
-
-    return jax.lax.switch(choice, [split(k) for k in policy.splits], operands)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

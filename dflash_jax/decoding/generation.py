@@ -18,7 +18,7 @@ import numpy as np
 
 from dflash_jax import methods, metrics
 from dflash_jax.decoding import costs, engine
-from dflash_jax.decoding.adaptive import ADAPTIVE, verify_lengths
+from dflash_jax.verification.adaptive import ADAPTIVE, verify_lengths
 from dflash_jax.decoding.prepare import GenerateOptions, _as_prompt_list, _prepare, per_row_plan
 from dflash_jax.models.handles import Drafter, Target
 

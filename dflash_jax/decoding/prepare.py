@@ -16,11 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax import parallel
-from dflash_jax.decoding import adaptive as adaptive_mod
+from dflash_jax.verification import adaptive as adaptive_mod
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.adaptive import ADAPTIVE
-from dflash_jax.decoding.sampling import SamplingParams
-from dflash_jax.decoding.tree import TreeVerify
+from dflash_jax.verification.adaptive import ADAPTIVE
+from dflash_jax.verification.sampling import SamplingParams
+from dflash_jax.verification.acceptance import MATCH, REJECTION
+from dflash_jax.verification.policy import FixedVerify
+from dflash_jax.verification.tree import TreeVerify
 from dflash_jax import methods
 from dflash_jax.models.handles import Target
 from dflash_jax.nn.attention import check_attention_impl
@@ -39,14 +41,14 @@ class GenerateOptions:
     block_size: speculative block size (default: the drafter's training block size), or
       "adaptive": draft the drafter's block, verify only the first L rows per iteration, L
       among ``verify_lengths`` chosen from the drafter's confidence and ``cost_table``
-      (``decoding.adaptive``); the chosen lengths are in ``GenerateResult.verify_lengths``.
+      (``verification.adaptive``); the chosen lengths are in ``GenerateResult.verify_lengths``.
     verify_lengths: adaptive mode: the static verify lengths (default 4, 8, 16 up to the
       drafter's block size).
     cost_table: adaptive mode: {verify length: seconds per iteration} ({split: seconds} per
       row); default None: measured once on this device and cached (``adaptive.cost_table``).
     verify_per_row: adaptive mode: choose per row instead of per batch: rows are grouped into a
       short and a long verify length (``verify_lengths``: two, default 4 and the block size),
-      the split chosen per iteration (``decoding.adaptive``).
+      the split chosen per iteration (``verification.adaptive``).
     row_splits: with ``verify_per_row``: the splits (how many rows may verify the long length;
       default 0, B/4, B/2, 3B/4, B of one device's B rows).
     num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
@@ -56,7 +58,7 @@ class GenerateOptions:
       drafter's DFlash proposer; its block size is ``block_size`` (default: the drafter's).
     attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
       slowly, when not on a GPU) for attention through the KV caches.
-    tree: verify a tree of this many nodes per iteration (root included; ``decoding.tree``)
+    tree: verify a tree of this many nodes per iteration (root included; ``verification.tree``)
       instead of the chain: the proposer's most likely tokens at each depth grown best-first,
       depth up to ``block_size - 1``. None (default): the chain.
     tree_topk: with ``tree``: the most children a node gets (default 4).
@@ -98,7 +100,7 @@ def per_row_plan(target: Target, batch: int, block_size: int, opt: GenerateOptio
                  ) -> tuple[tuple[int, int], tuple[int, ...]]:
     """Per-row verification's (short, long) lengths and splits for ``batch`` prompts (the
     splits count one data shard's rows on a mesh), from ``opt``'s ``verify_lengths`` and
-    ``row_splits`` (``decoding.adaptive``)."""
+    ``row_splits`` (``verification.adaptive``)."""
     data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
     return (adaptive_mod.per_row_lengths(block_size, opt.verify_lengths),
             adaptive_mod.row_splits(max(batch // data, 1), opt.row_splits))
@@ -308,7 +310,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             raise ValueError(f"{B} prompts cannot be split over the mesh's data={data} shards: "
                              f"pass a multiple of {data} prompts (or build the mesh with "
                              f"data dividing {B})")
-    verify = engine.FixedVerify()
+    verify = FixedVerify()
     if opt.tree is not None:
         verify = _tree_policy(opt, bs, adaptive)
     elif opt.tree_topk != 4:
@@ -323,18 +325,18 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             raise ValueError(f"verify_per_row needs a cost_table here ({{split: seconds per iteration}}, "
                              f"splits {list(splits)}; dflash_jax.decoding.costs.cost_table measures and "
                              "caches one; generate and generate_stream do that themselves)")
-        verify = engine.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, splits, "split"),
-                                       splits)
+        verify = adaptive_mod.AdaptiveVerify(
+            lengths, adaptive_mod.check_cost_table(opt.cost_table, splits, "split"), splits)
     elif adaptive:
         lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
         if opt.cost_table is None:
             raise ValueError(f"block_size={ADAPTIVE!r} needs a cost_table here ({{verify length: "
-                             "seconds per iteration}; dflash_jax.decoding.adaptive.cost_table "
+                             "seconds per iteration}; dflash_jax.decoding.costs.cost_table "
                              "measures and caches one; generate and generate_stream do that "
                              "themselves)")
-        verify = engine.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, lengths))
+        verify = adaptive_mod.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, lengths))
     lens = [len(r) for r in rows]
-    extra = max(bs, verify.nodes) if isinstance(verify, TreeVerify) else bs  # slots one verify writes
+    extra = verify.slots(bs)  # the cache slots one verify writes
     width, cache_len = plan_lengths(target, lens, budgets, extra=extra, pad_to=opt.pad_to)
     proposer = None
     if bs > 1:
@@ -347,7 +349,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             proposer = method.proposer(drafter, bs, opt, sampling.greedy)
     spec = engine.EngineSpec(
         target=cfg, proposer=proposer, block_size=bs, sampling=sampling,
-        acceptance=engine.REJECTION if proposer is not None and proposer.sampled else engine.MATCH,
+        acceptance=REJECTION if proposer is not None and proposer.sampled else MATCH,
         verify=verify, out_len=round_up(max(budgets), 16),
         attention_impl=check_attention_impl(opt.attention_impl), mesh=target.mesh)
     tokens = np.zeros((B, width), np.int32)

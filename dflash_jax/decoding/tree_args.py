@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from dflash_jax.decoding.adaptive import ADAPTIVE
+from dflash_jax.verification.adaptive import ADAPTIVE
 
 DEFAULT_TOPK = 4
 """Children per node at most when ``--tree-topk`` is not given (``TreeVerify.topk``'s default)."""

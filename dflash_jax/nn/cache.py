@@ -76,7 +76,7 @@ class KVCache:
         return self.replace(k=kc, v=vc)
 
     def compact(self, start: jax.Array, source: jax.Array) -> "KVCache":
-        """Moves each row's accepted tree nodes to contiguous slots (``decoding.tree``): slot
+        """Moves each row's accepted tree nodes to contiguous slots (``verification.tree``): slot
         ``start + k`` takes the K/V of slot ``start + source[b, k]`` (source int32[B, M], node
         indices of the accepted path, ``source[:, 0] = 0``, increasing along the path) in every
         layer, for k = 0..M-1. Entries past a row's accepted path move garbage into slots past
@@ -137,7 +137,7 @@ class RecurrentState:
 # ---------------------------------------------------------------------------- rows of a state
 # A rolled-back decode state (what the decode loop carries) holds arrays of two kinds: per-row
 # int32[B] (lengths, start) and per-layer [layers, B, ...] (K/V, conv windows, recurrent
-# states). Per-row adaptive verification (``decoding.adaptive``) verifies groups of rows at
+# states). Per-row adaptive verification (``verification.adaptive``) verifies groups of rows at
 # different lengths: it takes the groups' rows out of the state and puts them back after.
 def _row_axis(x: jax.Array, batch: int) -> int:
     axis = 0 if x.ndim == 1 else 1

@@ -1,5 +1,5 @@
 """What a target's attention layers need to verify a tree of drafts in one pass
-(``docs/trees.md``, ``decoding.tree``).
+(``docs/trees.md``, ``verification.tree``).
 
 A tree block of T nodes is written like a causal block, node t into cache slot
 ``start + t`` (``start`` = the row's committed length), but

@@ -16,7 +16,7 @@ loop:
       committed ones are the positions below the next ``committed.start`` (the rest are
       rejected rows, which a proposer must not read);
   propose_tree(spec, tparams, params, state, committed, key, policy) -> (Tree, state)
-      optional: a tree of drafts (``decoding.tree``) for tree verification; ``observe`` then
+      optional: a tree of drafts (``verification.tree``) for tree verification; ``observe`` then
       gets the accepted root path's taps in order.
 
 The state is the proposer's own pytree; the engine carries it without looking inside. Speculative
@@ -87,8 +87,8 @@ class Proposer:
 
     def propose_tree(self, spec, tparams, params, state, committed: Committed, key,
                      policy) -> tuple[Any, Any]:
-        """A tree of ``policy.nodes`` nodes (``decoding.tree.TreeVerify``) rooted at
-        ``committed.bonus``: ``(decoding.tree.Tree, state)``, for tree verification. Its
+        """A tree of ``policy.nodes`` nodes (``verification.tree.TreeVerify``) rooted at
+        ``committed.bonus``: ``(verification.tree.Tree, state)``, for tree verification. Its
         :meth:`observe` then gets the taps of the accepted root path, in order."""
         raise NotImplementedError(f"{type(self).__name__} does not draft trees (no propose_tree()): "
                                   "verify its drafts as a chain")

@@ -36,7 +36,7 @@ class TargetFamily:
 
     tree_refusal: str | None = ("its forward takes no tree block (``tree=``, "
                                 "``nn.tree_attention``)")
-    """None when the family verifies trees of drafts (``decoding.tree``: its ``forward`` takes
+    """None when the family verifies trees of drafts (``verification.tree``: its ``forward`` takes
     ``tree=TreeAttention(...)`` and its decode state has ``compact(start, source)``); otherwise
     why not, the reason the engine gives when a tree is asked for."""
 

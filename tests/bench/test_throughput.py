@@ -37,7 +37,7 @@ def seed_per_row_cost_tables(target, drafter, cache: str) -> list[str]:
     key it computes (the pair, dtype, (short, long) lengths, batch, splits, device); returns
     their paths."""
     from dflash_jax.decoding import costs
-    from dflash_jax.decoding.adaptive import per_row_lengths, row_splits
+    from dflash_jax.verification.adaptive import per_row_lengths, row_splits
 
     paths = []
     for batch, table in ROW_SPLIT_COSTS.items():

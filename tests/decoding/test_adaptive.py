@@ -1,4 +1,4 @@
-"""Adaptive block size (``block_size="adaptive"``, ``dflash_jax.decoding.adaptive``, ``costs``): greedy
+"""Adaptive block size (``block_size="adaptive"``, ``dflash_jax.verification.adaptive``, ``costs``): greedy
 output equals autoregressive output whatever lengths are chosen, the chosen lengths are
 recorded per iteration, the choice follows its formula, sampling keeps the target's
 distribution, the measured cost table is cached per model and device and rebuilt when either
@@ -13,6 +13,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import costs, engine
+from dflash_jax.verification import adaptive
 
 from support import exact_sampling
 from support.oracle_proposers import ORACLE_NOISY, OracleProposer
@@ -86,9 +87,9 @@ def expected_choice(logp, n, done, budget, lengths, costs):
 
 
 def test_choice_follows_expected_tokens_per_second():
-    spec = lambda lengths, costs: engine.AdaptiveVerify(lengths, costs)
+    spec = lambda lengths, costs: adaptive.AdaptiveVerify(lengths, costs)
     rng = np.random.default_rng(0)
-    choose = jax.jit(engine.choose_verify_length, static_argnums=0)
+    choose = jax.jit(adaptive.choose_verify_length, static_argnums=0)
     seen = set()
     for trial in range(60):
         B = int(rng.integers(1, 4))

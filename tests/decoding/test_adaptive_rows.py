@@ -1,5 +1,5 @@
 """Per-row adaptive verification (``generate(..., block_size="adaptive", verify_per_row=True)``,
-``decoding.adaptive``, ``engine.choose_row_split``, ``nn.cache.take_rows`` / ``put_rows``):
+``verification.adaptive``, ``verification.adaptive.choose_row_split``, ``nn.cache.take_rows`` / ``put_rows``):
 rows verified at different lengths in the same iteration still give exactly the autoregressive
 output (a dense target with stops in a ragged batch, and a hybrid Gated DeltaNet target whose
 recurrent state is taken apart and put back by rows); the split follows its formula (a numpy
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding import adaptive, costs, engine
+from dflash_jax.decoding import costs, engine
+from dflash_jax.verification import adaptive
 from dflash_jax.nn import cache as cache_mod
 
 from support import exact_sampling
@@ -100,9 +101,9 @@ def expected_split(logp, n, done, budget, lengths, splits, costs):
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def choose_split(lengths, splits, costs_, logp, state, budget):
-    """``engine.choose_row_split`` compiled as the engine compiles it, the policy's costs passed
+    """``verification.adaptive.choose_row_split`` compiled as the engine compiles it, the policy's costs passed
     in (traced) instead of baked in: one program per batch size, not one per cost table."""
-    return engine.choose_row_split(engine.AdaptiveVerify(lengths, costs_, splits), logp, state, budget)
+    return adaptive.choose_row_split(adaptive.AdaptiveVerify(lengths, costs_, splits), logp, state, budget)
 
 
 def test_split_follows_expected_tokens_per_second():

@@ -144,7 +144,8 @@ def test_wrong_sampling_filters_are_rejected(tiny_target, tiny_prefix_logits, mo
     """Negative controls: the library's filters replaced by plausible wrong ones (row group g
     uses AR_MUTANTS[case][g], one compiled run) must fail the check above; the real filters,
     called through the same patch, pass it."""
-    from dflash_jax.decoding import engine, sampling
+    from dflash_jax.decoding import engine
+    from dflash_jax.verification import sampling
 
     bugs, traced, real = AR_MUTANTS[case], [], sampling.process_logits
     variants = [filter_mutant(real, bug) for bug in bugs]

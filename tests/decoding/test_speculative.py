@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding.sampling import process_logits
+from dflash_jax.verification.sampling import process_logits
 
 from support import exact_sampling
 from support.oracle_proposers import ORACLE, ORACLE_NOISY, TableProposer

@@ -1,4 +1,4 @@
-"""Tree verification (``decoding.tree``, ``docs/trees.md``) is exact.
+"""Tree verification (``verification.tree``, ``docs/trees.md``) is exact.
 
 * The tree builder against brute force: the best-first tree of N nodes is the N - 1 highest
   scoring root paths (every prefix of a path scores higher, so that set is a tree).
@@ -32,7 +32,7 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax import targets
-from dflash_jax.decoding import tree as trees
+from dflash_jax.verification import tree as trees
 from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.proposers import Proposer

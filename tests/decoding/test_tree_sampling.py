@@ -1,4 +1,4 @@
-"""Tree acceptance at T > 0 (``decoding.tree_sampling.accept_sampled``) is lossless: the emitted
+"""Tree acceptance at T > 0 (``verification.acceptance.accept_tree_sampled``) is lossless: the emitted
 tokens (the accepted path, then the bonus) have the target's law.
 
 Function level: one fixed hand-made tree (V = 7, depth 3, up to 3 children per node, a rank
@@ -18,7 +18,7 @@ favours: the anchor comes back as the root's bonus at rate p(anchor) (and the ex
 while a rule that counts the root among its own children (so zeroes the anchor) is rejected.
 
 At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonus equal
-``tree.accept_greedy``'s on random best-first trees (an independent walk). With the vocabulary
+``acceptance.accept_tree_greedy``'s on random best-first trees (an independent walk). With the vocabulary
 split over 2 host devices the tokens are the single device's. Engine level: ``generate(tree=8,
 temperature=1)`` with a tree proposer keeps the target's exact law of its first 5 tokens
 (``tests/support/exact_sampling.py``), and a wrong rule patched into the same run is rejected.
@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding.sampling import SamplingParams
-from dflash_jax.decoding.tree import Tree, accept_greedy, ancestor_mask, best_first_tree
-from dflash_jax.decoding.tree_sampling import accept_sampled, target_logp
+from dflash_jax.verification.sampling import SamplingParams
+from dflash_jax.verification.acceptance import accept_tree_greedy, accept_tree_sampled, target_logp
+from dflash_jax.verification.tree import Tree, ancestor_mask, best_first_tree
 
 from support import exact_sampling
 from support.oracle_proposers import TableProposer
@@ -154,7 +154,7 @@ def fit(seqs, outcomes) -> exact_sampling.FitReport:
 def sequential_accept(tree, mask, logits, sampling, key, ops=None, *, bug=None, q=None):
     """The walk of the module docstring, node by node and child by child, in float64 numpy over
     the rows (the test's fixed tree: the structure is read from ``NODES``; same signature as
-    ``accept_sampled``). ``bug``: None (the right rule); "specinfer": SpecInfer's rule, child x
+    ``accept_tree_sampled``). ``bug``: None (the right rule); "specinfer": SpecInfer's rule, child x
     accepted with min(1, r(x) / q(x)) and on its rejection r = normalise(max(r - q, 0)) (q: the
     drafter's distribution [N, V] at the parent), the bonus a sample of r; "no_renorm": child
     x accepted with p(x), not p(x) / (1 - the rejected siblings' mass); "bonus_p": the bonus a
@@ -210,7 +210,7 @@ def drafter_q() -> np.ndarray:
 
 
 RULES = {
-    "accept_sampled": accept_sampled,
+    "accept_tree_sampled": accept_tree_sampled,
     "sequential": sequential_accept,
     "specinfer": functools.partial(sequential_accept, bug="specinfer", q=drafter_q()),
     "no_renorm": functools.partial(sequential_accept, bug="no_renorm"),
@@ -240,12 +240,12 @@ def test_exact_law_is_a_distribution(fixed_case):
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_emitted_tokens_have_the_target_law(fixed_case, rule):
-    """accept_sampled and the sequential walk pass; the three wrong rules are rejected by the
+    """accept_tree_sampled and the sequential walk pass; the three wrong rules are rejected by the
     same check at the same sample size (their p-values tiny)."""
     tree, mask, logits, outcomes, _ = fixed_case
     fn = RULES[rule]
-    if fn is accept_sampled:
-        fn = jax.jit(functools.partial(accept_sampled, sampling=SAMPLING))
+    if fn is accept_tree_sampled:
+        fn = jax.jit(functools.partial(accept_tree_sampled, sampling=SAMPLING))
         last, accepted, bonus = fn(tree, mask, logits, key=jax.random.key(0))
     else:
         last, accepted, bonus = fn(tree, mask, logits, SAMPLING, jax.random.key(0))
@@ -253,7 +253,7 @@ def test_emitted_tokens_have_the_target_law(fixed_case, rule):
     assert np.array_equal(accepted, np.asarray(tree.depth[0])[last])
     report = fit(emitted(last, bonus), outcomes)
     print(f"{rule}: accepted histogram {np.bincount(accepted, minlength=4).tolist()}, {report}")
-    if rule in ("accept_sampled", "sequential"):
+    if rule in ("accept_tree_sampled", "sequential"):
         assert not report.rejected, report
         assert np.all(np.bincount(accepted, minlength=MAX_DEPTH + 1)[1:] > 0.05 * ROWS)
     else:
@@ -284,9 +284,9 @@ def anchor_logits() -> np.ndarray:
 
 
 def root_its_own_child(tree, mask, logits, sampling, key):
-    """A wrong rule: accept_sampled's path, but a bonus at the root drawn with the root's own
+    """A wrong rule: accept_tree_sampled's path, but a bonus at the root drawn with the root's own
     token zeroed too (the root counted among its children: ``tree.valid`` for ``is_child``)."""
-    last, accepted, bonus = accept_sampled(tree, mask, logits, sampling, key)
+    last, accepted, bonus = accept_tree_sampled(tree, mask, logits, sampling, key)
     logp = target_logp(logits, sampling)[:, 0]  # [B, V]: p at the root
     kids = tree.valid & (tree.parents == 0)  # node 0 included
     zeroed = jnp.zeros(logp.shape, bool).at[jnp.arange(logp.shape[0])[:, None], tree.tokens].max(kids)
@@ -295,7 +295,7 @@ def root_its_own_child(tree, mask, logits, sampling, key):
 
 
 def test_the_anchor_comes_back_as_the_bonus_at_its_rate():
-    """accept_sampled on ``ANCHOR_NODES`` (ROWS rows): the emitted sequences have the exact law
+    """accept_tree_sampled on ``ANCHOR_NODES`` (ROWS rows): the emitted sequences have the exact law
     (chi-squared as above) and the anchor alone is emitted at rate p(anchor) at the root (a
     binomial z-score). Negative control in the same compiled call: ``root_its_own_child``
     never emits the anchor there and is rejected by both checks."""
@@ -311,10 +311,10 @@ def test_the_anchor_comes_back_as_the_bonus_at_its_rate():
     @jax.jit
     def both(tree, logits, key):
         mask = ancestor_mask(tree, 2)
-        return [rule(tree, mask, logits, SAMPLING, key) for rule in (accept_sampled, root_its_own_child)]
+        return [rule(tree, mask, logits, SAMPLING, key) for rule in (accept_tree_sampled, root_its_own_child)]
 
     reports = {}
-    for name, (last, _, bonus) in zip(("accept_sampled", "root its own child"),
+    for name, (last, _, bonus) in zip(("accept_tree_sampled", "root its own child"),
                                       both(tree, logits, jax.random.key(4))):
         seqs = emitted(last, bonus, nodes)
         hits = sum(s == (ANCHOR,) for s in seqs)
@@ -322,7 +322,7 @@ def test_the_anchor_comes_back_as_the_bonus_at_its_rate():
         reports[name] = (z, fit(seqs, outcomes))
         print(f"{name}: the anchor as the root's bonus {hits / ROWS:.4f} (p = {p[0, ANCHOR]:.4f}, "
               f"z = {z:.1f}), {reports[name][1]}")
-    z, report = reports["accept_sampled"]
+    z, report = reports["accept_tree_sampled"]
     assert abs(z) < 4.5 and not report.rejected, report
     z, report = reports["root its own child"]
     assert z < -50 and report.min_p < 1e-12, report
@@ -331,7 +331,7 @@ def test_the_anchor_comes_back_as_the_bonus_at_its_rate():
 # ---------------------------------------------------------------- temperature 0: the greedy walk
 def test_one_hot_p_walks_the_greedy_path():
     """With a one-hot p (greedy sampling, or top-k 1 at T = 0.7) the accepted path and the
-    bonus are tree.accept_greedy's: the node-by-node rule then accepts exactly the children
+    bonus are acceptance.accept_tree_greedy's: the node-by-node rule then accepts exactly the children
     holding the target's argmax. One batch of two kinds of rows: trees of 16 nodes with up to
     3 children (paths ending at every depth 0..4 and children of rank > 0 accepted) and chains
     (K = 1) under a 16-node budget, whose invalid nodes (token 0 under the root) sometimes hold
@@ -339,9 +339,9 @@ def test_one_hot_p_walks_the_greedy_path():
     parts = [planted_case(seed, 96, 16, topk, 5, vocab=12) for seed, topk in ((3, 3), (4, 1))]
     tree = Tree(*(jnp.concatenate(f, 0) for f in zip(*(p[0] for p in parts))))
     mask, logits = (jnp.concatenate([p[i] for p in parts], 0) for i in (1, 2))
-    want = jax.jit(accept_greedy)(tree, mask, logits)
+    want = jax.jit(accept_tree_greedy)(tree, mask, logits)
     for sampling in (SamplingParams(), SamplingParams(temperature=0.7, top_k=1)):
-        got = jax.jit(accept_sampled, static_argnums=3)(tree, mask, logits, sampling, jax.random.key(1))
+        got = jax.jit(accept_tree_sampled, static_argnums=3)(tree, mask, logits, sampling, jax.random.key(1))
         for name, w, g in zip(("last", "accepted", "bonus"), want, got):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"{sampling}: {name}")
     last, accepted = np.asarray(want[0]), np.asarray(want[1])
@@ -359,8 +359,8 @@ SPLIT_CODE = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 from dflash_jax import parallel
-from dflash_jax.decoding.sampling import SamplingParams
-from dflash_jax.decoding.tree_sampling import accept_sampled
+from dflash_jax.verification.sampling import SamplingParams
+from dflash_jax.verification.acceptance import accept_tree_sampled
 from dflash_jax.parallel import vocab
 from support.multidevice import emit
 from support.tree_cases import planted_case
@@ -370,9 +370,9 @@ ops = vocab.VocabOps(vocab.Shards(data=1, model=2))
 tree, mask, logits = planted_case(5, 64, 16, 3, 5, vocab=12)
 logits = logits * 0.25  # planted argmaxes kept, but every token likely: the bonus varies
 sampling, key = SamplingParams(temperature=0.8, top_k=5), jax.random.key(2)
-local = jax.jit(accept_sampled, static_argnums=3)(tree, mask, logits, sampling, key)
+local = jax.jit(accept_tree_sampled, static_argnums=3)(tree, mask, logits, sampling, key)
 split = jax.jit(jax.shard_map(
-    lambda t, m, x: accept_sampled(t, m, x, sampling, key, ops), mesh=mesh,
+    lambda t, m, x: accept_tree_sampled(t, m, x, sampling, key, ops), mesh=mesh,
     in_specs=(P(), P(), P(None, None, "model")), out_specs=P(), check_vma=False))(tree, mask, logits)
 emit({name: [np.asarray(a).tolist() for a in r] for name, r in (("local", local), ("split", split))})
 """
@@ -403,7 +403,7 @@ E_PROMPT = [1, 2, 3]
 
 @dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity: it holds a table
 class TreeTableProposer(TableProposer):
-    """Drafts a tree as DFlash does (``decoding.tree.best_first_tree`` over one distribution
+    """Drafts a tree as DFlash does (``verification.tree.best_first_tree`` over one distribution
     per depth): the target's exact next-token distribution at each depth along the row's
     generated prefix followed by its own argmax chain (``TableProposer``'s table), so q is
     close to p on the chain and the siblings off it are plausible tokens."""
@@ -428,9 +428,9 @@ class TreeTableProposer(TableProposer):
 
 
 def bonus_from_p(tree, mask, logits, sampling, key, ops):
-    """A wrong rule for the engine: accept_sampled's path, but the bonus a sample of p at the
+    """A wrong rule for the engine: accept_tree_sampled's path, but the bonus a sample of p at the
     last node, its rejected children not zeroed."""
-    last, accepted, _ = accept_sampled(tree, mask, logits, sampling, key, ops)
+    last, accepted, _ = accept_tree_sampled(tree, mask, logits, sampling, key, ops)
     p_last = target_logp(logits, sampling, ops)[jnp.arange(last.shape[0]), last]
     return last, accepted, ops.categorical(jax.random.fold_in(key, 1), p_last)
 
@@ -451,23 +451,23 @@ def test_generate_with_a_tree_keeps_the_target_distribution(engine_setup, monkey
     Negative control in the same compiled run: a second group of E_ROWS rows whose acceptance
     draws the bonus from p without zeroing the rejected children (``bonus_from_p``) is
     rejected by the same check."""
-    from dflash_jax.decoding import tree_sampling
+    from dflash_jax.verification import acceptance
 
     target, prefix_logits = engine_setup
     traced = []
 
     def grouped(tree, mask, logits, sampling, key, ops):
         traced.append(True)
-        right = accept_sampled(tree, mask, logits, sampling, key, ops)
+        right = accept_tree_sampled(tree, mask, logits, sampling, key, ops)
         wrong = bonus_from_p(tree, mask, logits, sampling, key, ops)
         group1 = jnp.arange(logits.shape[0]) >= E_ROWS
         return tuple(jnp.where(group1, w, r) for r, w in zip(right, wrong))
 
-    monkeypatch.setattr(tree_sampling, "accept_sampled", grouped)
+    monkeypatch.setattr(acceptance, "accept_tree_sampled", grouped)
     r = dj.generate(target, [E_PROMPT] * (2 * E_ROWS), E_DEPTH,
                     proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
                     tree_topk=E_TOPK, temperature=1.0, seed=3)
-    assert traced, "the engine did not call tree_sampling.accept_sampled"
+    assert traced, "the engine did not call acceptance.accept_tree_sampled"
     joint, _ = prefix_logits.joint(1.0)
     right = exact_sampling.fit(r.sequences[:E_ROWS], joint, ALPHA)
     wrong = exact_sampling.fit(r.sequences[E_ROWS:], joint, ALPHA)

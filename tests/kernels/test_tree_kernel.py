@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dflash_jax.decoding.tree import ancestor_mask, best_first_tree
+from dflash_jax.verification.tree import ancestor_mask, best_first_tree
 from dflash_jax.kernels import block_attention, block_attention_reference
 from dflash_jax.kernels.block_attention import MAX_ROWS
 from dflash_jax.nn.attention import pallas_block_attention, triton_block_attention

@@ -74,7 +74,7 @@ def test_generate_in_bf16_uses_bf16_cache(tmp_path):
     model.save_pretrained(tmp_path)
     target = dj.load_target(tmp_path, dtype=jnp.bfloat16)
     from dflash_jax.decoding import engine
-    from dflash_jax.decoding.sampling import SamplingParams
+    from dflash_jax.verification.sampling import SamplingParams
 
     spec = engine.EngineSpec(target.config, None, 1, SamplingParams(), out_len=16)
     one = jnp.array([4])

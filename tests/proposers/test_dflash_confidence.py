@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.decoding import adaptive
+from dflash_jax.verification import adaptive
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 pytestmark = pytest.mark.slow

@@ -76,6 +76,7 @@ from dflash_jax import targets
 from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.models.handles import Eagle3Drafter
 from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
+from dflash_jax.verification import acceptance
 
 from support import exact_sampling
 from support.eagle3_reference import Eagle3Reference
@@ -371,7 +372,7 @@ S_PROMPT = [1, 2, 3]
 def argmax_match_accept(rule, sampling, draft, q_logp, logits, key, ops):
     """A wrong MATCH rule: a draft is accepted when it equals the target's ARGMAX (not its
     sample); the token after the accepted ones is still the target's sample there."""
-    from dflash_jax.decoding.sampling import sample_tokens
+    from dflash_jax.verification.sampling import sample_tokens
 
     choice = sample_tokens(key, logits, sampling, ops)
     match = draft == jnp.argmax(logits[:, :-1], -1)
@@ -392,7 +393,6 @@ def test_sampling_keeps_the_target_distribution(monkeypatch):
     rows have the target's exact law; a second group of S_ROWS rows in the same compiled run,
     whose acceptance compares the draft with the target's argmax instead of its sample, is
     rejected by the same check."""
-    from dflash_jax.decoding import engine
 
     cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=3,
                           num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
@@ -407,7 +407,7 @@ def test_sampling_keeps_the_target_distribution(monkeypatch):
     params, _ = train_ttt(target, drafter, seqs, TRAIN_STEPS, 2, LR)
     drafter = dataclasses.replace(drafter, params=params)
     prefix_logits = exact_sampling.PrefixLogits.compute(target, S_PROMPT, S_DEPTH)
-    right_accept, traced = engine.accept, []
+    right_accept, traced = acceptance.accept, []
 
     def grouped(rule, sampling, draft, q_logp, logits, key, ops):
         traced.append(True)
@@ -416,7 +416,7 @@ def test_sampling_keeps_the_target_distribution(monkeypatch):
         group1 = jnp.arange(logits.shape[0]) >= S_ROWS
         return tuple(jnp.where(group1, w, r) for r, w in zip(right, wrong))
 
-    monkeypatch.setattr(engine, "accept", grouped)
+    monkeypatch.setattr(acceptance, "accept", grouped)
     r = dj.generate(target, [S_PROMPT] * (2 * S_ROWS), S_DEPTH, drafter=drafter,
                     proposer=FreshEagle3(drafter.config), block_size=S_BLOCK, temperature=1.0, seed=3)
     assert traced, "the patched accept was not traced"

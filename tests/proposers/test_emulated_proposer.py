@@ -31,9 +31,10 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.decoding import engine
-from dflash_jax.decoding.adaptive import check_cost_table, verify_lengths
+from dflash_jax.verification.adaptive import (AdaptiveVerify, check_cost_table, choose_verify_length,
+                                              expected_tokens, verify_lengths)
 from dflash_jax.decoding.prepare import prepare_decode
-from dflash_jax.decoding.sampling import SamplingParams
+from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.proposers.base import Committed
 from dflash_jax.proposers.emulated import (EmulatedProposer, acceptance_probs, alpha_for_tau,
                                            emulated_generate, geometric_tau)
@@ -184,7 +185,7 @@ def test_the_confidence_is_log_alpha_and_steers_the_verify_length():
                           generated=jnp.zeros((B, MAX_NEW), jnp.int32), num_generated=jnp.ones(B, jnp.int32))
     lengths = verify_lengths(BS)
     assert lengths == tuple(COSTS)
-    policy = engine.AdaptiveVerify(lengths, check_cost_table(COSTS, lengths))
+    policy = AdaptiveVerify(lengths, check_cost_table(COSTS, lengths))
     # a ragged batch state: row 0 done, row 1 with 3 tokens of its budget left, the others fresh
     n = np.array([MAX_NEW, MAX_NEW - 3] + [1] * (B - 2))
     max_new = jnp.full(B, MAX_NEW, jnp.int32)
@@ -193,8 +194,8 @@ def test_the_confidence_is_log_alpha_and_steers_the_verify_length():
     def confidence_and_choice(proposer, committed, n, max_new):
         state = types.SimpleNamespace(n=n, done=n >= max_new)
         proposal, _ = proposer.propose(spec, None, None, None, committed, jax.random.key(0), want_logp=True)
-        return (proposal.logp, engine.expected_tokens(policy.lengths, proposal.logp, state, max_new),
-                engine.choose_verify_length(policy, proposal.logp, state, max_new))
+        return (proposal.logp, expected_tokens(policy.lengths, proposal.logp, state, max_new),
+                choose_verify_length(policy, proposal.logp, state, max_new))
 
     for alpha, want_length in ((alpha_for_tau(TAU, BS), 16), (0.3, 4)):
         proposer = EmulatedProposer(rows, (64,) * B, alpha)

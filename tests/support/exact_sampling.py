@@ -6,7 +6,7 @@ can be enumerated (V^0 + ... + V^(depth-1) of them); one causal target forward o
 V^(depth-1) continuations of the prompt gives the next-token logits after each prefix, and the
 exact probability of every sequence of ``depth`` tokens follows by the chain rule. The sampling filters (temperature,
 top-k, top-p) are written again here in float64 numpy, independently of
-``dflash_jax.decoding.sampling``, so a wrong filter in the library cannot hide behind the same
+``dflash_jax.verification.sampling``, so a wrong filter in the library cannot hide behind the same
 wrong filter in the oracle.
 
 The check: per generated position, Pearson's chi-squared of the observed token counts against

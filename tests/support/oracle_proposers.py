@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.decoding.sampling import process_logits
+from dflash_jax.verification.sampling import process_logits
 from dflash_jax.proposers import Proposal, Proposer
 
 

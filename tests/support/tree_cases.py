@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.decoding.tree import ancestor_mask, best_first_tree
+from dflash_jax.verification.tree import ancestor_mask, best_first_tree
 
 
 def planted_case(seed: int, rows: int, nodes: int, topk: int, depth: int, vocab: int):

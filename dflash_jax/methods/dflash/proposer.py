@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.config import DrafterConfig
-from dflash_jax.decoding.sampling import process_logits
-from dflash_jax.decoding.tree import Tree, best_first_tree
+from dflash_jax.verification.sampling import process_logits
+from dflash_jax.verification.tree import Tree, best_first_tree
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.methods.dflash.model import DrafterModel
 from dflash_jax.nn.partitioning import CACHE_AXES
@@ -95,7 +95,7 @@ class DFlashProposer(Proposer):
                      policy) -> tuple[Tree, DFlashState]:
         """The drafter's one pass as for :meth:`propose`, then the best-first tree of
         ``policy.nodes`` nodes over its distributions at block rows 1..bs-1 (depths 1..bs-1;
-        ``decoding.tree.best_first_tree``): the ``policy.topk`` most likely tokens per depth,
+        ``verification.tree.best_first_tree``): the ``policy.topk`` most likely tokens per depth,
         grown by the product of the drafter's probabilities along the path."""
         if self.sample:
             raise ValueError("trees are drafted from the drafter's top-k tokens (deterministic "

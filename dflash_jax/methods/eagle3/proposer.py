@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.methods.eagle3.config import Eagle3Config
-from dflash_jax.decoding.tree import Tree
+from dflash_jax.verification.tree import Tree, TreeVerify
 from dflash_jax.methods.eagle3.model import Eagle3Model
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.partitioning import CACHE_AXES
@@ -68,8 +68,6 @@ class Eagle3Proposer(Proposer):
 
     def scratch(self, spec) -> int:
         """Cache slots past the committed ones that one draft writes."""
-        from dflash_jax.decoding.tree import TreeVerify
-
         steps = spec.block_size - 1
         if isinstance(spec.verify, TreeVerify):
             return max(steps, (steps - 1) * spec.verify.topk) + 1

@@ -1,9 +1,28 @@
-"""Lossless tree acceptance at temperature > 0: multi-draft verification for deterministic
+"""Every acceptance rule in one place: how many drafted tokens the target keeps, and the token
+it adds after them (``docs/method.md``, ``docs/trees.md``). Four rules, two for chains and two
+for trees; each returns what was accepted and the bonus, and nothing else of the engine.
+
+Chains (``accept``):
+  * :data:`MATCH` (greedy proposals): the target samples ``x_i ~ p_i`` at every block row
+    (argmax at temperature 0) and the proposal is accepted while it agrees; every emitted token
+    is a target sample given the true prefix, so the output has the target's distribution;
+  * :data:`REJECTION` (sampled proposals, ``d_{i+1} ~ q_i``): accept with probability
+    ``min(1, p_i(d)/q_i(d))``; at the first rejection emit a sample of
+    ``normalise(max(p_i - q_i, 0))``; after a full block a sample of ``p_{bs-1}``. Lossless
+    for any q.
+
+Trees (``verification.tree``: N nodes, each with its parent):
+  * :func:`accept_tree_greedy` (temperature 0): the longest root path whose every token is the
+    target's argmax at its parent, then the target's argmax after its last node;
+  * :func:`accept_tree_sampled` (T > 0): multi-draft verification for deterministic (top-k)
+    siblings, below.
+
+Lossless tree acceptance at temperature > 0: multi-draft verification for deterministic
 (top-k) siblings (``docs/trees.md``).
 
 The rule (the one for deterministic drafts, as EAGLE's ``evaluate_posterior`` applies it): walk
 down from the root with p = the target's processed distribution at the current node
-(``decoding.sampling.process_logits``: temperature, top-k, top-p). Visit the node's valid
+(``verification.sampling.process_logits``: temperature, top-k, top-p). Visit the node's valid
 children in rank order; child x is accepted with probability
 
     p_res(x) = p(x) / (1 - R),   R = the mass of p on the siblings rejected before it,
@@ -22,11 +41,11 @@ siblings sampled from q, and with top-k siblings it is not lossless.
 Implementation: every node carries one uniform u; child x "wins" at its parent when
 ``u < p_res(x)`` and no sibling of lower rank won, which draws the walk's decisions with
 independent uniforms, the same law as visiting the children one by one. A node is accepted
-when it and every ancestor won (as in ``tree.accept_greedy``, through the ancestor mask); at
+when it and every ancestor won (as in :func:`accept_tree_greedy`, through the ancestor mask); at
 most one child of a node wins, so the accepted nodes form one root path. Everything is a
 [B, N] or [B, N, N] array (no loop over depth or rank), and the vocabulary is touched only
 through ``parallel.vocab.VocabOps``, so it runs on a vocabulary split over devices as
-``engine.accept`` does.
+:func:`accept` does.
 """
 
 from __future__ import annotations
@@ -34,9 +53,90 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.decoding.sampling import SamplingParams, process_logits
-from dflash_jax.decoding.tree import Tree
+from typing import TYPE_CHECKING
+
 from dflash_jax.parallel import vocab
+from dflash_jax.verification.sampling import SamplingParams, process_logits, sample_tokens
+
+if TYPE_CHECKING:  # the tree module builds on this one
+    from dflash_jax.verification.tree import Tree
+
+MATCH = "match"
+"""Acceptance rule: accept while the proposal equals the target's own choice (argmax at
+temperature 0, else an independent sample per row): greedy proposals."""
+REJECTION = "rejection"
+"""Acceptance rule: rejection sampling against the proposal's distribution: sampled proposals."""
+ACCEPTANCE_RULES = (MATCH, REJECTION)
+
+
+# ---------------------------------------------------------------------------- chains
+def accept(rule: str, sampling: SamplingParams, draft, q_logp, logits, key,
+           ops: vocab.VocabOps = vocab.LOCAL):
+    """Decides how many draft tokens the target accepts, and the token it adds after them.
+
+    Args:
+      rule: :data:`MATCH` or :data:`REJECTION` (module docstring).
+      sampling: the target's sampling (temperature, top-k, top-p).
+      draft: int32[B, bs-1] the drafted tokens of block rows 1..bs-1.
+      q_logp: float32[B, bs-1, V] the draft distribution each was sampled from (REJECTION).
+      logits: float32[B, bs, V] the target's logits at the block rows (row i predicts row i+1).
+      key: PRNG key.
+      ops: the vocabulary reductions (``parallel.vocab.VocabOps``; V is then the shard's slice).
+
+    Returns:
+      (accepted int32[B] in 0..bs-1: the length of the accepted draft prefix,
+       bonus int32[B]: the target's token after it; see the rules in the module docstring).
+    """
+    B, bs, V = logits.shape  # V: the shard's vocabulary slice under tensor parallelism
+    if rule == MATCH:
+        # greedy: argmax; sampling with a greedy draft: one independent target sample per row
+        choice_BxBs = sample_tokens(key, logits, sampling, ops)
+        match = draft == choice_BxBs[:, :-1]
+        accepted = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
+        return accepted, jnp.take_along_axis(choice_BxBs, accepted[:, None], 1)[:, 0]
+    if q_logp is None:
+        raise ValueError("the rejection rule needs the proposal's distribution (q_logp): a "
+                         "sampled proposer returns it")
+    k_u, k_res = jax.random.split(key)
+    p_logp = process_logits(logits, sampling, ops)  # [B, bs, V]
+    p_d = ops.take(p_logp[:, :-1], draft)  # [B, bs-1]
+    q_d = ops.take(q_logp, draft)
+    u = ops.uniform(k_u, (B, bs - 1))
+    ok = jnp.log(u) < p_d - q_d  # u < p/q  (always when p >= q)
+    accepted = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
+    p_a = jnp.exp(jnp.take_along_axis(p_logp, accepted[:, None, None], 1)[:, 0])  # [B, V]
+    q_pad = jnp.concatenate([jnp.exp(q_logp), jnp.zeros((B, 1, V), q_logp.dtype)], axis=1)
+    q_a = jnp.take_along_axis(q_pad, accepted[:, None, None], 1)[:, 0]  # zeros after a full block
+    resid = jnp.maximum(p_a - q_a, 0.0)
+    mass = ops.sum(resid, keepdims=True)
+    resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_a)
+    bonus = ops.categorical(k_res, jnp.log(resid))
+    return accepted, bonus
+
+
+# ---------------------------------------------------------------------------- trees
+def accept_tree_greedy(tree: Tree, mask: jax.Array, logits: jax.Array,
+                       ops: vocab.VocabOps = vocab.LOCAL):
+    """Greedy tree acceptance: a node is accepted when its token is the target's argmax at its
+    parent and so is every ancestor's; siblings hold distinct tokens, so the accepted nodes are
+    one root path. Its deepest node ``last`` ends the path; the bonus is the target's argmax
+    there.
+
+    Args:
+      tree: the verified tree; mask: its ``verification.tree.ancestor_mask``; logits: float32[B, N, V] the
+        target's logits at the nodes (row i predicts the token after node i).
+    Returns:
+      (last int32[B] the deepest accepted node (0: none, the root), accepted int32[B] = its
+       depth (accepted draft tokens), bonus int32[B]).
+    """
+    choice = ops.argmax(logits).astype(jnp.int32)  # [B, N]
+    parent_choice = jnp.take_along_axis(choice, tree.parents, axis=1)
+    node = jnp.arange(tree.nodes)
+    matched = (tree.tokens == parent_choice) & tree.valid | (node == 0)[None]
+    ok = jnp.all(~mask | matched[:, None, :], axis=-1)  # every ancestor-or-self matched
+    last = jnp.argmax(jnp.where(ok, tree.depth, -1), axis=1).astype(jnp.int32)
+    rows = jnp.arange(tree.tokens.shape[0])
+    return last, tree.depth[rows, last], choice[rows, last]
 
 
 def target_logp(logits: jax.Array, sampling: SamplingParams,
@@ -68,25 +168,25 @@ def _prob_at(ops: vocab.VocabOps, logp: jax.Array, node: jax.Array, tokens: jax.
     return ops.sum(jnp.where(mine, jnp.exp(val), 0.0)[..., None])
 
 
-def accept_sampled(tree: Tree, mask: jax.Array, logits: jax.Array, sampling: SamplingParams,
+def accept_tree_sampled(tree: Tree, mask: jax.Array, logits: jax.Array, sampling: SamplingParams,
                    key: jax.Array, ops: vocab.VocabOps = vocab.LOCAL):
     """Tree acceptance by the multi-draft rule for deterministic siblings (module docstring).
 
     Args:
       tree: the verified tree (``Tree``: tokens, parents, depth, rank, valid, each [B, N]);
         invalid nodes are never children, node 0 (the root) never a child.
-      mask: bool[B, N, N] its ``tree.ancestor_mask``.
+      mask: bool[B, N, N] its ``verification.tree.ancestor_mask``.
       logits: float32[B, N, V] the target's logits at the nodes (row i predicts the token
         after node i); V the shard's slice under ``ops``.
       sampling: the target's sampling (temperature 0: greedy, then the result is
-        ``tree.accept_greedy``'s).
+        ``accept_tree_greedy``'s).
       key: PRNG key.
       ops: the vocabulary reductions (``parallel.vocab.VocabOps``).
 
     Returns:
       (last int32[B] the deepest accepted node (0: none, the root), accepted int32[B] its depth
        (accepted draft tokens), bonus int32[B] the token emitted after it): the same contract
-       as ``tree.accept_greedy``.
+       as :func:`accept_tree_greedy`.
     """
     B, N, V = logits.shape
     if tree.tokens.shape != (B, N):

@@ -16,30 +16,35 @@ parallel pass), a path's score is the sum of its tokens' log-probabilities, and 
 growth keeps the N - 1 highest-scoring paths that are closed under taking prefixes. With
 ``topk = 1`` the tree is the chain: the argmax at every depth, the whole block.
 
-Acceptance: greedy (temperature 0) in :func:`accept_greedy`: the longest root path whose every
-token is the target's argmax at its parent, then the target's argmax after its last node.
-Sampling (T > 0) in ``decoding.tree_sampling``: multi-draft verification for deterministic
-(top-k) siblings.
+The policy (:class:`TreeVerify`, a ``verification.policy.VerifyPolicy``): each iteration the
+proposer's tree, the target over all its nodes in one pass (:func:`verify_tree`), the accepted
+root path (``verification.acceptance``: :func:`~dflash_jax.verification.acceptance.
+accept_tree_greedy` at temperature 0, ``accept_tree_sampled``, multi-draft verification for
+deterministic siblings, above it), the path's K/V compacted and the state rolled back after it,
+and the path handed to the engine as a chain's accepted drafts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.parallel import vocab
+from dflash_jax.nn.tree_attention import TreeAttention
+from dflash_jax.verification import acceptance
+from dflash_jax.verification.policy import Verified, VerifyPolicy, rollback
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeVerify:
-    """The engine's tree verify policy: ``nodes`` (N) rows verified per iteration, the root
-    (the anchor) included, so N = block size verifies as many rows as the chain; ``topk``:
-    the most children a node gets (the proposer's ``topk`` most likely tokens of the next
-    depth). The depth is bounded by the proposer's block (``block_size - 1`` drafts)."""
+class TreeVerify(VerifyPolicy):
+    """The tree verify policy: ``nodes`` (N) rows verified per iteration, the root (the anchor)
+    included, so N = block size verifies as many rows as the chain; ``topk``: the most children
+    a node gets (the proposer's ``topk`` most likely tokens of the next depth). The depth is
+    bounded by the proposer's block (``block_size - 1`` drafts)."""
 
+    name: ClassVar[str] = "tree"
     nodes: int
     topk: int = 4
 
@@ -53,6 +58,50 @@ class TreeVerify:
                              f"nodes={self.nodes}")
         if self.topk < 1:
             raise ValueError(f"TreeVerify.topk must be >= 1, got {self.topk}")
+
+    def check(self, spec) -> None:
+        if spec.proposer is None:
+            raise ValueError("tree verification needs a proposer (a drafter): autoregressive "
+                             "decoding has no drafts")
+        refusal = spec.family.tree_refusal
+        if refusal is not None:
+            raise ValueError(f"the {spec.target.model_type!r} target cannot verify a tree of "
+                             f"drafts: {refusal}")
+        if spec.acceptance != acceptance.MATCH:
+            raise ValueError("a tree's siblings are the proposer's top-k tokens (deterministic "
+                             "drafts): use a greedy-draft proposer (sampled_draft=False)")
+
+    def slots(self, block_size: int) -> int:
+        return max(block_size, self.nodes)
+
+    def step(self, spec, tparams, vparams, pparams, state, seen, max_new, k_draft,
+             k_accept) -> Verified:
+        """The proposer's tree of N nodes; the target over all of them in one pass, node i in
+        slot ``start + i`` at RoPE position ``start + depth[i]``, seeing the committed slots and
+        its ancestors; the accepted root path; its nodes' K/V moved to slots ``start .. start +
+        accepted`` (``compact``), the state rolled back after them; the path's tokens and taps
+        returned as a chain's (the proposer observes the path in order)."""
+        bs, N = spec.block_size, self.nodes
+        start = state.tcache.lengths
+        tree, pstate = spec.proposer.propose_tree(spec, tparams, pparams, state.proposer, seen,
+                                                  k_draft, self)
+        if tree.tokens.shape != (start.shape[0], N):
+            raise ValueError(f"{type(spec.proposer).__name__}.propose_tree returned a tree of shape "
+                             f"{tree.tokens.shape}; the policy asks for [{start.shape[0]}, {N}]")
+        mask = ancestor_mask(tree, bs - 1)
+        logits, taps, tcache = verify_tree(spec, vparams, tree, mask, state.tcache)
+        if spec.sampling.greedy:
+            last, accepted, bonus = acceptance.accept_tree_greedy(tree, mask, logits, spec.ops)
+        else:
+            last, accepted, bonus = acceptance.accept_tree_sampled(tree, mask, logits, spec.sampling,
+                                                                   k_accept, spec.ops)
+        path = path_nodes(mask, tree.depth, last, bs)  # [B, bs]: root, then the accepted nodes
+        tcache = rollback(accepted, tcache.compact(start, path), state.done, start)
+        draft = jnp.take_along_axis(tree.tokens, path[:, 1:], axis=1)
+        if taps is not None:
+            taps = jnp.take_along_axis(taps, path[:, :, None], axis=1)
+        positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
+        return Verified(draft, accepted, bonus, tcache, taps, positions, N, pstate)
 
 
 class Tree(NamedTuple):
@@ -170,25 +219,13 @@ def path_nodes(mask: jax.Array, depth: jax.Array, last: jax.Array, length: int) 
     return jnp.argmax(hit, axis=-1).astype(jnp.int32)  # no hit (k > depth): 0
 
 
-def accept_greedy(tree: Tree, mask: jax.Array, logits: jax.Array,
-                  ops: vocab.VocabOps = vocab.LOCAL):
-    """Greedy tree acceptance: a node is accepted when its token is the target's argmax at its
-    parent and so is every ancestor's; siblings hold distinct tokens, so the accepted nodes are
-    one root path. Its deepest node ``last`` ends the path; the bonus is the target's argmax
-    there.
-
-    Args:
-      tree: the verified tree; mask: its :func:`ancestor_mask`; logits: float32[B, N, V] the
-        target's logits at the nodes (row i predicts the token after node i).
-    Returns:
-      (last int32[B] the deepest accepted node (0: none, the root), accepted int32[B] = its
-       depth (accepted draft tokens), bonus int32[B]).
-    """
-    choice = ops.argmax(logits).astype(jnp.int32)  # [B, N]
-    parent_choice = jnp.take_along_axis(choice, tree.parents, axis=1)
-    node = jnp.arange(tree.nodes)
-    matched = (tree.tokens == parent_choice) & tree.valid | (node == 0)[None]
-    ok = jnp.all(~mask | matched[:, None, :], axis=-1)  # every ancestor-or-self matched
-    last = jnp.argmax(jnp.where(ok, tree.depth, -1), axis=1).astype(jnp.int32)
-    rows = jnp.arange(tree.tokens.shape[0])
-    return last, tree.depth[rows, last], choice[rows, last]
+def verify_tree(spec, tparams, tree: Tree, mask: jax.Array, tcache):
+    """The target over the N nodes of ``tree`` in one pass: node i written to slot
+    ``tcache.lengths + i``, rotated to ``tcache.lengths + depth[i]``, seeing the committed slots
+    and its ancestors' (``mask``: :func:`ancestor_mask`). Returns what
+    ``verification.policy.verify`` returns for a block of N rows."""
+    start = tcache.lengths[:, None]
+    slots = start + jnp.arange(tree.nodes, dtype=jnp.int32)
+    return spec.family.forward(spec.target, tparams, tree.tokens, slots, tcache,
+                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
+                               tree=TreeAttention(start + tree.depth, mask), **spec.target_axes)
