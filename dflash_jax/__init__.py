@@ -26,11 +26,15 @@ from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter, 
 from dflash_jax.checkpoints import CheckpointError  # noqa: E402
 from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig  # noqa: E402
 from dflash_jax.nn.cache import KVCache  # noqa: E402
+from dflash_jax.verification.adaptive import Adaptive  # noqa: E402
+from dflash_jax.verification.policy import FixedVerify  # noqa: E402
+from dflash_jax.verification.tree import TreeVerify  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointError", "Drafter", "DrafterConfig", "EMBEDDED_DRAFTER_DIR", "EMBEDDED_TARGET_DIR",
-    "GenerateResult", "KVCache", "RopeConfig", "StreamChunk", "Target", "TargetConfig", "generate",
-    "generate_stream", "load_drafter", "load_embedded", "load_target", "save_drafter", "__version__",
+    "Adaptive", "CheckpointError", "Drafter", "DrafterConfig", "EMBEDDED_DRAFTER_DIR",
+    "EMBEDDED_TARGET_DIR", "FixedVerify", "GenerateResult", "KVCache", "RopeConfig", "StreamChunk",
+    "Target", "TargetConfig", "TreeVerify", "generate", "generate_stream", "load_drafter",
+    "load_embedded", "load_target", "save_drafter", "__version__",
 ]

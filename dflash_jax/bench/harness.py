@@ -144,12 +144,13 @@ class Runner:
     def run(self, ids, drafter, pad_to, adaptive: bool = False):
 
         a = self.args
-        block_size = (ADAPTIVE if adaptive else a.block_size) if drafter else None
+        adaptive = adaptive or a.block_size == ADAPTIVE
+        block_size = None if drafter is None or a.block_size == ADAPTIVE else a.block_size
+        verify = (ADAPTIVE if adaptive else tree_args.policy(a)) if drafter else None
         return generate(self.target, [ids], a.max_new_tokens, drafter=drafter, temperature=a.temperature,
-                        stop_token_ids=self.stops, seed=a.seed, block_size=block_size,
+                        stop_token_ids=self.stops, seed=a.seed, block_size=block_size, verify=verify,
                         num_denoise_steps=getattr(a, "num_denoise_steps", 1),
-                        sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to,
-                        **(tree_args.options(a) if drafter and not adaptive else {}))
+                        sampled_draft=getattr(a, "sampled_draft", False), pad_to=pad_to)
 
 
 def chat(turns, answers):

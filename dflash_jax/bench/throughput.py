@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set
-from dflash_jax.verification.adaptive import ADAPTIVE, per_row_lengths
+from dflash_jax.verification.adaptive import Adaptive, per_row_lengths
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.progress import Bar, progress
 from dflash_jax.reporting import (command_line, environment, machine_fields, machine_sentence, new_figure,
@@ -47,8 +47,7 @@ AR, DFLASH, ADAPTIVE_METHOD, PER_ROW = "ar", "dflash", "adaptive", "adaptive_row
 METHODS = (AR, DFLASH, ADAPTIVE_METHOD, PER_ROW)
 LABELS = {AR: "AR", DFLASH: "DFlash, fixed block", ADAPTIVE_METHOD: "DFlash, adaptive block (batch-wide)",
           PER_ROW: "DFlash, adaptive per row"}
-OPTIONS = {AR: {}, DFLASH: {}, ADAPTIVE_METHOD: {"block_size": ADAPTIVE},
-           PER_ROW: {"block_size": ADAPTIVE, "verify_per_row": True}}
+OPTIONS = {AR: {}, DFLASH: {}, ADAPTIVE_METHOD: {"verify": Adaptive()}, PER_ROW: {"verify": Adaptive(per_row=True)}}
 """The ``generate`` options of each method (besides the drafter)."""
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 

@@ -9,7 +9,7 @@ from dflash_jax.cli import command_main, run_cli, status
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
-from dflash_jax.verification.adaptive import ADAPTIVE, block_size_arg
+from dflash_jax.verification.adaptive import ADAPTIVE, Adaptive, block_size_arg
 from dflash_jax.decoding.generation import generate as run_generate
 from dflash_jax.decoding import tree_args
 from dflash_jax.prompts import encode_prompt
@@ -96,10 +96,12 @@ def run(args):
             prompts.append(tok.encode(text))
     status(f"compiling and running {tree_args.label(args) if drafter else 'autoregressive'} generation for "
            f"{len(prompts)} prompt(s) ...")
-    r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter, block_size=args.block_size,
-                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 stop_token_ids=target.stop_token_ids, seed=args.seed, **tree_args.options(args),
-                 **({"verify_per_row": True} if args.verify_per_row else {}))
+    adaptive = args.block_size == ADAPTIVE
+    verify = Adaptive(per_row=args.verify_per_row) if adaptive else tree_args.policy(args)
+    r = run_generate(target, prompts, args.max_new_tokens, drafter=drafter,
+                     block_size=None if adaptive else args.block_size, verify=verify,
+                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                     stop_token_ids=target.stop_token_ids, seed=args.seed)
 
     if not is_main_process():  # every process holds the whole result; one prints it
         return r

@@ -1,7 +1,7 @@
 """Generation as the library user calls it: ``generate`` and ``generate_stream`` check the
 arguments and run the prefill (``decoding.prepare``), run ``engine.decode`` and turn the device
 state into a :class:`GenerateResult` (tokens, finish reasons, acceptance statistics, timings) or
-:class:`StreamChunk` s. With ``block_size="adaptive"`` and no cost table they first get one
+:class:`StreamChunk` s. With ``verify="adaptive"`` and no cost table they first get one
 (``decoding.costs``: measured once per device and cached). ``dflash_jax.generate`` /
 ``dflash_jax.generate_stream`` are these functions.
 """
@@ -18,8 +18,9 @@ import numpy as np
 
 from dflash_jax import methods, metrics
 from dflash_jax.decoding import costs, engine
-from dflash_jax.verification.adaptive import ADAPTIVE, verify_lengths
-from dflash_jax.decoding.prepare import GenerateOptions, _as_prompt_list, _prepare, per_row_plan
+from dflash_jax.decoding.prepare import (GenerateOptions, _as_prompt_list, _prepare, per_row_plan,
+                                         verify_request, without_deprecated)
+from dflash_jax.verification.adaptive import Adaptive, verify_lengths
 from dflash_jax.models.handles import Drafter, Target
 
 
@@ -32,7 +33,7 @@ class GenerateResult:
     acceptance_lengths: per prompt, the acceptance length of every iteration (accepted draft
       tokens + the bonus, so 1..block_size; all 1 for autoregressive decoding).
     verify_lengths: per prompt, the block rows the target verified in every iteration (the
-      block size, or with ``block_size="adaptive"`` the length chosen that iteration).
+      block size, or with ``verify="adaptive"`` the length chosen that iteration).
     prefill_time_s / decode_time_s: wall time of the two device stages. The first call with
       new shapes (or options) compiles the stage's program inside that time; benchmarks warm
       up first.
@@ -108,19 +109,24 @@ class StreamChunk:
 
 
 def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> GenerateOptions:
-    """``opt`` with the adaptive block size's cost table: the given one, else the one measured
-    (and cached) on this device for this pair and batch (``adaptive.cost_table``). Run before
-    the arguments are prepared, so that preparing never starts a benchmark; options that
+    """``opt`` with its verify policy as one ``verify`` value (the deprecated keywords folded in,
+    with their warning) and an adaptive request's cost table: the given one, else the one
+    measured (and cached) on this device for this pair and batch (``costs.cost_table``). Run
+    before the arguments are prepared, so that preparing never starts a benchmark; options that
     cannot be measured are left for :func:`_prepare` to refuse."""
-    if (opt.block_size != ADAPTIVE or opt.cost_table is not None or drafter is None
+    request = verify_request(opt).request
+    opt = without_deprecated(opt, request)
+    if (not isinstance(request, Adaptive) or request.cost_table is not None or drafter is None
             or not methods.method_of(drafter).automatic_adaptive):
         return opt
     batch = len(_as_prompt_list(prompts, target.config.vocab_size))
-    if opt.verify_per_row:
-        lengths, splits = per_row_plan(target, batch, drafter.config.block_size, opt)
-        return dataclasses.replace(opt, cost_table=costs.cost_table(target, drafter, lengths, batch, splits=splits))
-    lengths = verify_lengths(drafter.config.block_size, opt.verify_lengths)
-    return dataclasses.replace(opt, cost_table=costs.cost_table(target, drafter, lengths, batch))
+    bs = drafter.config.block_size
+    if request.per_row:
+        lengths, splits = per_row_plan(target, batch, bs, request)
+        table = costs.cost_table(target, drafter, lengths, batch, splits=splits)
+    else:
+        table = costs.cost_table(target, drafter, verify_lengths(bs, request.lengths), batch)
+    return dataclasses.replace(opt, verify=dataclasses.replace(request, cost_table=table))
 
 
 # Compilation inside a call's timed stages, seen through jax.monitoring: jax reports the time
@@ -190,7 +196,8 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
       max_new_tokens: new-token budget, one int or one per prompt.
       drafter: a DFlash :class:`Drafter` for speculative decoding (None: autoregressive).
       **options: the fields of :class:`GenerateOptions`: ``temperature``, ``top_k``,
-        ``top_p`` (0 = greedy), ``stop_token_ids``, ``seed``, ``block_size``,
+        ``top_p`` (0 = greedy), ``stop_token_ids``, ``seed``, ``block_size``, ``verify`` (the
+        verify policy: "fixed", "adaptive", ``Adaptive(...)``, ``TreeVerify(nodes, topk)``),
         ``num_denoise_steps``, ``sampled_draft``, ``proposer``, ``attention_impl``, ``pad_to``.
     """
     opt = _with_cost_table(target, prompts, drafter, GenerateOptions.from_keywords("generate", options))

@@ -18,7 +18,7 @@ import numpy as np
 from dflash_jax import parallel
 from dflash_jax.verification import adaptive as adaptive_mod
 from dflash_jax.decoding import engine
-from dflash_jax.verification.adaptive import ADAPTIVE
+from dflash_jax.verification.adaptive import ADAPTIVE, Adaptive
 from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.verification.acceptance import MATCH, REJECTION
 from dflash_jax.verification.policy import FixedVerify
@@ -38,19 +38,18 @@ class GenerateOptions:
       identically to draft and target).
     stop_token_ids: ids that end a row (one id, one list for all rows, or one list per row).
     seed: PRNG seed.
-    block_size: speculative block size (default: the drafter's training block size), or
-      "adaptive": draft the drafter's block, verify only the first L rows per iteration, L
-      among ``verify_lengths`` chosen from the drafter's confidence and ``cost_table``
-      (``verification.adaptive``); the chosen lengths are in ``GenerateResult.verify_lengths``.
-    verify_lengths: adaptive mode: the static verify lengths (default 4, 8, 16 up to the
-      drafter's block size).
-    cost_table: adaptive mode: {verify length: seconds per iteration} ({split: seconds} per
-      row); default None: measured once on this device and cached (``adaptive.cost_table``).
-    verify_per_row: adaptive mode: choose per row instead of per batch: rows are grouped into a
-      short and a long verify length (``verify_lengths``: two, default 4 and the block size),
-      the split chosen per iteration (``verification.adaptive``).
-    row_splits: with ``verify_per_row``: the splits (how many rows may verify the long length;
-      default 0, B/4, B/2, 3B/4, B of one device's B rows).
+    block_size: speculative block size (default: the drafter's training block size).
+    verify: the verify policy (``docs/methods.md``): "fixed" (the default: the whole block),
+      "adaptive" or ``Adaptive(per_row=..., lengths=..., cost_table=..., splits=...)`` (verify
+      only the first L rows per iteration, L chosen from the drafter's confidence and measured
+      costs, per batch or per row; ``verification.adaptive``; the chosen lengths are in
+      ``GenerateResult.verify_lengths``), or ``TreeVerify(nodes=N, topk=K)`` (a tree of N
+      nodes per iteration, root included, the proposer's K most likely tokens per depth grown
+      best-first, depth up to ``block_size - 1``; ``verification.tree``).
+    block_size="adaptive", verify_lengths, cost_table, verify_per_row, row_splits, tree,
+      tree_topk: deprecated spellings of ``verify`` (``block_size="adaptive"`` with the next
+      four is ``Adaptive(per_row, lengths, cost_table, splits)``, ``tree=N, tree_topk=K`` is
+      ``TreeVerify(N, K)``); they keep working and warn.
     num_denoise_steps: drafter passes per draft (ablation knob; 1 as in the paper).
     sampled_draft: sample the draft from the drafter's distribution and use rejection
       sampling, instead of the greedy draft the paper uses (both are lossless).
@@ -58,10 +57,6 @@ class GenerateOptions:
       drafter's DFlash proposer; its block size is ``block_size`` (default: the drafter's).
     attention_impl: "xla" (default) or "pallas" (``kernels.block_attention``; interpreted,
       slowly, when not on a GPU) for attention through the KV caches.
-    tree: verify a tree of this many nodes per iteration (root included; ``verification.tree``)
-      instead of the chain: the proposer's most likely tokens at each depth grown best-first,
-      depth up to ``block_size - 1``. None (default): the chain.
-    tree_topk: with ``tree``: the most children a node gets (default 4).
     pad_to: (prompt width, cache length) to pad to at least, so that calls with different
       prompts reuse one compiled program (benchmarks); default: the smallest bucket.
     """
@@ -83,6 +78,7 @@ class GenerateOptions:
     pad_to: tuple[int, int] | None = None
     tree: int | None = None
     tree_topk: int = 4
+    verify: Any = None
 
     @classmethod
     def from_keywords(cls, function: str, options: Mapping[str, Any]) -> "GenerateOptions":
@@ -96,14 +92,80 @@ class GenerateOptions:
         return cls(**options)
 
 
-def per_row_plan(target: Target, batch: int, block_size: int, opt: GenerateOptions
+def per_row_plan(target: Target, batch: int, block_size: int, request: Adaptive
                  ) -> tuple[tuple[int, int], tuple[int, ...]]:
     """Per-row verification's (short, long) lengths and splits for ``batch`` prompts (the
-    splits count one data shard's rows on a mesh), from ``opt``'s ``verify_lengths`` and
-    ``row_splits`` (``verification.adaptive``)."""
+    splits count one data shard's rows on a mesh), from the request's ``lengths`` and
+    ``splits`` (``verification.adaptive``)."""
     data = 1 if target.mesh is None else parallel.mesh_axis_sizes(target.mesh)[parallel.DATA]
-    return (adaptive_mod.per_row_lengths(block_size, opt.verify_lengths),
-            adaptive_mod.row_splits(max(batch // data, 1), opt.row_splits))
+    return (adaptive_mod.per_row_lengths(block_size, request.lengths),
+            adaptive_mod.row_splits(max(batch // data, 1), request.splits))
+
+
+_DEPRECATED = {"verify_lengths": None, "cost_table": None, "verify_per_row": False, "row_splits": None,
+               "tree": None, "tree_topk": 4}
+"""The deprecated spellings of ``verify`` and their defaults (``block_size="adaptive"`` too)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyRequest:
+    """The verify policy asked for: ``request`` (``FixedVerify``, ``Adaptive`` or
+    ``TreeVerify``) and how the call spelled it (``shown``, for refusals)."""
+
+    request: Any
+    shown: str
+
+
+def verify_request(opt: GenerateOptions, warn: bool = True) -> VerifyRequest:
+    """The verify policy ``opt`` asks for: its ``verify``, or the deprecated keywords folded into
+    one (a ``DeprecationWarning`` when ``warn``); a wrong value or a mix of the two spellings is
+    a ``ValueError`` naming the fix."""
+    old = [name for name, default in _DEPRECATED.items() if getattr(opt, name) != default]
+    adaptive = opt.block_size == ADAPTIVE
+    if opt.verify is not None:
+        if old or adaptive:
+            given = ", ".join(old + (["block_size='adaptive'"] if adaptive else []))
+            raise ValueError(f"verify={opt.verify!r} with {given}: the verify policy is one value, "
+                             "pass verify= alone (the others are its deprecated spellings)")
+        return VerifyRequest(_as_request(opt.verify), f"verify={opt.verify!r}")
+    if opt.row_splits is not None and not opt.verify_per_row:
+        raise ValueError("row_splits belongs to per-row verification: pass verify_per_row=True (and "
+                         f"block_size={ADAPTIVE!r}) with it")
+    if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None or opt.verify_per_row):
+        raise ValueError("verify_lengths, cost_table and verify_per_row belong to the adaptive block size: pass "
+                         f"block_size={ADAPTIVE!r} with them (got block_size={opt.block_size!r})")
+    if opt.tree is None and opt.tree_topk != 4:
+        raise ValueError(f"tree_topk={opt.tree_topk!r} belongs to tree verification: pass "
+                         "tree=N (nodes per iteration) with it")
+    if warn and (old or adaptive):
+        import warnings
+
+        warnings.warn("generate's block_size='adaptive', verify_lengths, cost_table, verify_per_row, "
+                      "row_splits, tree and tree_topk are deprecated: pass verify='adaptive', "
+                      "verify=Adaptive(per_row, lengths, cost_table, splits) or verify=TreeVerify(nodes, "
+                      "topk) (docs/methods.md)", DeprecationWarning, stacklevel=4)
+    if opt.tree is not None:
+        return VerifyRequest(_tree_request(opt, adaptive), f"tree={opt.tree}")
+    if adaptive:
+        return VerifyRequest(Adaptive(bool(opt.verify_per_row), opt.verify_lengths, opt.cost_table,
+                                      opt.row_splits), f"block_size={ADAPTIVE!r}")
+    return VerifyRequest(FixedVerify(), "verify='fixed'")
+
+
+def _as_request(value):
+    """``verify=``'s value as a request: "fixed", "adaptive", or a policy object."""
+    if isinstance(value, str) and value.strip().lower() in ("fixed", ADAPTIVE):
+        return FixedVerify() if value.strip().lower() == "fixed" else Adaptive()
+    if isinstance(value, (FixedVerify, Adaptive, TreeVerify)):
+        return value
+    raise ValueError(f"verify={value!r}: give 'fixed', 'adaptive', dflash_jax.Adaptive(per_row=..., "
+                     "lengths=..., cost_table=...) or dflash_jax.TreeVerify(nodes=N, topk=K)")
+
+
+def without_deprecated(opt: GenerateOptions, request) -> GenerateOptions:
+    """``opt`` with its verify policy as ``verify=request`` and the deprecated keywords reset."""
+    return dataclasses.replace(opt, verify=request, **_DEPRECATED,
+                               block_size=None if opt.block_size == ADAPTIVE else opt.block_size)
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -252,16 +314,13 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             raise ValueError(f"max_new_tokens must be a positive integer, got {m!r}")
     sampling = SamplingParams(float(opt.temperature), opt.top_k, opt.top_p)
     stops = _stop_array(opt.stop_token_ids, B, cfg.vocab_size)
+    if isinstance(opt.block_size, str) and opt.block_size != ADAPTIVE:
+        raise ValueError(f"block_size must be a positive integer, got {opt.block_size!r} (the adaptive "
+                         "verify length is verify='adaptive')")
+    asked = verify_request(opt)
+    request = asked.request
+    opt = without_deprecated(opt, request)
     block_size, num_denoise_steps = opt.block_size, opt.num_denoise_steps
-    adaptive = isinstance(block_size, str)
-    if adaptive and block_size != ADAPTIVE:
-        raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
-    if opt.row_splits is not None and not opt.verify_per_row:
-        raise ValueError("row_splits belongs to per-row verification: pass verify_per_row=True (and "
-                         f"block_size={ADAPTIVE!r}) with it")
-    if not adaptive and (opt.verify_lengths is not None or opt.cost_table is not None or opt.verify_per_row):
-        raise ValueError("verify_lengths, cost_table and verify_per_row belong to the adaptive block size: pass "
-                         f"block_size={ADAPTIVE!r} with them (got block_size={block_size!r})")
     if drafter is None and opt.proposer is not None:  # a custom proposer alone
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 2:
             raise ValueError(f"a proposer without a drafter needs block_size, an integer >= 2 "
@@ -270,14 +329,17 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
     elif drafter is None:
         if block_size not in (None, 1):
             raise ValueError(f"block_size={block_size!r} needs a drafter (generate(..., drafter=...))")
+        if isinstance(request, TreeVerify):
+            raise ValueError(f"{asked.shown} needs a drafter (or a proposer): autoregressive decoding "
+                             "drafts nothing")
+        if isinstance(request, Adaptive):
+            raise ValueError(f"{asked.shown} needs a drafter (generate(..., drafter=...))")
         bs, dparams = 1, None
     else:
         method = methods.method_of(drafter)
-        asked = {"tree": (opt.tree is not None, f"tree={opt.tree}"),
-                 "adaptive": (adaptive, f"block_size={ADAPTIVE!r}"),
-                 "sampled_draft": (bool(opt.sampled_draft), "sampled_draft=True")}
-        for what, (used, shown) in asked.items():  # what the method declares it does not do
-            if used and what in method.unsupported:
+        wanted = ((request.name, asked.shown), ("sampled_draft", "sampled_draft=True" if opt.sampled_draft else None))
+        for what, shown in wanted:  # what the method declares it does not do
+            if shown is not None and what in method.unsupported:
                 raise ValueError(f"{shown}: {method.unsupported[what]}")
         drafter.config.check_target(cfg)
         if drafter.mesh is not target.mesh and drafter.mesh != target.mesh:
@@ -285,11 +347,11 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             raise ValueError(f"the drafter is placed on {where(drafter.mesh)} and the target on "
                              f"{where(target.mesh)}: load the drafter with load_drafter(path, "
                              "target), which places it on the target's mesh")
-        if block_size is not None and not adaptive and (
+        if block_size is not None and (
                 isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))):
-            raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r}, got {block_size!r}")
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         trained = method.default_block_size(drafter)
-        bs = trained if block_size is None or adaptive else int(block_size)
+        bs = trained if block_size is None else int(block_size)
         if bs < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if bs > target.max_len:
@@ -310,31 +372,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
             raise ValueError(f"{B} prompts cannot be split over the mesh's data={data} shards: "
                              f"pass a multiple of {data} prompts (or build the mesh with "
                              f"data dividing {B})")
-    verify = FixedVerify()
-    if opt.tree is not None:
-        verify = _tree_policy(opt, bs, adaptive)
-    elif opt.tree_topk != 4:
-        raise ValueError(f"tree_topk={opt.tree_topk!r} belongs to tree verification: pass "
-                         "tree=N (nodes per iteration) with it")
-    if adaptive and opt.verify_per_row:
-        if opt.tree is not None:
-            raise ValueError("verify_per_row chooses chain verify lengths per row; a tree's size is fixed "
-                             "per iteration: pass one of tree=N and verify_per_row=True")
-        lengths, splits = per_row_plan(target, B, bs, opt)
-        if opt.cost_table is None:
-            raise ValueError(f"verify_per_row needs a cost_table here ({{split: seconds per iteration}}, "
-                             f"splits {list(splits)}; dflash_jax.decoding.costs.cost_table measures and "
-                             "caches one; generate and generate_stream do that themselves)")
-        verify = adaptive_mod.AdaptiveVerify(
-            lengths, adaptive_mod.check_cost_table(opt.cost_table, splits, "split"), splits)
-    elif adaptive:
-        lengths = adaptive_mod.verify_lengths(bs, opt.verify_lengths)
-        if opt.cost_table is None:
-            raise ValueError(f"block_size={ADAPTIVE!r} needs a cost_table here ({{verify length: "
-                             "seconds per iteration}; dflash_jax.decoding.costs.cost_table "
-                             "measures and caches one; generate and generate_stream do that "
-                             "themselves)")
-        verify = adaptive_mod.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(opt.cost_table, lengths))
+    verify = _policy(target, request, asked.shown, opt, bs, B)
     lens = [len(r) for r in rows]
     extra = verify.slots(bs)  # the cache slots one verify writes
     width, cache_len = plan_lengths(target, lens, budgets, extra=extra, pad_to=opt.pad_to)
@@ -366,8 +404,8 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
                           time.perf_counter() - t0)
 
 
-def _tree_policy(opt: GenerateOptions, bs: int, adaptive: bool) -> TreeVerify:
-    """The tree verify policy of ``opt.tree`` / ``opt.tree_topk``, checked against the rest."""
+def _tree_request(opt: GenerateOptions, adaptive: bool) -> TreeVerify:
+    """The tree verify policy of the deprecated ``tree`` / ``tree_topk``, checked."""
     for name in ("tree", "tree_topk"):
         v = getattr(opt, name)
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -375,16 +413,37 @@ def _tree_policy(opt: GenerateOptions, bs: int, adaptive: bool) -> TreeVerify:
     if adaptive:
         raise ValueError(f"tree=N and block_size={ADAPTIVE!r} are two verify policies: choose one "
                          "(a tree's size is its node budget)")
-    if bs < 2:
-        raise ValueError("tree=N needs a drafter (or a proposer): autoregressive decoding drafts "
-                         "nothing")
     if opt.tree < 2:
         raise ValueError(f"tree={opt.tree}: a tree needs at least 2 nodes (the anchor and one "
                          "draft); the chain is the default (tree=None)")
-    if opt.sampled_draft:
-        raise ValueError("tree=N drafts the drafter's top-k tokens at each depth (deterministic "
-                         "drafts): it cannot be combined with sampled_draft=True")
     return TreeVerify(int(opt.tree), int(opt.tree_topk))
+
+
+def _policy(target: Target, request, shown: str, opt: GenerateOptions, bs: int, batch: int):
+    """The engine's verify policy for ``request`` (``verify_request``) at block size ``bs``:
+    a tree or the fixed block as asked (checked), an adaptive request with its lengths,
+    splits and cost table checked (the table given or measured by ``generate``)."""
+    if isinstance(request, TreeVerify):
+        if opt.sampled_draft:
+            raise ValueError(f"{shown} drafts the drafter's top-k tokens at each depth (deterministic "
+                             "drafts): it cannot be combined with sampled_draft=True")
+        return request
+    if not isinstance(request, Adaptive):
+        return request
+    if request.per_row:
+        lengths, splits = per_row_plan(target, batch, bs, request)
+        if request.cost_table is None:
+            raise ValueError(f"per-row verification needs a cost_table here ({{split: seconds per iteration}}, "
+                             f"splits {list(splits)}; dflash_jax.decoding.costs.cost_table measures and "
+                             "caches one; generate and generate_stream do that themselves)")
+        return adaptive_mod.AdaptiveVerify(
+            lengths, adaptive_mod.check_cost_table(request.cost_table, splits, "split"), splits)
+    lengths = adaptive_mod.verify_lengths(bs, request.lengths)
+    if request.cost_table is None:
+        raise ValueError(f"{shown} needs a cost_table here ({{verify length: seconds per iteration}}; "
+                         "dflash_jax.decoding.costs.cost_table measures and caches one; generate and "
+                         "generate_stream do that themselves)")
+    return adaptive_mod.AdaptiveVerify(lengths, adaptive_mod.check_cost_table(request.cost_table, lengths))
 
 
 def _on_mesh(mesh, *, seed: int, **rows: np.ndarray) -> dict:

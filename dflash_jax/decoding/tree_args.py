@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from dflash_jax.verification.adaptive import ADAPTIVE
+from dflash_jax.verification.tree import TreeVerify
 
 DEFAULT_TOPK = 4
 """Children per node at most when ``--tree-topk`` is not given (``TreeVerify.topk``'s default)."""
@@ -45,12 +46,19 @@ def check(args: argparse.Namespace, has_drafter: bool = True) -> None:
 
 
 def options(args: argparse.Namespace) -> dict:
-    """The ``generate`` keywords of the tree options (``tree``, ``tree_topk``); {} for the
+    """The tree options' values (``tree``, ``tree_topk``, as reports record them); {} for the
     chain."""
     if getattr(args, "tree", None) is None:
         return {}
     topk = getattr(args, "tree_topk", None)
     return {"tree": args.tree, "tree_topk": DEFAULT_TOPK if topk is None else topk}
+
+
+def policy(args: argparse.Namespace) -> TreeVerify | None:
+    """The verify policy of the tree options (``generate(..., verify=...)``): a
+    :class:`TreeVerify`, or None for the chain (the default)."""
+    opt = options(args)
+    return TreeVerify(opt["tree"], opt["tree_topk"]) if opt else None
 
 
 def label(args: argparse.Namespace) -> str:

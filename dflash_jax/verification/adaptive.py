@@ -156,6 +156,39 @@ def check_cost_table(table: Mapping, lengths: tuple[int, ...], what: str = "veri
     return tuple(out)
 
 
+# ---------------------------------------------------------------------------- the request
+@dataclasses.dataclass(frozen=True)
+class Adaptive:
+    """``generate(..., verify=Adaptive(...))``: the adaptive verify length, as a user asks for it
+    (``verify="adaptive"`` is ``Adaptive()``); generation turns it into an :class:`AdaptiveVerify`
+    with its lengths checked and its costs measured (``decoding.costs``) or given.
+
+    per_row: choose per row instead of per batch (rows grouped into a short and a long length).
+    lengths: the static verify lengths (default 4, 8, 16 up to the block size; per row: two,
+      default 4 and the block size).
+    cost_table: {verify length: seconds per iteration} ({split: seconds} per row); default None:
+      measured once on this device and cached.
+    splits: per row: how many rows may verify the long length (default 0, B/4, B/2, 3B/4, B of
+      one device's B rows).
+    """
+
+    per_row: bool = False
+    lengths: tuple[int, ...] | None = None
+    cost_table: Mapping[int, float] | None = None
+    splits: tuple[int, ...] | None = None
+
+    name: ClassVar[str] = "adaptive"
+
+    def __post_init__(self):
+        if not isinstance(self.per_row, bool):
+            raise ValueError(f"Adaptive.per_row must be True or False, got {self.per_row!r}")
+        if self.splits is not None and not self.per_row:
+            raise ValueError("Adaptive(splits=...) belongs to per-row verification: pass per_row=True "
+                             "with it")
+
+    __hash__ = None  # a cost table is a dict: a request is not a jit key (its policy is)
+
+
 # ---------------------------------------------------------------------------- the policy
 @dataclasses.dataclass(frozen=True)
 class AdaptiveVerify(VerifyPolicy):
