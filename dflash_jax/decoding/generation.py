@@ -19,7 +19,7 @@ import numpy as np
 from dflash_jax import methods, metrics
 from dflash_jax.decoding import costs, engine
 from dflash_jax.decoding.prepare import (GenerateOptions, _as_prompt_list, _prepare, per_row_plan,
-                                         verify_request, without_deprecated)
+                                         verify_request)
 from dflash_jax.verification.adaptive import Adaptive, verify_lengths
 from dflash_jax.models.handles import Drafter, Target
 
@@ -109,13 +109,12 @@ class StreamChunk:
 
 
 def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> GenerateOptions:
-    """``opt`` with its verify policy as one ``verify`` value (the deprecated keywords folded in,
-    with their warning) and an adaptive request's cost table: the given one, else the one
-    measured (and cached) on this device for this pair and batch (``costs.cost_table``). Run
-    before the arguments are prepared, so that preparing never starts a benchmark; options that
-    cannot be measured are left for :func:`_prepare` to refuse."""
-    request = verify_request(opt).request
-    opt = without_deprecated(opt, request)
+    """``opt`` with an adaptive verify request's cost table (``verify=`` or its deprecated
+    spelling): the given one, else the one measured (and cached) on this device for this pair
+    and batch (``costs.cost_table``). Run before the arguments are prepared, so that preparing
+    never starts a benchmark; options that cannot be measured are left for :func:`_prepare` to
+    refuse."""
+    request = verify_request(opt, warn=False).request  # _prepare warns, naming the spelling used
     if (not isinstance(request, Adaptive) or request.cost_table is not None or drafter is None
             or not methods.method_of(drafter).automatic_adaptive):
         return opt
@@ -126,6 +125,8 @@ def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> 
         table = costs.cost_table(target, drafter, lengths, batch, splits=splits)
     else:
         table = costs.cost_table(target, drafter, verify_lengths(bs, request.lengths), batch)
+    if opt.verify is None:  # the deprecated spelling, kept
+        return dataclasses.replace(opt, cost_table=table)
     return dataclasses.replace(opt, verify=dataclasses.replace(request, cost_table=table))
 
 

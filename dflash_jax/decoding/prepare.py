@@ -315,8 +315,8 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
     sampling = SamplingParams(float(opt.temperature), opt.top_k, opt.top_p)
     stops = _stop_array(opt.stop_token_ids, B, cfg.vocab_size)
     if isinstance(opt.block_size, str) and opt.block_size != ADAPTIVE:
-        raise ValueError(f"block_size must be a positive integer, got {opt.block_size!r} (the adaptive "
-                         "verify length is verify='adaptive')")
+        raise ValueError(f"block_size must be a positive integer or {ADAPTIVE!r} (deprecated: "
+                         f"verify='adaptive'), got {opt.block_size!r}")
     asked = verify_request(opt)
     request = asked.request
     opt = without_deprecated(opt, request)
