@@ -24,7 +24,8 @@ from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter, 
                             GenerateResult, StreamChunk, Target, generate, generate_stream,
                             load_drafter, load_embedded, load_target, save_drafter)
 from dflash_jax.checkpoints import CheckpointError  # noqa: E402
-from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig  # noqa: E402
+from dflash_jax.config import RopeConfig, TargetConfig  # noqa: E402
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.nn.cache import KVCache  # noqa: E402
 from dflash_jax.verification.adaptive import Adaptive  # noqa: E402
 from dflash_jax.verification.policy import FixedVerify  # noqa: E402

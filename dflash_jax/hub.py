@@ -36,16 +36,14 @@ from huggingface_hub.utils import (GatedRepoError, HFValidationError, LocalEntry
 EMBEDDED = "embedded"
 """The name of the shipped model: ``--target embedded`` / ``--drafter embedded``."""
 ASSETS_DIR = os.fspath(importlib.resources.files("dflash_jax") / "assets")
-"""The package's shipped assets: the embedded pair (``target/``, ``drafter/``)."""
+"""The package's shipped assets: the embedded pair (``target/``, ``drafter/``) and the drafters
+other drafting methods ship for the embedded target (each method's ``shipped_dir``)."""
 EMBEDDED_TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 """The embedded default target shipped in the package (a Hugging Face Qwen3 directory)."""
 EMBEDDED_DRAFTER_DIR = os.path.join(ASSETS_DIR, "drafter")
 """Its DFlash drafter (the released drafter layout)."""
 
-EMBEDDED_EAGLE3_DIR = os.path.join(ASSETS_DIR, "eagle3")
-"""The embedded target's EAGLE-3 drafter (the DFlash drafter's baseline, ``docs/eagle3.md``)."""
-
-KINDS = {"target": EMBEDDED_TARGET_DIR, "drafter": EMBEDDED_DRAFTER_DIR, "eagle3": EMBEDDED_EAGLE3_DIR}
+KINDS = {"target": EMBEDDED_TARGET_DIR, "drafter": EMBEDDED_DRAFTER_DIR}
 """What a checkpoint is for -> the embedded one of that kind."""
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt",

@@ -79,7 +79,8 @@ from dflash_jax.files import atomic_path, exclusive, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.trainer import TrainConfig, Trainer, batch_for_step, export_run
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.verification.adaptive import ADAPTIVE
 from dflash_jax.datasets import DATA_DIR_ENV, default_data_dir
 from dflash_jax.embedded import corpus

@@ -68,7 +68,7 @@ from dflash_jax.bench import harness
 from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
 from dflash_jax.methods.eagle3.named import EMBEDDED_EAGLE3, NAMES_HELP, RANDOM, load_eagle3_drafter
 from dflash_jax.bench.harness import drafter_block_size
-from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
+from dflash_jax.methods.eagle3.handle import EMBEDDED_EAGLE3_DIR
 
 ITEMS = ("table1", "acceptance", "block_size_curve", "training_curve")
 ABLATIONS = ("ablate_depth", "ablate_block_size", "ablate_taps", "ablate_conditioning", "ablate_anchors",

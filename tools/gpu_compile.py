@@ -76,7 +76,8 @@ from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.kernels import tuning
 from dflash_jax.kernels.block_attention import block_attention
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import round_up
 from dflash_jax.verification.sampling import SamplingParams

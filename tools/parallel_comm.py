@@ -102,7 +102,8 @@ from typing import Sequence
 from dflash_jax.tools import roofline
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax import targets
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.files import write_json, write_text
 from dflash_jax.reporting import command_line, environment
 import math

@@ -75,7 +75,8 @@ from typing import Sequence
 import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.decoding import engine

@@ -54,7 +54,8 @@ import time
 from typing import Sequence
 
 from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense

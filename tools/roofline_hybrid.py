@@ -55,7 +55,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.nn import gated_delta
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense

@@ -56,7 +56,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools.roofline import Cost, DEVICES, Device

@@ -10,7 +10,7 @@ computed at the paper's recipe on 8-device meshes.
       k_blk, v_blk), dense vs chunked, at a few (anchors, length) up to the paper's 512 and 3072,
       with 4 query heads on 1 KV head (Dh 128: an eighth of Qwen3-8B's drafter) and with all its
       32 heads on 8;
-    * the whole drafter loss and its gradient (``training.loss.drafter_loss``, as the trainer's
+    * the whole drafter loss and its gradient (``methods.dflash.loss.drafter_loss``, as the trainer's
       step computes it: float32 master weights cast to bfloat16) for a small drafter, dense vs
       chunked, next to the formulas below evaluated at the same shapes (a check of the model).
 
@@ -84,7 +84,8 @@ from typing import Sequence
 
 from dflash_jax.cli import command_main, invocation, run_cli, status
 from dflash_jax import targets
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.files import write_json, write_text
 from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,
                                      block_sparse_attention, check_chunk,
@@ -94,7 +95,7 @@ from dflash_jax.tools.roofline import QWEN3_MASK_TOKEN_ID
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets import init_target_params
 from dflash_jax.training.blocks import block_loss_weights
-from dflash_jax.training.loss import drafter_loss
+from dflash_jax.methods.dflash.loss import drafter_loss
 from dflash_jax.reporting import command_line, environment
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))

@@ -22,11 +22,12 @@ what the same acceptance gives where an iteration costs :data:`REFERENCE_ITERATI
 steps (the H100 measurement). Intervals resting on fewer than ``metrics.MIN_DISTINCT_SAMPLES``
 responses are not given ("n < 8: no interval").
 
-``--drafter`` takes a DFlash or an EAGLE-3 drafter (docs/eagle3.md; ``embedded-eagle3``: the one
-shipped for the embedded target), told apart by its config.json's architectures (``load_drafter``, ``dflash_jax.methods``):
-the speculative column is then EAGLE-3's, a chain of ``block_size - 1`` drafting steps (default 7)
-or, with ``--tree N --tree-topk K``, its dynamic tree (the paper's: ``--tree 16 --tree-topk 4``
-and ``--tree 60 --tree-topk 10``); no adaptive table (the adaptive block is DFlash's).
+``--drafter`` takes a drafter of any registered drafting method (``docs/methods.md``; a shipped
+one by its name), told apart by its config.json's architectures (``load_drafter``,
+``dflash_jax.methods``): the speculative column is then that method's, its chain of
+``block_size - 1`` drafts (the method's default block) or, with ``--tree N --tree-topk K``, its
+tree; the adaptive table only for a method that measures its own costs
+(``DraftingMethod.automatic_adaptive``).
 
 Prompts are rendered with the target's chat template with the thinking switch off (Qwen3's
 ``enable_thinking=False``, as the reference benchmark; ``--thinking`` turns it on), and
@@ -87,10 +88,10 @@ def add_arguments(p) -> None:
     p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT",
                    help=f"the target: {CHECKPOINT_HELP} (default: embedded)")
     p.add_argument("--drafter", default=None, metavar="CHECKPOINT",
-                   help="the DFlash drafter, named the same way, e.g. z-lab/Qwen3-8B-DFlash-b16 with "
-                        "Qwen/Qwen3-8B (default: the embedded drafter, with the embedded target), or an "
-                        "EAGLE-3 drafter (its config.json tells; 'embedded-eagle3': the one shipped for the "
-                        "embedded target) to bench EAGLE-3 instead")
+                   help="the drafter, named the same way, e.g. z-lab/Qwen3-8B-DFlash-b16 with "
+                        "Qwen/Qwen3-8B (default: the embedded drafter, with the embedded target); a drafter "
+                        "of another drafting method (its config.json tells; docs/methods.md) benches that "
+                        "method instead")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS, help="prompt sets")
     p.add_argument("--data-dir", default=None,
                    help="read the prompt sets from this directory (layout of dflash_jax/bench/data) "
@@ -163,18 +164,18 @@ def chat(turns, answers):
 
 
 def drafter_block_size(drafter) -> int:
-    """A drafter's default block (its method's: a DFlash drafter's trained block, an EAGLE-3
-    drafter's anchor + drafting steps)."""
+    """A drafter's default block (its method's ``default_block_size``: a DFlash drafter's
+    trained block)."""
     return methods.method_of(drafter).default_block_size(drafter)
 
 
 def drafter_method(drafter) -> str:
-    """The drafter's method name (``"dflash"``, ``"eagle3"``): the report's ``settings.method``."""
+    """The drafter's method name (e.g. ``"dflash"``): the report's ``settings.method``."""
     return methods.method_of(drafter).name
 
 
 def report_method(report: dict):
-    """The drafting method a report measured (reports written before EAGLE-3: DFlash)."""
+    """The drafting method a report measured (reports written before reports named it: DFlash)."""
     return methods.method(report["settings"].get("method", "dflash"))
 
 
@@ -336,8 +337,8 @@ def markdown(report: dict) -> str:
 
 def method_label(report: dict) -> str:
     """The main speculative run's name in the outputs: "DFlash", or "DFlash tree N" with
-    ``--tree`` (``tree_args.label``; a report written before trees existed: "DFlash"); with an
-    EAGLE-3 drafter "EAGLE-3" / "EAGLE-3 tree N" the same way."""
+    ``--tree`` (``tree_args.label``; a report written before trees existed: "DFlash"); with
+    another method's drafter its label the same way."""
     st = report["settings"]
     label = tree_args.label(argparse.Namespace(tree=st.get("tree"), tree_topk=st.get("tree_topk")))
     return label.replace("DFlash", report_method(report).label)

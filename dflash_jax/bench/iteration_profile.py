@@ -1,29 +1,28 @@
-"""Where one DFlash iteration's time goes, next to one autoregressive step, for a target +
+"""Where one speculative iteration's time goes, next to one autoregressive step, for a target +
 drafter (default: the embedded pair, float32 on CPU), at a realistic context.
 
 Each part is timed inside one compiled program (``n`` calls in a ``lax.fori_loop``, their
 integer inputs shifted by the loop index so the compiler cannot hoist them out): what it costs
 inside the on-device decode loop, without host dispatch. The parts:
 
-  * draft, context: the deferred update, the last verified block's taps through the drafter's
-    ``fc`` / ``hidden_norm`` and every layer's K/V into its cache;
-  * draft, layers: the drafter's layers over ``[bonus, MASK, ...]`` (the block: 16 rows);
-  * draft, LM head: the target's LM head on the 15 draft rows and their argmax;
+  * the draft's parts, as the drafter's method times them (``DraftingMethod.profile_parts``;
+    DFlash's: the context update, the drafter's layers over the block, the LM head and argmax,
+    ``methods/dflash/profile.py``);
   * verify L: the target over the first L block rows (its LM head included) for L = 1 (the
     AR step's target pass), 4, 8 and the block size;
   * accept + commit;
   * the whole iteration and the whole AR step, from the real decode loop (``engine.decode``
     with a fixed number of iterations).
 
-With ``--eagle3-drafter NAME`` it also profiles each drafting METHOD (:data:`METHODS`): DFlash's chain
-(one drafter pass over its block) and tree of 16, against EAGLE-3's chain of 7 sequential
-steps and its trees of 16 (top-4) and 60 (top-10) nodes at depth 7. Per method: the draft (the
-proposer's ``propose`` / ``propose_tree``) and the verify (the target over the block or the
-tree) of one iteration, each jitted alone at the context (:func:`step_ms`: the median of
-``--repeats`` runs, host dispatch included), and the whole iteration from the decode loop.
+With ``--<method>-drafter NAME`` (one option per drafting method that names drafters for
+comparison: ``DraftingMethod.names_help``) it also profiles each method's runs
+(``DraftingMethod.profile_settings``: DFlash's chain and tree of 16 against that method's
+chain and trees). Per run: the draft (the proposer's ``propose`` / ``propose_tree``) and the
+verify (the target over the block or the tree) of one iteration, each jitted alone at the
+context (:func:`step_ms`: the median of ``--repeats`` runs, host dispatch included), and the
+whole iteration from the decode loop.
 
     python -m dflash_jax iteration-profile --out results/iteration_profile
-    python -m dflash_jax iteration-profile --eagle3-drafter embedded-eagle3 --out results/eagle3/iteration_profile
 """
 
 from __future__ import annotations
@@ -41,14 +40,14 @@ from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, write_report
 from dflash_jax.decoding.costs import iteration_seconds
 from dflash_jax.decoding import engine
-from dflash_jax.verification import acceptance, policy
+from dflash_jax import methods
+from dflash_jax.verification import acceptance, policy, tree as trees
+from dflash_jax.verification.adaptive import Adaptive
+from dflash_jax.verification.tree import TreeVerify
 from dflash_jax.decoding.prepare import prepare_decode
-from dflash_jax.methods.dflash.model import DrafterModel
-from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import Drafter, load_drafter, load_target
 from dflash_jax.files import write_text
-from dflash_jax.methods.eagle3.named import NAMES_HELP
 from dflash_jax.progress import progress
 
 LENGTHS = (1, 4, 8, 16)
@@ -91,7 +90,7 @@ def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options)
     """Seconds per iteration of the real decode loop (``iterations`` iterations, no stop): the
     median of ``repeats`` runs after a compiling one."""
     bs = 1 if drafter is None else (options.get("block_size") if isinstance(options.get("block_size"), int)
-                                    else getattr(drafter, "block_size", None) or drafter.config.block_size)
+                                    else methods.method_of(drafter).default_block_size(drafter))
     budget = iterations * bs + 1
     times = [iteration_seconds(target, drafter, prompt, budget, iterations, **options)
              for _ in range(repeats + 1)]
@@ -99,37 +98,19 @@ def loop_time(target, drafter, prompt, iterations: int, repeats: int, **options)
 
 
 def measure(target, drafter, context: int, n: int, repeats: int, iterations: int) -> dict:
-
-    V, bs = target.config.vocab_size, drafter.config.block_size
+    """The parts of one iteration of ``drafter``'s method and the decode loop's iteration and
+    AR step, in milliseconds, at a ``context``-token prompt (module docstring)."""
+    method = methods.method_of(drafter)
+    V, bs = target.config.vocab_size, method.default_block_size(drafter)
     prompt = [(np.arange(context) * 7919 % V).tolist()]
     pre = prepare_decode(target, prompt, 64, drafter=drafter)
     # the target's weights in the layout the decode loop uses (split per layer on CPU)
-    spec, tp, dp, state = pre.spec, pre.spec.family.loop_params(target.params), pre.drafter_params, pre.state
-    dcfg = drafter.config
-    model = DrafterModel(dcfg)
+    spec, tp, state = pre.spec, pre.spec.family.loop_params(target.params), pre.state
     start = state.tcache.lengths
     positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
-    block = jnp.concatenate([state.bonus[:, None], jnp.full((1, bs - 1), dcfg.mask_token_id, jnp.int32)], 1)
-    taps = jax.random.normal(jax.random.key(0), (1, bs, dcfg.num_taps * target.config.hidden_size),
-                             state.proposer.pending_taps.dtype)
-    dcache = model.apply({"params": dp}, taps, positions, state.proposer.cache, start, method=DrafterModel.project_context)
-    h = model.apply({"params": dp}, embed(tp, block), positions, dcache, method=DrafterModel.draft)
-
+    block = jnp.broadcast_to(state.bonus[:, None], (1, bs))  # the verify's cost does not depend on the tokens
     shift = lambda i, toks: (toks + i) % V
-    parts = {}
-    def context_update(i, dp, taps, cache):
-        cache = model.apply({"params": dp}, taps * (1 + i.astype(taps.dtype) * 1e-3), positions, cache, start,
-                            method=DrafterModel.project_context)
-        return cache.k[:, :, start[0]], cache  # the rows written (the cache itself is carried)
-
-    parts["draft, context"] = in_loop(context_update, (dp, taps, state.proposer.cache), n, repeats, carried=2)
-    parts["draft, layers"] = in_loop(
-        lambda i, tp, dp, cache: model.apply({"params": dp}, embed(tp, shift(i, block)), positions, cache,
-                                             method=DrafterModel.draft),
-        (tp, dp, dcache), n, repeats)
-    parts["draft, LM head + argmax"] = in_loop(
-        lambda i, tp, h: jnp.argmax(lm_head(target.config, tp, h[:, 1:] * (1 + i.astype(h.dtype) * 1e-3)), -1),
-        (tp, h), n, repeats)
+    parts = dict(method.profile_parts(target, drafter, pre, tp, n, repeats, in_loop))
     lengths = [L for L in LENGTHS if L < bs] + [bs]
     for L in lengths:
         def verify(i, tp, cache, L=L):  # logits and taps consumed, the written cache carried
@@ -148,30 +129,31 @@ def measure(target, drafter, context: int, n: int, repeats: int, iterations: int
 
     parts["accept + commit"] = in_loop(accept_commit, (logits, state.tcache), n, repeats)
     loops = {"AR step": loop_time(target, None, prompt, iterations, repeats)}
-    loops[f"DFlash iteration, block {bs}"] = loop_time(target, drafter, prompt, iterations, repeats)
+    name = f"{method.label} iteration"
+    loops[f"{name}, block {bs}"] = loop_time(target, drafter, prompt, iterations, repeats)
     for L in lengths[1:-1]:
-        loops[f"DFlash iteration, verify {L}"] = loop_time(
-            target, drafter, prompt, iterations, repeats, block_size="adaptive", verify_lengths=(L,),
-            cost_table={L: 1.0})
+        loops[f"{name}, verify {L}"] = loop_time(target, drafter, prompt, iterations, repeats,
+                                                  verify=Adaptive(lengths=(L,), cost_table={L: 1.0}))
     ms = lambda d: {k: 1e3 * v for k, v in d.items()}
     parts, loops = ms(parts), ms(loops)
-    summed = sum(parts[k] for k in ("draft, context", "draft, layers", "draft, LM head + argmax",
-                                    f"verify {bs}", "accept + commit"))
-    ratio = loops[f"DFlash iteration, block {bs}"] / loops["AR step"]
-    return {"context": context, "block_size": bs, "parts_ms": parts, "loops_ms": loops,
+    summed = sum(v for k, v in parts.items() if k.startswith("draft")) + parts[f"verify {bs}"] \
+        + parts["accept + commit"]
+    ratio = loops[f"{name}, block {bs}"] / loops["AR step"]
+    return {"context": context, "block_size": bs, "method": method.name, "parts_ms": parts, "loops_ms": loops,
             "sum_of_parts_ms": summed, "iteration_over_ar_step": ratio,
             "verify_block_over_verify1": parts[f"verify {bs}"] / parts["verify 1"]}
 
 
-METHODS = (
-    ("DFlash chain", "dflash", {}),
-    ("DFlash tree 16", "dflash", {"tree": 16, "tree_topk": 4}),
-    ("EAGLE-3 chain, 7 steps", "eagle3", {"block_size": 8}),
-    ("EAGLE-3 tree 16", "eagle3", {"block_size": 8, "tree": 16, "tree_topk": 4}),
-    ("EAGLE-3 tree 60", "eagle3", {"block_size": 8, "tree": 60, "tree_topk": 10}),
-)
-"""(label, drafter kind, ``generate`` options) of the per-method profile: DFlash at its drafter's
-block, EAGLE-3 with 7 steps (block 8), the paper's EAGLE-3 trees of 16 and 60 nodes."""
+def method_runs(names) -> list[tuple[str, str, dict]]:
+    """(label, method name, settings) of the per-method profile for the drafting methods named
+    in ``names``, in registry order: each method's ``profile_settings``."""
+    return [(f"{m.label} {suffix}", m.name, settings) for m in methods.registered() if m.name in names
+            for suffix, settings in m.profile_settings]
+
+
+def _verify(settings: dict):
+    """The ``generate`` verify value of a profile run's settings (``tree``, ``tree_topk``)."""
+    return TreeVerify(settings["tree"], settings.get("tree_topk", 4)) if settings.get("tree") else None
 
 
 def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None, tree: int | None = None,
@@ -180,10 +162,8 @@ def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None
     ``prompt`` ([[token ids]]): the proposer's ``propose`` (``propose_tree`` with ``tree`` nodes),
     and the target over the block (under the ancestor mask for a tree), each jitted alone, the
     median of ``repeats`` runs after a compiling one (host dispatch included: one call each)."""
-    from dflash_jax.verification import tree as trees
-
-    pre = prepare_decode(target, prompt, 8, drafter=drafter, block_size=block_size, tree=tree,
-                         tree_topk=tree_topk if tree else 4)
+    pre = prepare_decode(target, prompt, 8, drafter=drafter, block_size=block_size,
+                         verify=TreeVerify(tree, tree_topk) if tree else None)
     spec, dp, state, key = pre.spec, pre.drafter_params, pre.state, jax.random.key(0)
     tp = target.params
     if tree:
@@ -209,20 +189,21 @@ def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None
 
 
 def method_profile(target, drafters: dict, context: int, repeats: int, iterations: int,
-                   methods=METHODS) -> dict:
-    """Per method of ``methods`` whose drafter kind is in ``drafters`` ({"dflash": ..., "eagle3":
-    ...}): :func:`step_ms`'s draft and verify, the decode loop's whole iteration, and the AR
-    step, in milliseconds, at a ``context``-token prompt."""
+                   runs=None) -> dict:
+    """Per run of ``runs`` ((label, method name, settings); default :func:`method_runs`) whose
+    method is in ``drafters`` ({method name: its drafter}): :func:`step_ms`'s draft and verify,
+    the decode loop's whole iteration, and the AR step, in milliseconds, at a
+    ``context``-token prompt."""
     V = target.config.vocab_size
     prompt = [(np.arange(context) * 7919 % V).tolist()]
     rows = []
-    chosen = [m for m in methods if m[1] in drafters]
+    chosen = [r for r in (method_runs(drafters) if runs is None else runs) if r[1] in drafters]
     with progress(total=len(chosen), desc="profiling the methods", unit="method") as bar:
         for label, kind, options in chosen:
             d = drafters[kind]
-            bs = options.get("block_size") or getattr(d, "block_size", None) or d.config.block_size
+            bs = options.get("block_size") or methods.method_of(d).default_block_size(d)
             steps = step_ms(target, d, prompt, repeats, bs, options.get("tree"), options.get("tree_topk", 4))
-            it = 1e3 * loop_time(target, d, prompt, iterations, repeats, **({"block_size": bs} | options))
+            it = 1e3 * loop_time(target, d, prompt, iterations, repeats, block_size=bs, verify=_verify(options))
             rows.append({"method": label, "kind": kind, "block_size": bs, "tree": options.get("tree"),
                          "tree_topk": options.get("tree_topk"), "verify_rows": options.get("tree") or bs,
                          **steps, "iteration_ms": it})
@@ -260,7 +241,7 @@ def plot(report: dict):
     a.set(xlabel="ms per call (in one compiled loop)", title="parts of an iteration")
     loops = report["result"]["loops_ms"]
     b.bar(range(len(loops)), list(loops.values()))
-    b.set_xticks(range(len(loops)), [k.replace("DFlash iteration, ", "DFlash\n") for k in loops], fontsize=8)
+    b.set_xticks(range(len(loops)), [k.replace(" iteration, ", "\n") for k in loops], fontsize=8)
     b.set(ylabel="ms per iteration (decode loop)",
           title=f"{report['environment']['device']} ({report['cpu'] or '?'}), load {report['load_average'][0]:.1f}")
     if methods:
@@ -293,7 +274,7 @@ def _plot_methods(c, methods: dict) -> None:
     c.plot(names, [r["iteration_ms"] for r in rows], "k_", ms=20, mew=2, label="iteration (decode loop)")
     c.axhline(methods["ar_step_ms"], color="0.4", ls="--", lw=0.8, label="AR step")
     c.tick_params(axis="x", labelsize=7)
-    c.set(ylabel="ms per iteration", title="per method: DFlash's one pass vs EAGLE-3's k steps")
+    c.set(ylabel="ms per iteration", title="per method: draft and verify of one iteration")
     c.legend(fontsize=7)
 
 
@@ -305,7 +286,7 @@ def markdown(report: dict) -> str:
     lines += [f"| sum of the parts of a block-{r['block_size']} iteration | {r['sum_of_parts_ms']:.2f} |", "",
               "| decode loop | ms per iteration |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in r["loops_ms"].items()]
-    lines += ["", f"iteration / AR step: {r['iteration_over_ar_step']:.2f} (the tau at which DFlash "
+    lines += ["", f"iteration / AR step: {r['iteration_over_ar_step']:.2f} (the tau at which the drafter "
               f"breaks even); verify {r['block_size']} / verify 1: {r['verify_block_over_verify1']:.2f}"]
     if report.get("methods"):
         lines += ["", methods_markdown(report["methods"])]
@@ -349,7 +330,7 @@ def add_arguments(p) -> None:
 
     p.add_argument("--target", default=EMBEDDED, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--drafter", default=EMBEDDED, metavar="CHECKPOINT",
-                   help="its DFlash drafter, named the same way")
+                   help="its drafter (of any drafting method), named the same way")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype of the target and drafter")
     p.add_argument("--context", type=int, default=192,
@@ -357,32 +338,42 @@ def add_arguments(p) -> None:
     p.add_argument("--calls", type=int, default=20, help="calls per compiled timing loop")
     p.add_argument("--iterations", type=int, default=24, help="decode-loop iterations per timing")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each part, the median reported")
-    p.add_argument("--eagle3-drafter", metavar="NAME",
-                   help="also profile each drafting method against an EAGLE-3 drafter: " + NAMES_HELP)
+    for m in compared_methods():
+        p.add_argument(f"--{m.name}-drafter", metavar="NAME",
+                       help=f"also profile each drafting method's runs against a {m.label} drafter: {m.names_help}")
     p.add_argument("--methods-only", action="store_true",
-                   help="with --eagle3-drafter: the per-method profile only (not the parts of a DFlash iteration)")
+                   help="with a --<method>-drafter option: the per-method profile only (not the parts of an "
+                        "iteration)")
     p.add_argument("--depths", type=int, nargs="+", metavar="N",
                    help="also profile random drafters of these depths (the drafter's block size and taps, N "
                         "layers each): draft time against depth, verify time beside it")
     p.add_argument("--out", default="runs/iteration_profile", help="output directory")
 
 
-def run(args) -> dict:
-    from dflash_jax.methods.eagle3.named import load_eagle3_drafter
+def compared_methods() -> list:
+    """The drafting methods whose drafters the per-method profile takes by name
+    (``DraftingMethod.names_help``), each with its ``--<name>-drafter`` option."""
+    return [m for m in methods.registered() if m.names_help]
 
-    if args.methods_only and not args.eagle3_drafter:
-        raise ValueError("--methods-only goes with --eagle3-drafter NAME (the per-method profile)")
+
+def run(args) -> dict:
+    compared = {m: getattr(args, f"{m.name}_drafter") for m in compared_methods()
+                if getattr(args, f"{m.name}_drafter", None)}
+    if args.methods_only and not compared:
+        options = " or ".join(f"--{m.name}-drafter NAME" for m in compared_methods())
+        raise ValueError(f"--methods-only goes with {options} (the per-method profile)")
     dtype = jnp.dtype(args.dtype)
     target = load_target(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, target, dtype=dtype)
     load = load_average()
     result = None if args.methods_only else measure(target, drafter, args.context, args.calls, args.repeats,
                                                     args.iterations)
-    methods = None
-    if args.eagle3_drafter:
-        drafters = {"dflash": drafter, "eagle3": load_eagle3_drafter(args.eagle3_drafter, target, dtype=dtype)}
-        methods = method_profile(target, drafters, args.context, args.repeats, args.iterations) | {
-            "eagle3": args.eagle3_drafter}
+    per_method = None
+    if compared:
+        drafters = {methods.method_of(drafter).name: drafter} | {
+            m.name: m.by_name(name, target, dtype=dtype) for m, name in compared.items()}
+        per_method = method_profile(target, drafters, args.context, args.repeats, args.iterations) | {
+            m.name: name for m, name in compared.items()}
     depths = None
     if args.depths:
         if min(args.depths) < 1:
@@ -392,7 +383,7 @@ def run(args) -> dict:
     report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),
               "dtype": args.dtype, "environment": environment(), "cpu": cpu_model(),
               "load_average": load, "load_average_after": load_average(),
-              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result, "methods": methods,
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result, "methods": per_method,
               "depths": depths}
     table = markdown(report)
     print(table)

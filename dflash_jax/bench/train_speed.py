@@ -19,7 +19,8 @@ import numpy as np
 from dflash_jax.bench.decode_speed import PRESETS
 from dflash_jax.bench.env import add_preset_argument
 from dflash_jax.cli import command_main, invocation, run_cli
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.models.handles import Target
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic

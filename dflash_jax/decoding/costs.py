@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from dflash_jax.decoding import engine
-from dflash_jax.verification.adaptive import ADAPTIVE, check_cost_table
+from dflash_jax.verification.adaptive import Adaptive, check_cost_table
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.files import exclusive, write_json
 from dflash_jax.reporting import cpu_flags, cpu_model, load_average
@@ -140,12 +140,12 @@ def measure_costs(target, drafter, lengths: tuple[int, ...], batch: int = 1,
     budget = iterations * longest + 1
     context = max(1, min(context, target.max_len - budget))
     prompt = [(np.arange(context) * 7919 % V).tolist()] * batch  # fixed tokens, no stop ids
-    forced = {L: dict(verify_lengths=(L,), cost_table={L: 1.0}) for L in lengths} if splits is None else \
-        {k: dict(verify_lengths=lengths, verify_per_row=True, row_splits=(k,), cost_table={k: 1.0}) for k in splits}
+    forced = {L: Adaptive(lengths=(L,), cost_table={L: 1.0}) for L in lengths} if splits is None else \
+        {k: Adaptive(per_row=True, lengths=lengths, splits=(k,), cost_table={k: 1.0}) for k in splits}
     times = {k: [] for k in forced}
     for r in range(repeats + 1):  # the first round compiles
-        for k, options in forced.items():
-            t = iteration_seconds(target, drafter, prompt, budget, iterations, block_size=ADAPTIVE, **options)
+        for k, policy in forced.items():
+            t = iteration_seconds(target, drafter, prompt, budget, iterations, verify=policy)
             if r:
                 times[k].append(t)
     return {k: float(np.median(t)) for k, t in times.items()}

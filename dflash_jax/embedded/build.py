@@ -47,7 +47,7 @@ import sys
 from dflash_jax.cli import command_main, command_parser
 from dflash_jax.files import check_settings, write_json
 from dflash_jax.models.handles import ASSETS_DIR as PACKAGE_ASSETS
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
 from dflash_jax.training.data import check_hold_out
 from dflash_jax.bench import harness

@@ -1,7 +1,7 @@
 """Drafting methods: the registry that finds a method by the ``architectures`` a drafter
 checkpoint's ``config.json`` names (``docs/methods.md``).
 
-A *drafting method* (DFlash, EAGLE-3, ...) is one package under ``dflash_jax/methods/`` that owns
+A *drafting method* (DFlash and the others) is one package under ``dflash_jax/methods/`` that owns
 what is particular to it: its drafter handle and checkpoint layout (load and save), its default
 block, the generation options it takes or refuses, and the proposer the engine runs for it. The
 loaders (``load_drafter``, ``--drafter``) and the engine's preparation never name a concrete
@@ -90,6 +90,6 @@ def method_of(drafter):
 
 
 def method_of_shipped_name(name) -> Any:
-    """The method whose shipped drafter is called ``name`` on command lines (e.g.
-    ``embedded-eagle3``), or None."""
+    """The method whose shipped drafter is called ``name`` on command lines (its
+    ``shipped_name``), or None."""
     return _NAMED.get(name) if isinstance(name, str) else None

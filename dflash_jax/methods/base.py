@@ -25,17 +25,18 @@ class DraftingMethod:
     """The ``config.json`` ``architectures`` values that name this method's checkpoints."""
 
     label: str = ""
-    """The method's name in reports, tables and legends (e.g. ``"EAGLE-3"``)."""
+    """The method's name in reports, tables and legends (e.g. ``"DFlash"``)."""
 
     automatic_adaptive: bool = False
     """Whether ``generate`` measures the adaptive verify length's cost table itself for this
     method's drafters (``decoding.costs``) and ``bench`` reports an adaptive column; without it
-    ``block_size="adaptive"`` takes an explicit ``cost_table``."""
+    ``verify=Adaptive(...)`` takes an explicit ``cost_table``."""
 
     unsupported: Mapping[str, str] = {}
     """What the method does not do, each with the reason ``generate`` gives, refused before
-    anything compiles: ``"tree"`` (``tree=N``), ``"adaptive"`` (``block_size="adaptive"``),
-    ``"sampled_draft"`` (``sampled_draft=True``). Absent: supported."""
+    anything compiles: a verify policy's name (``verification.policy.VerifyPolicy.name``:
+    ``"tree"``, ``"adaptive"``) or ``"sampled_draft"`` (``sampled_draft=True``). Absent:
+    supported."""
 
     training_module: str | None = None
     """The module with the method's part of the ``train`` command, if it trains there:
@@ -44,9 +45,33 @@ class DraftingMethod:
     and ``train_from_args(args, train_config)``. Imported by the command only (it sits above the
     trainer)."""
 
+    handle_exports: str | None = None
+    """A module whose ``__all__`` names ``dflash_jax.models.handles`` still offers for this method
+    (names it had there before the method packages), or None."""
+
     shipped_name: str | None = None
     """The command-line name of a drafter of this method shipped in the package (e.g.
-    ``embedded-eagle3``), if any; its directory is :meth:`shipped_dir`."""
+    ``embedded-<method>``), if any; its directory is :meth:`shipped_dir`."""
+
+    profile_settings: tuple = ()
+    """The runs ``iteration-profile`` compares for this method: ``(label, settings)`` pairs,
+    ``settings`` with ``block_size``, ``tree`` and ``tree_topk`` where they differ from the
+    drafter's chain; the label follows :attr:`label` in the tables."""
+
+    names_help: str = ""
+    """For a method whose drafters ``iteration-profile`` (``--<name>-drafter``) and the
+    experiments name on command lines (:meth:`by_name`): what a name may be. Empty: none."""
+
+    def by_name(self, name: str, target, dtype=None):
+        """The drafter a command line names ``name`` (:attr:`names_help`)."""
+        raise NotImplementedError(self._missing("by_name"))
+
+    def profile_parts(self, target, drafter, pre, tparams, n: int, repeats: int, in_loop) -> dict:
+        """Seconds per call of the parts of this method's draft at the loop state of ``pre``
+        (``decoding.prepare.PreparedDecode``; ``tparams``: the target's parameters as the loop
+        holds them), each timed by ``in_loop(fn, args, n, repeats, carried=None)``
+        (``bench.iteration_profile.in_loop``); keys start with ``"draft"``. {}: not profiled."""
+        return {}
 
     def claims(self, d: Mapping[str, Any]) -> bool:
         """Whether a ``config.json`` dict whose ``architectures`` name no registered method is

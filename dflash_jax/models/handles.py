@@ -7,6 +7,7 @@ The public names are re-exported by ``dflash_jax`` (``dj.load_target``, ...).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import warnings
 from typing import Any
@@ -21,8 +22,6 @@ from dflash_jax.config import TargetConfig, read_config_json
 from dflash_jax.hub import (ASSETS_DIR, EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR,  # noqa: F401 (re-exported)
                             is_embedded, resolve_checkpoint)
 from dflash_jax.methods.dflash import Drafter
-from dflash_jax.methods.eagle3 import (EAGLE3, EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3,  # noqa: F401
-                                       Eagle3Drafter, d2t_of_vocab)
 from dflash_jax.parallel import rules
 from dflash_jax.targets import family_of, init_target_params
 
@@ -130,13 +129,13 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
 
 def load_drafter(path: str | os.PathLike, target: Target, dtype=None, *,
                  revision: str | None = None):
-    """Loads a drafter of any registered drafting method (``dflash_jax.methods``: DFlash,
-    EAGLE-3), found by its ``config.json``'s ``architectures``, and checks it fits ``target``.
+    """Loads a drafter of any registered drafting method (``dflash_jax.methods``), found by its
+    ``config.json``'s ``architectures``, and checks it fits ``target``.
 
     ``path``: a directory, a Hugging Face repo id ``org/name[@revision]``
     (``"z-lab/Qwen3-8B-DFlash-b16"``; ``revision=`` names the revision too), ``"embedded"`` (the
-    shipped DFlash drafter, as for :func:`load_target`) or a method's shipped drafter by name
-    (``"embedded-eagle3"``). ``dtype`` defaults to the target's dtype (drafter and target
+    shipped DFlash drafter, as for :func:`load_target`) or a method's shipped drafter by its name
+    (``DraftingMethod.shipped_name``). ``dtype`` defaults to the target's dtype (drafter and target
     compute together). On a target loaded with a mesh, a DFlash drafter is placed sharded on the
     same mesh as it loads. Returns the method's handle (:class:`Drafter` for DFlash)."""
     shipped = methods.method_of_shipped_name(path)
@@ -168,28 +167,25 @@ def load_embedded(dtype=None, max_len: int | None = None, mesh=None) -> tuple["T
     return target, load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=dtype)
 
 
-def load_eagle3(path: str | os.PathLike, target: Target, dtype=None, *,
-                revision: str | None = None):
-    """Deprecated: :func:`load_drafter` loads an EAGLE-3 drafter too (by its architectures).
-    This one loads EAGLE-3 drafters only, as before; ``"embedded"`` here is the shipped EAGLE-3
-    drafter (``"embedded-eagle3"`` for ``load_drafter``)."""
-    _deprecated("load_eagle3", "load_drafter")
-    return EAGLE3.load(os.fspath(resolve_checkpoint(path, revision, kind="eagle3")), target, dtype)
-
-
-def save_eagle3(drafter, path: str | os.PathLike) -> None:
-    """Deprecated: :func:`save_drafter` writes a drafter of any method."""
-    _deprecated("save_eagle3", "save_drafter")
-    save_drafter(drafter, path)
-
-
 def load_any_drafter(path: str | os.PathLike, target: Target, dtype=None, *,
                      revision: str | None = None):
     """Deprecated: :func:`load_drafter` picks the drafting method by architectures."""
-    _deprecated("load_any_drafter", "load_drafter")
+    deprecated("load_any_drafter", "load_drafter")
     return load_drafter(path, target, dtype, revision=revision)
 
 
-def _deprecated(old: str, new: str) -> None:
+def deprecated(old: str, new: str) -> None:
+    """Warns that ``old`` is deprecated in favour of ``dflash_jax.<new>``."""
     warnings.warn(f"{old} is deprecated: use dflash_jax.{new}, which reads a drafter of any drafting "
                   "method (dflash_jax.methods)", DeprecationWarning, stacklevel=3)
+
+
+def __getattr__(name: str):
+    """The names a drafting method still offers through this module, for code written before the
+    method packages (its ``DraftingMethod.handle_exports`` module: deprecated loaders, its handle
+    class), found through the registry so that this module names no method."""
+    for method in methods.registered():
+        if method.handle_exports and name in getattr(
+                module := importlib.import_module(method.handle_exports), "__all__", ()):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

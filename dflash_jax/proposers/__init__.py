@@ -2,8 +2,8 @@
 
 The interface is :class:`~dflash_jax.proposers.base.Proposer` (set up from the prompt's taps,
 propose a block, observe the verified rows). A drafting method's proposer lives in its package
-(DFlash's :class:`~dflash_jax.methods.dflash.proposer.DFlashProposer`, EAGLE-3's
-``methods.eagle3.proposer``); the ones here are not tied to a drafter checkpoint (``emulated``)."""
+(``dflash_jax/methods/<name>/proposer.py``); the ones here are not tied to a drafter checkpoint
+(``emulated``)."""
 
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 

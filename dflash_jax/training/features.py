@@ -13,17 +13,28 @@ import glob
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from dflash_jax.progress import progress
 
+from dflash_jax.config import TargetConfig
 from dflash_jax.files import atomic_path, check_settings, write_json
-from dflash_jax.training.loss import target_features
 from dflash_jax.parallel.rules import DATA, mesh_axis_sizes
+from dflash_jax.targets import target_forward
 from dflash_jax.training import sharding
 
 TAP_CONVENTION = "hf_hidden_states[i+1]"
+
+
+def target_features(tcfg: TargetConfig, tparams, tokens, tap_layer_ids) -> jax.Array:
+    """Teacher-forced taps [B, L, k*D] of the clean sequences (frozen target, no LM head)."""
+    B, L = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    _, taps, _ = target_forward(tcfg, tparams, tokens, positions, tap_layer_ids=tap_layer_ids,
+                                compute_logits=False)
+    return jax.lax.stop_gradient(taps)
 
 
 def write_features(target, data_dir: str, out_dir: str, tap_layer_ids, batch_size: int = 8,

@@ -26,7 +26,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dflash_jax import methods
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
 from dflash_jax.training import sharding
@@ -34,11 +34,12 @@ from dflash_jax.training.blocks import block_loss_weights, check_anchor_strategy
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
-from dflash_jax.training.loss import drafter_loss, target_features
+from dflash_jax.methods.dflash.loss import drafter_loss
+from dflash_jax.training.features import target_features
 from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
                                          checkpoint_manager, reading_manager, restore_latest, saved_steps)
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, Drafter, save_drafter
-from dflash_jax.checkpoints import check_drafter_conditioning, load_drafter_params
+from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
 from dflash_jax.decoding.generation import generate
 
 
@@ -256,7 +257,7 @@ class Trainer:
                 out_shardings=(self.state_shardings, sharding.replicated(mesh)))
 
     # ------------------------------------------------------------------ the drafter's parts
-    # (a drafting method's Trainer subclass, e.g. EAGLE-3's, overrides these: the init / step / eval / record methods)
+    # (a drafting method's Trainer subclass overrides these: the init / step / eval / record methods)
     def _check_init_from(self, init_from: str) -> None:
         """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
         check_drafter_conditioning(init_from, self.dcfg)
@@ -423,7 +424,7 @@ class Trainer:
 
 def run_method(run_dir: str) -> tuple[Any, dict]:
     """(the drafting method a run trains, its run.json): run.json's ``method``; runs recorded
-    before EAGLE-3 existed have none and are DFlash runs."""
+    before runs named their method have none and are DFlash runs."""
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     return methods.method(record.get("method", "dflash")), record
@@ -446,7 +447,7 @@ def latest_params(run_dir: str) -> tuple[Any, Any, int]:
 
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in its method's released layout (loadable by
-    ``load_drafter``; an EAGLE-3 run's with its draft vocabulary)."""
+    ``load_drafter``, with whatever else the method's layout holds)."""
     dcfg, params, _ = latest_params(run_dir)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)

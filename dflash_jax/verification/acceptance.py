@@ -20,7 +20,7 @@ Trees (``verification.tree``: N nodes, each with its parent):
 Lossless tree acceptance at temperature > 0: multi-draft verification for deterministic
 (top-k) siblings (``docs/trees.md``).
 
-The rule (the one for deterministic drafts, as EAGLE's ``evaluate_posterior`` applies it): walk
+The rule (the one for deterministic drafts that tree-drafting reference code applies): walk
 down from the root with p = the target's processed distribution at the current node
 (``verification.sampling.process_logits``: temperature, top-k, top-p). Visit the node's valid
 children in rank order; child x is accepted with probability

@@ -17,7 +17,8 @@ import pytest
 import dflash_jax as dj
 from dflash_jax.methods.eagle3 import named as bd
 from dflash_jax.embedded import cards
-from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
+from dflash_jax.methods.eagle3.card import eagle3_card
+from dflash_jax.methods.eagle3.handle import EMBEDDED_EAGLE3_DIR
 
 pytestmark = [pytest.mark.xdist_group("test_eagle3_shipped"), pytest.mark.torch, pytest.mark.slow]
 
@@ -90,7 +91,7 @@ def test_model_card_follows_from_the_files():
     assert [c["step"] for c in recipe["curve"]] == [r["step"] for r in rows if "eval_tau" in r]
     card = open(os.path.join(EMBEDDED_EAGLE3_DIR, "README.md")).read()
     assert f"| {recipe['steps']} |" in card and f"{params / 1e6:.2f}M" in card
-    assert card == cards.eagle3_card(EMBEDDED_EAGLE3_DIR, recipe)  # the card its writer makes
+    assert card == eagle3_card(EMBEDDED_EAGLE3_DIR, recipe)  # the card its writer makes
     # the DFlash drafter's budget beside it follows from that drafter's own recipe
     with open(os.path.join(dj.EMBEDDED_DRAFTER_DIR, "recipe.json")) as f:
         assert recipe["dflash_budget"] == cards.dflash_budget(json.load(f))

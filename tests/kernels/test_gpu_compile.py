@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 from dflash_jax.tools import gpu_compile as gc
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.kernels import tuning
 from dflash_jax.kernels.block_attention import block_attention
 

@@ -22,7 +22,8 @@ import transformers
 from transformers import AutoConfig
 
 import dflash_jax as dj
-from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
+from dflash_jax.config import RopeConfig, TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.models.handles import EMBEDDED_TARGET_DIR
 
 # one pytest-xdist worker runs the whole module: its module fixture saves ten checkpoints once

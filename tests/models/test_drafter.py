@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.config import DrafterConfig, default_target_layer_ids
+from dflash_jax.config import default_target_layer_ids
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.methods.dflash.model import DrafterModel
 

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 import dflash_jax as dj
-from dflash_jax.checkpoints import load_drafter_params
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.checkpoint import load_drafter_params
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.methods.dflash.model import DrafterModel, init_drafter_params
-from dflash_jax.training.loss import target_features
+from dflash_jax.training.features import target_features
 
 TARGET = dj.TargetConfig("qwen3", vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=4,
                          num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)

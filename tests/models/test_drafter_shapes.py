@@ -42,7 +42,8 @@ import pytest
 from transformers import AutoConfig
 
 import dflash_jax as dj
-from dflash_jax.config import DrafterConfig, RopeConfig, TargetConfig
+from dflash_jax.config import RopeConfig, TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import DrafterModel, init_drafter_params
 from dflash_jax.targets import init_target_params
 from dflash_jax.nn.attention import (block_sparse_attention, chunked_block_sparse_attention,

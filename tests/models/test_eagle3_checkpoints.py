@@ -17,6 +17,7 @@ from dflash_jax.checkpoints import CheckpointError, SINGLE_FILE, INDEX_FILE
 from dflash_jax.methods.eagle3.checkpoint import eagle3_tensor_specs, load_eagle3_params, save_eagle3_params
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.dflash import DFLASH
+from dflash_jax.methods.dflash.checkpoint import drafter_tensor_specs
 from dflash_jax.methods.eagle3 import EAGLE3
 from dflash_jax.models.handles import (Eagle3Drafter, load_any_drafter, load_drafter, load_eagle3,
                                        save_drafter, save_eagle3)
@@ -293,7 +294,7 @@ def test_bad_d2t(saved, target, vocab, tmp_path, bad, match):
 def test_wrong_loader(saved, target, tmp_path):
     dflash = tmp_path / "dflash"
     cfg = dj.DrafterConfig.for_target(target.config, 1, 4, V - 1)
-    dj.save_drafter(dj.Drafter(cfg, random_params(checkpoints.drafter_tensor_specs(cfg))), dflash)
+    dj.save_drafter(dj.Drafter(cfg, random_params(drafter_tensor_specs(cfg))), dflash)
     # load_drafter picks the drafting method by the architectures config.json names
     assert isinstance(load_drafter(dflash, target), dj.Drafter)
     assert isinstance(load_drafter(saved, target), Eagle3Drafter)
@@ -323,7 +324,7 @@ def test_the_old_loaders_are_deprecated_aliases(saved, target, tmp_path):
     # load_eagle3 reads EAGLE-3 drafters only, as it did
     dflash = tmp_path / "dflash"
     cfg = dj.DrafterConfig.for_target(target.config, 1, 4, V - 1)
-    dj.save_drafter(dj.Drafter(cfg, random_params(checkpoints.drafter_tensor_specs(cfg))), dflash)
+    dj.save_drafter(dj.Drafter(cfg, random_params(drafter_tensor_specs(cfg))), dflash)
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"not an EAGLE-3 drafter config"):
         load_eagle3(dflash, target)
 

@@ -33,7 +33,8 @@ import jax
 import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax import targets
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.decoding import engine
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode

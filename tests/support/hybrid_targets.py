@@ -25,7 +25,7 @@ import numpy as np
 
 import dflash_jax as dj
 from dflash_jax import targets
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets.hybrid import model as hybrid_model
 from dflash_jax.targets.hybrid import HybridConfig, HybridState

@@ -33,7 +33,7 @@ from safetensors.numpy import load_file, save_file
 from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.proposers import Proposal, Proposer
 from dflash_jax.targets import family_of
-from dflash_jax.training.loss import target_features
+from dflash_jax.training.features import target_features
 from dflash_jax.training.trainer import Trainer
 
 ARCHITECTURE = "TestTapMlpDrafter"

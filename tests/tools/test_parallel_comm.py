@@ -8,7 +8,8 @@ import pytest
 
 from dflash_jax.tools import parallel_comm as pc
 from dflash_jax.tools import roofline
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 
 # D 8, 2 layers, 2 heads / 2 KV heads of 4, F 16, vocab 32; a 1-layer drafter (1 tap), block 4
 TINY = TargetConfig(model_type="qwen3", vocab_size=32, hidden_size=8, intermediate_size=16,

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from dflash_jax.tools import parallel_speed as ps
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.reporting import portable_path
 from support.multidevice import ROOT, device_env
 

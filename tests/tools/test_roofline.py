@@ -8,7 +8,8 @@ import pytest
 
 from dflash_jax.bench import decode_speed
 from dflash_jax.tools import roofline
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.targets import init_target_params
 

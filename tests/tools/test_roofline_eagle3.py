@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.tools import roofline, roofline_eagle3 as re3
 
 pytestmark = pytest.mark.xdist_group("test_roofline_eagle3")

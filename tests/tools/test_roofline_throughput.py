@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.tools import roofline, roofline_moe as moe, roofline_throughput as rtp
 from dflash_jax.tools.parallel_comm import LATENCY_US
 

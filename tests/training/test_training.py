@@ -19,7 +19,8 @@ from dflash_jax.training.blocks import (block_boundaries, build_blocks, default_
                                         fixed_anchors, loss_weights, sample_anchors)
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.training.features import FeatureStore, write_features
-from dflash_jax.training.loss import block_logits, eval_loss, target_features
+from dflash_jax.methods.dflash.loss import block_logits, eval_loss
+from dflash_jax.training.features import target_features
 from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
 from support.processes import kill_after_lines
 
@@ -184,7 +185,7 @@ def test_all_padding_is_finite(pair):
     loss, m = eval_loss(drafter.params, target.params, tokens, mask, taps, anchors, none, w,
                         dcfg=drafter.config, tcfg=CFG)
     assert float(loss) == 0.0 and int(m["num_labels"]) == 0
-    from dflash_jax.training.loss import drafter_loss
+    from dflash_jax.methods.dflash.loss import drafter_loss
 
     g = jax.grad(lambda p: drafter_loss(p, target.params, tokens, mask, taps, anchors, none, w,
                                         dcfg=drafter.config, tcfg=CFG)[0])(drafter.params)

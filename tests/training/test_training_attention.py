@@ -14,7 +14,8 @@ from dflash_jax.nn.attention import (DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
                                      block_sparse_attention, chunked_block_sparse_attention,
                                      training_block_attention)
 from dflash_jax.training.blocks import epoch_anchors, loss_weights
-from dflash_jax.training.loss import drafter_loss, target_features
+from dflash_jax.methods.dflash.loss import drafter_loss
+from dflash_jax.training.features import target_features
 from dflash_jax.training.trainer import TrainConfig
 
 B, N, T, H, HKV, DH, S = 2, 7, 4, 4, 2, 8, 19

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dflash_jax.config import DFLASH_ARCHITECTURE, DrafterConfig
+from dflash_jax.methods.dflash.config import DFLASH_ARCHITECTURE, DrafterConfig
 from dflash_jax.hub import EMBEDDED, EMBEDDED_DRAFTER_DIR
 from dflash_jax.methods.base import DraftingMethod
-from dflash_jax.methods.dflash import handle
+from dflash_jax.methods.dflash import handle, profile
 from dflash_jax.methods.dflash.handle import Drafter
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 
@@ -22,6 +22,7 @@ class DFlashMethod(DraftingMethod):
     architectures = (DFLASH_ARCHITECTURE,)
     training_module = "dflash_jax.methods.dflash.training"
     shipped_name = EMBEDDED
+    profile_settings = (("chain", {}), ("tree 16", {"tree": 16, "tree_topk": 4}))
 
     def claims(self, d: Mapping[str, Any]) -> bool:
         # the DFlash fields, under no class name or another one (its variants: the config
@@ -48,6 +49,9 @@ class DFlashMethod(DraftingMethod):
 
     def proposer(self, drafter: Drafter, block_size: int, opt, greedy: bool) -> DFlashProposer:
         return DFlashProposer(drafter.config, int(opt.num_denoise_steps), bool(opt.sampled_draft) and not greedy)
+
+    def profile_parts(self, target, drafter: Drafter, pre, tparams, n: int, repeats: int, in_loop) -> dict:
+        return profile.draft_parts(target, drafter, pre, tparams, n, repeats, in_loop)
 
 
 DFLASH = DFlashMethod()

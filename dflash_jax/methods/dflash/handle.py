@@ -10,8 +10,8 @@ from typing import Any
 
 import jax
 
-from dflash_jax.checkpoints import load_drafter_params, save_drafter_params
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.checkpoint import load_drafter_params, save_drafter_params
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.parallel import rules
 
@@ -45,7 +45,7 @@ class Drafter:
                mask_token_id: int | None = None, target_layer_ids=None, seed: int = 0,
                dtype=None, init_scale: float = 0.02, conditioning: str = "kv") -> "Drafter":
         """A random-weight drafter shaped for ``target`` (default mask id: the last vocab row;
-        ``conditioning``: see :class:`~dflash_jax.config.DrafterConfig`)."""
+        ``conditioning``: see :class:`~dflash_jax.methods.dflash.config.DrafterConfig`)."""
         mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
         cfg = DrafterConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids,
                                        conditioning=conditioning)

@@ -70,7 +70,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn import MLP, RMSNorm, apply_rope, rope_cos_sin, segmented_attention
 from dflash_jax.nn.attention import (BLOCK_ATTENTION, DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK,

@@ -22,7 +22,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.verification.sampling import process_logits
 from dflash_jax.verification.tree import Tree, best_first_tree
 from dflash_jax.nn.cache import KVCache

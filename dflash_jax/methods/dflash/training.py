@@ -9,7 +9,7 @@ import os
 
 import jax.numpy as jnp
 
-from dflash_jax.config import DrafterConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.models.handles import load_target
 from dflash_jax.parallel.cli import mesh_from_args

@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dflash_jax.methods.eagle3.config import EAGLE3_ARCHITECTURE, Eagle3Config
-from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.methods.eagle3 import handle
-from dflash_jax.methods.eagle3.handle import (EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3, Eagle3Drafter,
-                                              d2t_of_vocab)
+from dflash_jax.methods.eagle3.handle import (EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3, EMBEDDED_EAGLE3_DIR,
+                                              Eagle3Drafter, d2t_of_vocab)
 from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
 
 
@@ -23,10 +22,21 @@ class Eagle3Method(DraftingMethod):
                                     "at any temperature); sampled drafts are the DFlash drafter's"}
     architectures = (EAGLE3_ARCHITECTURE,)
     training_module = "dflash_jax.methods.eagle3.training"
+    handle_exports = "dflash_jax.methods.eagle3.compat"
+    profile_settings = (("chain, 7 steps", {"block_size": 8}),
+                        ("tree 16", {"block_size": 8, "tree": 16, "tree_topk": 4}),
+                        ("tree 60", {"block_size": 8, "tree": 60, "tree_topk": 10}))
+    names_help = ("'embedded-eagle3' (the one shipped for the embedded target), an EAGLE-3 drafter directory in "
+                  "the released layout, or 'random' (random weights, acceptance ~1: smoke runs only)")
     shipped_name = EMBEDDED_EAGLE3
 
     def shipped_dir(self) -> str:
         return EMBEDDED_EAGLE3_DIR
+
+    def by_name(self, name: str, target, dtype=None) -> Eagle3Drafter:
+        from dflash_jax.methods.eagle3.named import load_eagle3_drafter  # it loads through models.handles
+
+        return load_eagle3_drafter(name, target, dtype)
 
     def load(self, path: str, target, dtype=None) -> Eagle3Drafter:
         return handle.load(path, target, dtype)

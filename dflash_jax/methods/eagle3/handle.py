@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dflash_jax.hub import ASSETS_DIR, is_embedded, resolve_checkpoint
 from dflash_jax.methods.eagle3.checkpoint import load_eagle3_params, save_eagle3_params
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.eagle3.model import init_eagle3_params
@@ -88,6 +89,18 @@ class Eagle3Drafter:
 
 
 EMBEDDED_EAGLE3 = "embedded-eagle3"  # the shipped EAGLE-3 drafter's name on command lines
+EMBEDDED_EAGLE3_DIR = os.path.join(ASSETS_DIR, "eagle3")
+"""The embedded target's EAGLE-3 drafter (the DFlash drafter's baseline, ``docs/eagle3.md``)."""
+
+
+def resolve(name, revision: str | None = None) -> str:
+    """The directory of an EAGLE-3 drafter named ``name``: ``embedded`` is the shipped one,
+    anything else as ``hub.resolve_checkpoint`` resolves a drafter."""
+    if is_embedded(name):
+        if revision is not None:
+            raise ValueError("drafter 'embedded' is the model shipped in the package: it has no revision")
+        return EMBEDDED_EAGLE3_DIR
+    return os.fspath(resolve_checkpoint(name, revision, kind="drafter"))
 EAGLE3_DEFAULT_BLOCK = 8  # the anchor + 7 drafting steps (SpecForge's training-time-test length)
 
 

@@ -47,7 +47,7 @@ Parameter tree (kernels [in, out]; Hugging Face names in ``methods.eagle3.checkp
   lm_head/kernel                              [D, Vd]
 
 The draft-to-target map ``d2t`` (int32[Vd], target id = draft id + d2t[draft id]) is not a
-parameter (it does not train): it travels beside them (``models.handles.Eagle3Drafter``).
+parameter (it does not train): it travels beside them (``methods.eagle3.handle.Eagle3Drafter``).
 """
 
 from __future__ import annotations

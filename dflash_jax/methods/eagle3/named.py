@@ -15,14 +15,12 @@ import os
 
 import numpy as np
 
-from dflash_jax.hub import EMBEDDED_EAGLE3_DIR
 from dflash_jax.methods.eagle3 import EAGLE3
-from dflash_jax.methods.eagle3.handle import EMBEDDED_EAGLE3, Eagle3Drafter
+from dflash_jax.methods.eagle3.handle import EMBEDDED_EAGLE3, EMBEDDED_EAGLE3_DIR, Eagle3Drafter
 from dflash_jax.models.handles import load_drafter
 
 RANDOM = "random"
-NAMES_HELP = ("'embedded-eagle3' (the one shipped for the embedded target), an EAGLE-3 drafter directory in "
-              "the released layout, or 'random' (random weights, acceptance ~1: smoke runs only)")
+NAMES_HELP = EAGLE3.names_help
 
 
 def random_eagle3(target, dtype=None, seed: int = 0):

@@ -32,7 +32,6 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.files import write_json
 from dflash_jax.methods.eagle3.model import Eagle3Model, init_eagle3_params
-from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.methods.eagle3 import handle
 from dflash_jax.methods.eagle3.handle import VOCAB_FILE, Eagle3Drafter, d2t_of_vocab, vocab_digest
 from dflash_jax.models.handles import load_target
@@ -339,7 +338,7 @@ def train_from_args(args, cfg: TrainConfig) -> None:
     target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None)
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
-    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="eagle3")) if args.init_from else None
+    init_from = handle.resolve(args.init_from) if args.init_from else None
     if init_from:
         if args.draft_vocab_size is not None or args.eagle3_layers is not None:
             raise ValueError("--init-from gives the drafter's config and draft vocabulary: drop "

@@ -1,4 +1,5 @@
-"""The drafter's training objective: all blocks of a batch in one pass, weighted cross-entropy."""
+"""DFlash's training objective (``docs/method.md`` section 5): all blocks of a batch in one pass
+(``training.blocks``), weighted cross-entropy."""
 
 from __future__ import annotations
 
@@ -8,20 +9,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dflash_jax.config import DrafterConfig, TargetConfig
+from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.model import DrafterModel
-from dflash_jax.targets import family_of, target_forward
+from dflash_jax.targets import family_of
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import build_blocks
-
-
-def target_features(tcfg: TargetConfig, tparams, tokens, tap_layer_ids) -> jax.Array:
-    """Teacher-forced taps [B, L, k*D] of the clean sequences (frozen target, no LM head)."""
-    B, L = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-    _, taps, _ = target_forward(tcfg, tparams, tokens, positions, tap_layer_ids=tap_layer_ids,
-                                compute_logits=False)
-    return jax.lax.stop_gradient(taps)
 
 
 def block_logits(dcfg: DrafterConfig, tcfg: TargetConfig, dparams, tparams, tokens, loss_mask,
