@@ -11,7 +11,7 @@ temperature, so q is close to p but not equal.
 
 The sampling tests compare many sampled rows with the exact distribution of the first tokens
 (tests/support/exact_sampling.py) and must reject plausible wrong acceptance rules patched into
-``engine.accept`` (negative controls), so they can fail.
+``verification.acceptance.accept`` (negative controls), so they can fail.
 """
 
 import functools
@@ -198,7 +198,7 @@ def test_speculative_sampling_keeps_the_target_distribution(sampling_setup, case
 
 
 def rejection_accept(sampling, draft, q_logp, logits, key, bug=None):
-    """``engine.accept`` written again as textbook rejection sampling (a greedy draft is a
+    """``verification.acceptance.accept`` written again as textbook rejection sampling (a greedy draft is a
     one-hot q), with one ``bug`` of: "accept_all" (every draft accepted); "residual_p" (at
     the first rejection a sample of p, not of normalise(max(p - q, 0))); "bonus_residual"
     (after a full block a sample of the residual of p against the last draft row's q, not of
@@ -236,10 +236,11 @@ MUTANTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(MUTANTS))
 def test_wrong_acceptance_rules_are_rejected(sampling_setup, monkeypatch, case):
-    """Negative controls: the engine's ``accept`` replaced by plausible wrong rules must fail
-    the check the engine passes, and the same rule written without a bug must pass it. One
-    compiled run: row group g (ROWS rows) uses the rule MUTANTS[case][g]."""
-    from dflash_jax.decoding import engine
+    """Negative controls: the chain acceptance rule (``verification.acceptance.accept``)
+    replaced by plausible wrong rules must fail the check the engine passes, and the same rule
+    written without a bug must pass it. One compiled run: row group g (ROWS rows) uses the rule
+    MUTANTS[case][g]."""
+    from dflash_jax.verification import acceptance
 
     bugs, traced = MUTANTS[case], []
 
@@ -251,7 +252,7 @@ def test_wrong_acceptance_rules_are_rejected(sampling_setup, monkeypatch, case):
         pick = lambda i: jnp.select([group == g for g in range(len(bugs))], [o[i] for o in outs])
         return pick(0), pick(1)
 
-    monkeypatch.setattr(engine, "accept", patched)
+    monkeypatch.setattr(acceptance, "accept", patched)
     r, joint = run_case(sampling_setup, case, groups=len(bugs))
     assert traced, "the patched accept was not traced"
     for g, bug in enumerate(bugs):
