@@ -113,8 +113,8 @@ def add_arguments(p) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
 
     p.add_argument("--block-size", type=block_size_arg, default=None,
-                   help="speculative block size (default: the drafter's); 'adaptive': the verify length chosen "
-                        "per iteration")
+                   help="speculative block size (default: the drafter's); 'adaptive' is deprecated: "
+                        "--verify adaptive")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
                    help="also run DFlash with block_size='adaptive' on every prompt, beside the fixed "
                         "block, and report it as a second table (verify lengths 4 / 8 / 16 chosen per "

@@ -47,12 +47,10 @@ def add_arguments(p) -> None:
                    help="allow --max-len above the model's max_position_embeddings")
 
     p.add_argument("--block-size", type=block_size_arg,
-                   help="speculative block size (default: the drafter's), or 'adaptive': verify "
-                        "4, 8 or the whole block per iteration, by the drafter's confidence and "
-                        "this device's measured (cached) iteration costs")
+                   help="speculative block size (default: the drafter's); 'adaptive' is deprecated: "
+                        "--verify adaptive")
     p.add_argument("--verify-per-row", action="store_true",
-                   help="with --block-size adaptive: choose per row, not per batch (rows grouped into "
-                        "4 and the whole block, by the drafter's confidence and the measured cost of each split)")
+                   help="deprecated: --verify adaptive-per-row")
     tree_args.add_arguments(p)
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: all)")

@@ -1,10 +1,14 @@
-"""The tree-verification options of the ``generate`` and ``bench`` commands (``--tree N``,
-``--tree-topk K``; ``docs/trees.md``): defined once so that both commands take, check and pass
-them the same way."""
+"""The verify-policy options of the ``generate`` and ``bench`` commands (``--verify fixed |
+adaptive | adaptive-per-row | tree:N[:K]``; ``docs/methods.md``) and their deprecated spellings
+(``--tree N``, ``--tree-topk K``, ``--block-size adaptive``, ``--verify-per-row``;
+``docs/trees.md``): defined once so that both commands take, check and pass them the same way.
+``--verify`` is read into the same settings the deprecated options set (``args.tree``,
+``args.tree_topk``, ``args.block_size``, ``args.verify_per_row``), which the reports record."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from dflash_jax.verification.adaptive import ADAPTIVE
 from dflash_jax.verification.tree import TreeVerify
@@ -13,20 +17,70 @@ DEFAULT_TOPK = 4
 """Children per node at most when ``--tree-topk`` is not given (``TreeVerify.topk``'s default)."""
 
 
+VERIFY_FORMS = ("fixed", "adaptive", "adaptive-per-row", "tree:N", "tree:N:K")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Adds ``--tree`` and ``--tree-topk`` to a command's parser."""
+    """Adds ``--verify`` and the deprecated ``--tree`` / ``--tree-topk`` to a command's parser."""
+    p.add_argument("--verify", default=None, metavar="POLICY",
+                   help="the verify policy (docs/methods.md): 'fixed' (the whole block; default), 'adaptive' "
+                        "(the verify length per iteration from the drafter's confidence and this device's "
+                        "measured costs), 'adaptive-per-row' (chosen per row), or 'tree:N[:K]' (a tree of N "
+                        "draft nodes per iteration, the root included, each node's K most likely children, "
+                        f"default K {DEFAULT_TOPK}; docs/trees.md)")
     p.add_argument("--tree", type=int, default=None, metavar="N",
-                   help="verify a tree of N draft nodes per iteration (the root, the last committed "
-                        "token, included; N >= 2) grown best-first from the drafter's per-position "
-                        "distributions, instead of the chain (docs/trees.md); default: the chain")
+                   help="deprecated: --verify tree:N")
     p.add_argument("--tree-topk", type=int, default=None, metavar="K",
-                   help=f"with --tree: children per tree node at most, the drafter's K most likely "
-                        f"tokens of the next position (default {DEFAULT_TOPK})")
+                   help="deprecated: --verify tree:N:K")
+
+
+def read_verify(args: argparse.Namespace) -> None:
+    """Reads ``--verify`` into the settings the deprecated options set (module docstring); a
+    value of another form, or ``--verify`` beside a deprecated option, is a ValueError; the
+    deprecated options alone get a note on stderr."""
+    value = getattr(args, "verify", None)
+    old = [name for name, used in (("--tree", getattr(args, "tree", None) is not None),
+                                   ("--tree-topk", getattr(args, "tree_topk", None) is not None),
+                                   ("--block-size adaptive", getattr(args, "block_size", None) == ADAPTIVE),
+                                   ("--verify-per-row", bool(getattr(args, "verify_per_row", False))))
+           if used]
+    if value is None:
+        if old:
+            print(f"note: {', '.join(old)} are deprecated: use --verify ({' | '.join(VERIFY_FORMS)})",
+                  file=sys.stderr)
+        return
+    if old:
+        raise ValueError(f"--verify {value} with {', '.join(old)}: the verify policy is one option; "
+                         f"pass --verify alone")
+    text = str(value).strip().lower()
+    if text == "fixed":
+        return
+    if text in (ADAPTIVE, "adaptive-per-row"):
+        args.block_size = ADAPTIVE
+        if text != ADAPTIVE:
+            if not hasattr(args, "verify_per_row"):
+                raise ValueError(f"--verify {value}: this command verifies per batch only; use "
+                                 "--verify adaptive")
+            args.verify_per_row = True
+        return
+    if text.startswith("tree:"):
+        parts = text.split(":")[1:]
+        try:
+            nums = [int(x) for x in parts]
+        except ValueError:
+            nums = []
+        if len(nums) in (1, 2):
+            args.tree = nums[0]
+            args.tree_topk = nums[1] if len(nums) == 2 else None
+            return
+    raise ValueError(f"--verify {value!r}: give one of {', '.join(VERIFY_FORMS)} (e.g. tree:32:4)")
 
 
 def check(args: argparse.Namespace, has_drafter: bool = True) -> None:
-    """Raises ValueError naming the option and the fix when the tree options do not fit the
-    rest of ``args`` (``block_size``) or the run (``has_drafter``)."""
+    """Reads ``--verify`` (:func:`read_verify`), then raises ValueError naming the option and
+    the fix when the tree options do not fit the rest of ``args`` (``block_size``) or the run
+    (``has_drafter``)."""
+    read_verify(args)
     tree, topk = getattr(args, "tree", None), getattr(args, "tree_topk", None)
     if tree is None:
         if topk is not None:

@@ -123,3 +123,35 @@ def test_a_value_outside_the_policies_is_named():
     for bad in (3, np.int32(4), dj.Adaptive):
         with pytest.raises(ValueError, match=r"^verify=.*: give 'fixed', 'adaptive'"):
             dj.generate(target, PROMPTS, 4, drafter=drafter, verify=bad)
+
+
+def test_the_verify_option_of_the_commands(capsys):
+    """``--verify`` (the generate and bench commands) reads into the settings its deprecated
+    spellings set; a mix of the two, or another form, is refused; the old options alone work
+    and print a deprecation note."""
+    from argparse import Namespace
+
+    from dflash_jax.decoding import tree_args
+
+    def read(**given):
+        args = Namespace(**({"tree": None, "tree_topk": None, "block_size": None, "verify_per_row": False,
+                             "verify": None} | given))
+        tree_args.read_verify(args)
+        return (args.tree, args.tree_topk, args.block_size, args.verify_per_row)
+
+    assert read(verify="fixed") == (None, None, None, False)
+    assert read(verify="adaptive") == (None, None, "adaptive", False)
+    assert read(verify="adaptive-per-row") == (None, None, "adaptive", True)
+    assert read(verify="tree:32") == (32, None, None, False)
+    assert read(verify="tree:60:10") == (60, 10, None, False)
+    assert capsys.readouterr().err == ""
+    assert read(tree=16, tree_topk=2) == (16, 2, None, False)
+    assert "--tree, --tree-topk are deprecated: use --verify" in capsys.readouterr().err
+    for bad in ("tree", "tree:a", "tree:1:2:3", "chain"):
+        with pytest.raises(ValueError, match=f"--verify '{bad}': give one of fixed, adaptive"):
+            read(verify=bad)
+    with pytest.raises(ValueError, match="--verify tree:8 with --tree: the verify policy is one option"):
+        read(verify="tree:8", tree=8)
+    with pytest.raises(ValueError, match="this command verifies per batch only"):
+        args = Namespace(tree=None, tree_topk=None, block_size=None, verify="adaptive-per-row")
+        tree_args.read_verify(args)
