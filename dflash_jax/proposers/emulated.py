@@ -34,6 +34,7 @@ import numpy as np
 
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
+from dflash_jax.methods.dflash.handle import Drafter
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 
 
@@ -229,8 +230,7 @@ def emulated_generate(target, prompts, max_new_tokens, proposer: EmulatedPropose
     ``as_input``: the continuation goes in as an input of the compiled loop (with the drafter's
     parameters), so that another continuation of the same shape and the same alpha, drafter and
     charge reuses the compiled loop (needs a charged drafter, on one device)."""
-    from dflash_jax.decoding.generation import generate
-    from dflash_jax.models.handles import Drafter
+    from dflash_jax.decoding.generation import generate  # the engine sits above the proposers
 
     if not isinstance(proposer, EmulatedProposer):
         raise ValueError(f"proposer must be an EmulatedProposer, got {type(proposer).__name__}")

@@ -433,7 +433,11 @@ def run_method(run_dir: str) -> tuple[Any, dict]:
 def latest_params(run_dir: str) -> tuple[Any, Any, int]:
     """(drafter config, fp32 params, step) of a run's newest checkpoint; the config is the run's
     drafting method's (:func:`run_method`): a ``DrafterConfig`` for DFlash."""
-    method, record = run_method(run_dir)
+    return _latest(run_dir, *run_method(run_dir))
+
+
+def _latest(run_dir: str, method, record: dict) -> tuple[Any, Any, int]:
+    """:func:`latest_params` for a run whose method and run.json were read already."""
     dcfg = method.config_from_hf(record["drafter"])
     manager = reading_manager(run_dir)
     step = manager.latest_step()
@@ -448,10 +452,10 @@ def latest_params(run_dir: str) -> tuple[Any, Any, int]:
 def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
     """Writes a run's newest drafter in its method's released layout (loadable by
     ``load_drafter``, with whatever else the method's layout holds)."""
-    dcfg, params, _ = latest_params(run_dir)
+    method, record = run_method(run_dir)
+    dcfg, params, _ = _latest(run_dir, method, record)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     if jax.process_index() != 0:  # across hosts, process 0 writes the export
         return
-    method, record = run_method(run_dir)
     save_drafter(method.from_run(run_dir, record, dcfg, params), out_dir)

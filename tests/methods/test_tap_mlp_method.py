@@ -8,10 +8,8 @@ a wrong anchor would keep the output equal to AR and change only the proposals."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ from dflash_jax.decoding import engine
 from dflash_jax.targets import target_forward
 from dflash_jax.training.data import TokenDataset, regenerate
 from dflash_jax.training.trainer import TrainConfig, export_run, latest_params
+from support.drafter_reference import recording
 from support.tap_mlp_method import TAP_MLP, TapMlpDrafter, TapMlpProposer, TapMlpTrainer
 
 pytestmark = pytest.mark.xdist_group("test_tap_mlp_method")
@@ -85,19 +84,7 @@ def test_every_declared_policy_equals_ar_and_the_others_are_refused(registered, 
         _generate(target, prompts, drafter, block_size=6)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class RecordingTapMlp(TapMlpProposer):
-    """Its proposals unchanged; each iteration's (start, anchor, draft) copied to ``records``."""
-
-    records: list = dataclasses.field(default_factory=list)
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
-
-    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-        proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-        jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
-                           committed.start, committed.bonus, proposal.tokens, ordered=True)
-        return proposal, state
+RecordingTapMlp = recording(TapMlpProposer)
 
 
 def causal_taps(target, tap: int, tokens: list[int]) -> np.ndarray:

@@ -143,18 +143,26 @@ def reference_draft(dcfg, tparams, dparams, taps, anchor, start, bs, steps):
     return np.where(filled, fill, logits.argmax(-1)), margin, decisive
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class RecordingProposer(DFlashProposer):
-    """The DFlash proposer (its proposals unchanged) that also copies each iteration's (block
-    start int32[B], anchor int32[B], draft int32[B, bs-1]) to ``records``, in loop order.
-    Compared and hashed by identity, so every instance is traced anew with its own list."""
+def recording(proposer_class):
+    """``proposer_class`` (a chain proposer dataclass) whose proposals are unchanged but each
+    iteration's (block start int32[B], anchor int32[B], draft int32[B, bs-1]) is also copied to
+    ``records``, in loop order. Compared and hashed by identity, so every instance is traced
+    anew with its own list."""
 
-    records: list = dataclasses.field(default_factory=list)
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Recording(proposer_class):
+        records: list = dataclasses.field(default_factory=list)
+        __eq__ = object.__eq__
+        __hash__ = object.__hash__
 
-    def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-        proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-        jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
-                           committed.start, committed.bonus, proposal.tokens, ordered=True)
-        return proposal, state
+        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+            proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
+            jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
+                               committed.start, committed.bonus, proposal.tokens, ordered=True)
+            return proposal, state
+
+    Recording.__name__ = Recording.__qualname__ = f"Recording{proposer_class.__name__}"
+    return Recording
+
+
+RecordingProposer = recording(DFlashProposer)
