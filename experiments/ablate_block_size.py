@@ -10,7 +10,7 @@ generalises to 8 better than one trained at 8 generalises to 16, and 16 -> 16 is
 The inference block size "adaptive" (not in the paper, which leaves it as future work) drafts
 the whole trained block and verifies 4, 8 or the whole block, chosen per iteration from the
 drafter's confidence and the device's measured cost of each length
-(``generate(block_size="adaptive")``).
+(``generate(verify="adaptive")``).
 """
 
 from __future__ import annotations

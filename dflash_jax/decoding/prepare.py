@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -138,8 +139,6 @@ def verify_request(opt: GenerateOptions, warn: bool = True) -> VerifyRequest:
         raise ValueError(f"tree_topk={opt.tree_topk!r} belongs to tree verification: pass "
                          "tree=N (nodes per iteration) with it")
     if warn and (old or adaptive):
-        import warnings
-
         warnings.warn("generate's block_size='adaptive', verify_lengths, cost_table, verify_per_row, "
                       "row_splits, tree and tree_topk are deprecated: pass verify='adaptive', "
                       "verify=Adaptive(per_row, lengths, cost_table, splits) or verify=TreeVerify(nodes, "

@@ -2,7 +2,7 @@
 
 The paper verifies the whole block (16 rows) every iteration. When the drafter is unsure, most
 of those rows are rejected, yet on a compute-bound device (a CPU) they still cost target
-compute. ``generate(..., block_size="adaptive")`` drafts the whole block as usual, then picks
+compute. ``generate(..., verify="adaptive")`` drafts the whole block as usual, then picks
 the verify length L among a few static lengths (default 4 / 8 / 16) that maximises
 
     expected tokens emitted at L / measured cost of an iteration at L,
@@ -17,7 +17,7 @@ a shorter proposal), provided a sampled draft's confidence does not read the tok
 (``proposers.base.Proposal.logp``: otherwise a row that drew an unlikely token would verify it
 less often, which skews the output).
 
-Per row (``verify_per_row=True``): with ragged acceptance, one length for the whole batch
+Per row (``verify=Adaptive(per_row=True)``): with ragged acceptance, one length for the whole batch
 verifies long blocks for rows whose drafts are weak. A mask over a dense [B, L] verify would
 save no compute, so the rows are grouped instead, inside static shapes: two lengths (short,
 long; default 4 and the block size), and each iteration verifies the k rows that gain the most
@@ -33,8 +33,8 @@ accepts with the usual rule and its own random key).
 
 This module holds the policy (:class:`AdaptiveVerify`, a ``verification.policy.VerifyPolicy``:
 its arithmetic and its step) and its options (the lengths, the splits, a cost table's checks);
-``decoding.costs`` measures and caches the tables. A user may pass ``cost_table={L: seconds, ...}`` instead; it
-must give one positive cost per length.
+``decoding.costs`` measures and caches the tables. A user may pass
+``Adaptive(cost_table={L: seconds, ...})`` instead; it must give one positive cost per length.
 """
 
 
