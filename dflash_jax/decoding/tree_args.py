@@ -29,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "draft nodes per iteration, the root included, each node's K most likely children, "
                         f"default K {DEFAULT_TOPK}; docs/trees.md)")
     p.add_argument("--tree", type=int, default=None, metavar="N",
-                   help="deprecated: --verify tree:N")
+                   help="deprecated, --verify tree:N: verify a tree of N draft nodes per iteration")
     p.add_argument("--tree-topk", type=int, default=None, metavar="K",
-                   help="deprecated: --verify tree:N:K")
+                   help="deprecated, --verify tree:N:K: children per tree node at most")
 
 
 def read_verify(args: argparse.Namespace) -> None:

@@ -168,6 +168,7 @@ MEANINGS = {
     "--top-k": ("top_k", r"k most likely tokens"),
     "--top-p": ("top_p", r"nucleus sampling"),
     "--tree": ("tree", r"tree of N draft nodes"),
+    "--verify": ("verify", r"the verify policy"),
     "--tree-topk": ("tree_topk", r"children per tree node"),
     "--warmup-fraction": ("warmup_fraction", r"warm the learning rate up"),
     "--weight-decay": ("weight_decay", r"weight decay"),

@@ -106,8 +106,10 @@ def test_policies_without_drafts_are_refused():
     target, _ = pair()
     with pytest.raises(ValueError, match=r"^verify=TreeVerify\(nodes=6, topk=4\) needs a drafter"):
         dj.generate(target, PROMPTS, 4, verify=dj.TreeVerify(6))
-    with pytest.raises(ValueError, match=r"^verify=Adaptive\(.*\) needs a drafter"):
+    with pytest.raises(ValueError, match=r"^verify='adaptive' needs a drafter"):
         dj.generate(target, PROMPTS, 4, verify="adaptive")
+    with pytest.raises(ValueError, match=r"^verify=Adaptive\(per_row=True, .*\) needs a drafter"):
+        dj.generate(target, PROMPTS, 4, verify=dj.Adaptive(per_row=True))
     with pytest.raises(ValueError, match=r"Adaptive\(splits=\.\.\.\) belongs to per-row verification"):
         dj.Adaptive(splits=(0, 1))
     # the engine's spec checks the policy itself, before anything compiles
