@@ -43,7 +43,7 @@ from dflash_jax.decoding import engine
 from dflash_jax import methods
 from dflash_jax.verification import acceptance, policy, tree as trees
 from dflash_jax.verification.adaptive import Adaptive
-from dflash_jax.verification.tree import TreeVerify
+from dflash_jax.decoding import tree_args
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import Drafter, load_drafter, load_target
@@ -151,11 +151,6 @@ def method_runs(names) -> list[tuple[str, str, dict]]:
             for suffix, settings in m.profile_settings]
 
 
-def _verify(settings: dict):
-    """The ``generate`` verify value of a profile run's settings (``tree``, ``tree_topk``)."""
-    return TreeVerify(settings["tree"], settings.get("tree_topk", 4)) if settings.get("tree") else None
-
-
 def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None, tree: int | None = None,
             tree_topk: int = 4, verify: bool = True) -> dict:
     """Milliseconds of one draft and (``verify``) one verify of an iteration at the context of
@@ -163,7 +158,7 @@ def step_ms(target, drafter, prompt, repeats: int, block_size: int | None = None
     and the target over the block (under the ancestor mask for a tree), each jitted alone, the
     median of ``repeats`` runs after a compiling one (host dispatch included: one call each)."""
     pre = prepare_decode(target, prompt, 8, drafter=drafter, block_size=block_size,
-                         verify=TreeVerify(tree, tree_topk) if tree else None)
+                         verify=tree_args.tree_policy(tree, tree_topk))
     spec, dp, state, key = pre.spec, pre.drafter_params, pre.state, jax.random.key(0)
     tp = target.params
     if tree:
@@ -203,7 +198,8 @@ def method_profile(target, drafters: dict, context: int, repeats: int, iteration
             d = drafters[kind]
             bs = options.get("block_size") or methods.method_of(d).default_block_size(d)
             steps = step_ms(target, d, prompt, repeats, bs, options.get("tree"), options.get("tree_topk", 4))
-            it = 1e3 * loop_time(target, d, prompt, iterations, repeats, block_size=bs, verify=_verify(options))
+            it = 1e3 * loop_time(target, d, prompt, iterations, repeats, block_size=bs,
+                                 verify=tree_args.tree_policy(options.get("tree"), options.get("tree_topk", 4)))
             rows.append({"method": label, "kind": kind, "block_size": bs, "tree": options.get("tree"),
                          "tree_topk": options.get("tree_topk"), "verify_rows": options.get("tree") or bs,
                          **steps, "iteration_ms": it})

@@ -112,7 +112,13 @@ def policy(args: argparse.Namespace) -> TreeVerify | None:
     """The verify policy of the tree options (``generate(..., verify=...)``): a
     :class:`TreeVerify`, or None for the chain (the default)."""
     opt = options(args)
-    return TreeVerify(opt["tree"], opt["tree_topk"]) if opt else None
+    return tree_policy(opt.get("tree"), opt.get("tree_topk", DEFAULT_TOPK))
+
+
+def tree_policy(nodes: int | None, topk: int = DEFAULT_TOPK) -> TreeVerify | None:
+    """The ``generate(..., verify=...)`` value of a tree setting: ``TreeVerify(nodes, topk)``, or
+    None (the chain) when ``nodes`` is None or 0."""
+    return TreeVerify(nodes, topk) if nodes else None
 
 
 def label(args: argparse.Namespace) -> str:

@@ -103,9 +103,11 @@ def propose_chain(spec, tparams, pparams, state, seen, key, want_logp: bool = Fa
     return spec.proposer.propose(spec, tparams, pparams, state.proposer, seen, key, want_logp=want_logp)
 
 
-def verify(spec, tparams, block: jax.Array, positions: jax.Array, tcache):
+def verify(spec, tparams, block: jax.Array, positions: jax.Array, tcache, tree=None):
     """The target over the block ``[bonus, draft...]`` (tokens int32[B, T]) at positions
-    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its decode state.
+    int32[B, T] = ``tcache.lengths + arange(T)``, one causal pass through its decode state
+    (``tree``: a ``nn.tree_attention.TreeAttention`` instead of the causal mask; the tree
+    policy's ``verify_tree``).
 
     Returns (logits float32[B, T, V]: row i predicts the token after ``block[:, i]``;
     taps [B, T, k*D] of the block rows, None without a drafter; the state holding the whole
@@ -113,7 +115,7 @@ def verify(spec, tparams, block: jax.Array, positions: jax.Array, tcache):
     """
     return spec.family.forward(spec.target, tparams, block, positions, tcache,
                                tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                               **spec.target_axes)
+                               **({} if tree is None else {"tree": tree}), **spec.target_axes)
 
 
 def rollback(accepted: jax.Array, tcache, done: jax.Array, start: jax.Array):

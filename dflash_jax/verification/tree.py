@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.verification import acceptance
-from dflash_jax.verification.policy import Verified, VerifyPolicy, rollback
+from dflash_jax.verification.policy import Verified, VerifyPolicy, rollback, verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +226,4 @@ def verify_tree(spec, tparams, tree: Tree, mask: jax.Array, tcache):
     ``verification.policy.verify`` returns for a block of N rows."""
     start = tcache.lengths[:, None]
     slots = start + jnp.arange(tree.nodes, dtype=jnp.int32)
-    return spec.family.forward(spec.target, tparams, tree.tokens, slots, tcache,
-                               tap_layer_ids=spec.tap_layer_ids, attention_impl=spec.attention_impl,
-                               tree=TreeAttention(start + tree.depth, mask), **spec.target_axes)
+    return verify(spec, tparams, tree.tokens, slots, tcache, tree=TreeAttention(start + tree.depth, mask))

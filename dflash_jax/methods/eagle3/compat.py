@@ -21,8 +21,7 @@ def load_eagle3(path: str | os.PathLike, target: Target, dtype=None, *,
     (by its architectures). This one loads EAGLE-3 drafters only, as before; ``"embedded"`` here
     is the shipped EAGLE-3 drafter (``"embedded-eagle3"`` for ``load_drafter``)."""
     deprecated("load_eagle3", "load_drafter")
-    return EAGLE3.load(handle.resolve(os.fspath(path) if isinstance(path, os.PathLike) else path, revision),
-                       target, dtype)
+    return EAGLE3.load(handle.resolve(path, revision), target, dtype)
 
 
 def save_eagle3(drafter, path: str | os.PathLike) -> None:

@@ -93,9 +93,10 @@ EMBEDDED_EAGLE3_DIR = os.path.join(ASSETS_DIR, "eagle3")
 """The embedded target's EAGLE-3 drafter (the DFlash drafter's baseline, ``docs/eagle3.md``)."""
 
 
-def resolve(name, revision: str | None = None) -> str:
+def resolve(name: str | os.PathLike, revision: str | None = None) -> str:
     """The directory of an EAGLE-3 drafter named ``name``: ``embedded`` is the shipped one,
-    anything else as ``hub.resolve_checkpoint`` resolves a drafter."""
+    anything else as ``hub.resolve_checkpoint`` resolves a drafter (a PathLike is a path, never
+    a repo id)."""
     if is_embedded(name):
         if revision is not None:
             raise ValueError("drafter 'embedded' is the model shipped in the package: it has no revision")
