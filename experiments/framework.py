@@ -18,7 +18,7 @@ What a run does, every step resumable and keyed by a hash of the settings that d
    ``WORK/data/<hash>/`` (``dflash_jax.training.data.regenerate``; shared by every cell and
    every experiment with the same data settings);
 2. per distinct training setting, a drafter trained with the project's trainer
-   (``dflash_jax.training.trainer.Trainer``: AdamW, Orbax checkpoints, exact resume after a
+   (``dflash_jax.methods.dflash.training.DFlashTrainer``, the shared trainer: AdamW, Orbax checkpoints, exact resume after a
    kill) and exported in the released layout: ``WORK/drafters/<hash>/{run,drafter,train.json}``.
    Cells that share a training setting (e.g. one drafter tested at several block sizes) share
    it;
@@ -78,7 +78,8 @@ from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
 from dflash_jax.files import atomic_path, exclusive, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
-from dflash_jax.training.trainer import TrainConfig, Trainer, batch_for_step, export_run
+from dflash_jax.methods.dflash.training import DFlashTrainer, batch_for_step
+from dflash_jax.training.trainer import TrainConfig, export_run
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.verification.adaptive import ADAPTIVE
@@ -772,7 +773,7 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         if held_out:
             features.hold_out(s.curve_prompts)
     cfg = TrainConfig(**cell.train, eval_every=s.curve_every if held_out else 0)
-    trainer = Trainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
+    trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
                       init_from=checkpoint_dir(s.init_from, "drafter") if s.init_from else None)
     state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")

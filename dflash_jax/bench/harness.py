@@ -176,7 +176,7 @@ def drafter_method(drafter) -> str:
 
 def report_method(report: dict):
     """The drafting method a report measured (reports written before reports named it: DFlash)."""
-    return methods.method(report["settings"].get("method", "dflash"))
+    return methods.method(report["settings"].get("method", methods.DEFAULT))
 
 
 def bench_dataset(runner: Runner, samples, bar) -> dict:

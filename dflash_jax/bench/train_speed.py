@@ -24,7 +24,8 @@ from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.models.handles import Target
 from dflash_jax.reporting import command_line, environment, new_figure, write_report
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
-from dflash_jax.training.trainer import TrainConfig, Trainer
+from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.training.trainer import TrainConfig
 
 
 def plot(report: dict):
@@ -66,7 +67,7 @@ def run(args) -> dict:
                          lengths=lengths, stopped=np.array(0))
         tcfg = TrainConfig(steps=args.steps + 1, batch_size=args.batch, num_anchors=args.num_anchors,
                            checkpoint_every=10 ** 9)
-        trainer = Trainer(target, dcfg, TokenDataset(os.path.join(tmp, "data")), os.path.join(tmp, "run"), tcfg)
+        trainer = DFlashTrainer(target, dcfg, TokenDataset(os.path.join(tmp, "data")), os.path.join(tmp, "run"), tcfg)
         t0 = time.perf_counter()
         trainer.run()
         wall = time.perf_counter() - t0

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+DEFAULT = "dflash"  # the method of a run or a report written before they named their method; train's default
+
 _METHODS: dict[str, Any] = {}  # name -> DraftingMethod
 _ARCHITECTURES: dict[str, Any] = {}  # config.json architecture -> DraftingMethod
 _NAMED: dict[str, Any] = {}  # a shipped drafter's command-line name -> DraftingMethod

@@ -39,11 +39,21 @@ class DraftingMethod:
     supported."""
 
     training_module: str | None = None
-    """The module with the method's part of the ``train`` command, if it trains there:
+    """The module with the method's training objective and its part of the ``train`` command, if
+    it trains there: ``TRAINER`` (its :class:`~dflash_jax.training.trainer.Trainer` subclass),
     ``TRAIN_OPTIONS`` ({(dest, option): value when not given} of its own options),
     ``IGNORED_SETTINGS`` (the ``TrainConfig`` fields it does not read), ``add_train_arguments(p)``
-    and ``train_from_args(args, train_config)``. Imported by the command only (it sits above the
+    and ``train_from_args(args, train_config)``. Imported when it is needed (it sits above the
     trainer)."""
+
+    @property
+    def trainer(self):
+        """The method's trainer class (its training module's ``TRAINER``)."""
+        if not self.training_module:
+            raise ValueError(f"the drafting method {self.name!r} does not train here")
+        import importlib
+
+        return importlib.import_module(self.training_module).TRAINER
 
     handle_exports: str | None = None
     """A module whose ``__all__`` names ``dflash_jax.models.handles`` still offers for this method

@@ -1,4 +1,4 @@
-"""How a training step is laid out on a ``(data, model)`` device mesh (``Trainer(mesh=...)``,
+"""How a training step is laid out on a ``(data, model)`` device mesh (``Trainer(mesh=...)`` of a method that trains on meshes,
 ``python -m dflash_jax train --mesh data=2,model=4``).
 
 What is sharded how:

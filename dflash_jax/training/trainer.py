@@ -1,13 +1,17 @@
-"""The drafter training loop: optax AdamW (warmup + cosine, clipping), Orbax checkpoints,
-exact resume, JSONL metrics with a tqdm bar, periodic real tau evaluation.
+"""The drafter training loop shared by every drafting method: optax AdamW (warmup + cosine,
+clipping), Orbax checkpoints, exact resume, JSONL metrics with a tqdm bar, periodic real tau
+evaluation, meshes. A method's objective (its drafter's initial weights, a step's inputs, the
+loss, the drafter of given weights) is a :class:`Trainer` subclass in its package
+(``docs/methods.md``), e.g. ``methods/dflash/training.py``.
 
-Determinism: the batch and the anchors of step s depend only on (seed, s), so a run killed
+Determinism: the batch of step s (and what an objective draws for it, e.g. DFlash's anchors)
+depends only on (seed, s), so a run killed
 at any point and resumed from its last checkpoint repeats no step and loses none; on CPU the
 resumed run ends bitwise equal to an uninterrupted one.
 
 An epoch is ``len(data) // batch_size`` steps: each epoch draws a new permutation of the
-sequences (the last ``len(data) % batch_size`` of it are left out that epoch) and resamples
-every sequence's anchors (docs/method.md section 5). The length of a run is ``steps``, or ``epochs``
+sequences (the last ``len(data) % batch_size`` of it are left out that epoch; DFlash also
+resamples every sequence's anchors, docs/method.md section 5). The length of a run is ``steps``, or ``epochs``
 (the recipe's unit: ``ceil(epochs * steps_per_epoch)`` steps), not both.
 """
 
@@ -26,20 +30,14 @@ import optax
 import orbax.checkpoint as ocp
 
 from dflash_jax import methods
-from dflash_jax.methods.dflash.config import DrafterConfig
-from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
 from dflash_jax.training import sharding
-from dflash_jax.training.blocks import block_loss_weights, check_anchor_strategy, check_gamma, epoch_anchors
+from dflash_jax.training.blocks import check_anchor_strategy, check_gamma
 from dflash_jax.training.data import TokenDataset
-from dflash_jax.training.features import FeatureStore
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
-from dflash_jax.methods.dflash.loss import drafter_loss
-from dflash_jax.training.features import target_features
 from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
                                          checkpoint_manager, reading_manager, restore_latest, saved_steps)
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, Drafter, save_drafter
-from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
+from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, save_drafter
 from dflash_jax.decoding.generation import generate
 
 
@@ -162,48 +160,48 @@ def batch_width(lengths, seq_len: int, bucket: int = WIDTH_BUCKET) -> int:
 BATCH_STREAM = 7  # the drafter's stream of batch orders (training.loop.batch_rows)
 
 
-def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig, block_size: int | None = None):
-    """(sequence ids, anchors, valid) of a step: the step's rows of the epoch's permutation
-    (:func:`~dflash_jax.training.loop.batch_rows`) and their anchors of that epoch
-    (``block_size``: the drafter's, needed by fixed anchors)."""
-    epoch, ids = batch_rows(step, len(data), cfg.batch_size, cfg.seed, BATCH_STREAM)
-    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch,
-                                   strategy=cfg.anchors, block_size=block_size)
-    return ids, anchors, valid
-
-
-# settings added to TrainConfig after runs were started, with the value those runs had
-# (the attention chunks: runs before them computed dense attention, which their shapes, <= 64
-# anchors and length <= 1024, still get at the defaults; a longer run resumed now computes the
-# same attention chunked, equal up to float rounding)
-RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False, "anchors": "random",
-                          "anchor_chunk": DEFAULT_ANCHOR_CHUNK, "context_chunk": DEFAULT_CONTEXT_CHUNK}}
-
-
 class Trainer:
-    """Trains a drafter for ``target`` on a token dataset, in ``run_dir``.
+    """The shared drafter trainer: trains a drafter of one drafting method for ``target`` on a
+    token dataset, in ``run_dir``. The loop is the same for every method (data order, AdamW
+    with warmup and cosine decay, clipping, Orbax checkpoints, exact resume, JSONL metrics,
+    held-out tau, meshes); a method's trainer subclass is its objective, the parts marked
+    "the method's parts" below (``docs/methods.md``): :meth:`init_params`, :meth:`batch`,
+    :meth:`loss` and :meth:`drafter`, and where it needs them the others.
 
     run_dir/run.json (configs; a resume with different ones is refused), run_dir/checkpoints
     (Orbax: params, optimizer state, step), run_dir/metrics.jsonl.
 
-    With ``mesh`` it trains on several devices or hosts (``__init__``, ``training.sharding``):
-    checkpoints are written sharded (each process its shards) and restore onto any mesh; a
-    resume on the same mesh is bitwise exact on CPU, on another one equal up to float rounding.
+    With ``mesh`` (a method whose :attr:`supports_mesh`) it trains on several devices or hosts
+    (``training.sharding``): checkpoints are written sharded (each process its shards) and
+    restore onto any mesh; a resume on the same mesh is bitwise exact on CPU, on another one
+    equal up to float rounding.
+
+    ``Trainer(...)`` itself, as before drafting methods were plug-ins, is the default method's
+    trainer (DFlash's), with a DeprecationWarning.
     """
 
-    record_added = RECORD_ADDED  # settings added to the run record after runs were started
-    method = "dflash"  # train's --method
+    method: str = ""  # the drafting method's registry name (train's --method)
+    record_added: dict = {}  # settings added to the run record after runs were started
+    record_names_method = True  # run.json's "method" (runs of the default method written before it lack it)
+    ignored_settings: tuple[str, ...] = ()  # TrainConfig fields the method's objective does not read
+    supports_mesh = False  # whether the objective trains on a mesh (else a mesh is refused)
 
-    def _method_flag(self) -> str:
-        """What the messages' `train` commands add for this method (nothing for the default)."""
-        return "" if self.method == "dflash" else f" --method {self.method}"
+    def __new__(cls, *args, **kwargs):
+        if cls is Trainer:  # the old spelling: the default method's trainer
+            import warnings
 
-    def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
-                 cfg: TrainConfig, features: FeatureStore | None = None,
+            default = methods.method(methods.DEFAULT).trainer
+            warnings.warn(f"Trainer(...) is the shared loop now; {methods.DEFAULT}'s trainer is "
+                          f"{default.__module__}.{default.__name__}", DeprecationWarning, stacklevel=2)
+            return default(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, target, drafter_config, data: TokenDataset, run_dir: str, cfg: TrainConfig,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
                  mesh=None, fsdp: bool = False):
-        """``init_from``: a drafter directory (released layout) to start from instead of random
-        weights (continued training / fine-tuning); its config must equal ``drafter_config``.
+        """``init_from``: a drafter directory (the method's released layout) to start from
+        instead of random weights (continued training / fine-tuning); its config must equal
+        ``drafter_config``.
 
         ``mesh``: a ``(data, model)`` mesh (``dflash_jax.parallel.make_mesh``) to train on:
         batch rows over ``data``, the frozen target tensor-parallel over ``model`` by
@@ -214,6 +212,8 @@ class Trainer:
         (its checkpoint is restored onto the new layout) and continues equally up to float
         rounding. Only process 0 writes run.json and the metrics. None: one device, the
         single-device step unchanged."""
+        if mesh is not None and not self.supports_mesh:
+            raise ValueError(f"{methods.method(self.method).label} training runs on one device (drop --mesh)")
         drafter_config.check_target(target.config)
         self.target, self.dcfg = target, drafter_config
         self.init_from = None if init_from is None else os.path.abspath(init_from)
@@ -221,8 +221,6 @@ class Trainer:
             self._check_init_from(init_from)
         if len(data) < cfg.batch_size:
             raise ValueError(f"the dataset has {len(data)} sequences, fewer than batch_size {cfg.batch_size}")
-        if features is not None and len(features) != len(data):
-            raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
         if fsdp and mesh is None:
             raise ValueError("fsdp shards the drafter over the mesh's data axis: give a mesh too (--mesh)")
         self.mesh, self.fsdp = mesh, bool(fsdp)
@@ -231,8 +229,7 @@ class Trainer:
                                 len(eval_prompts) if eval_prompts and cfg.eval_every else 0)
             if target.mesh != mesh:
                 target = dataclasses.replace(target, mesh=mesh)  # its params placed by the rules
-        self.target, self.dcfg, self.data, self.cfg = target, drafter_config, data, cfg
-        self.features, self.eval_prompts = features, eval_prompts
+        self.target, self.data, self.cfg, self.eval_prompts = target, data, cfg, eval_prompts
         self.run_dir = os.path.abspath(run_dir)
         self.shown_run_dir = os.fspath(run_dir)  # as the user gave it, for messages
         os.makedirs(self.run_dir, exist_ok=True)
@@ -245,43 +242,80 @@ class Trainer:
         self.weights = self._loss_weights()
         self.compute_dtype = jnp.dtype(cfg.compute_dtype) if cfg.compute_dtype else target.dtype
         self.manager = checkpoint_manager(self.run_dir, cfg.keep_checkpoints)
-        if mesh is None:
-            self._step_fn = jax.jit(self._train_step)
-        else:  # the same step, partitioned by XLA from the shardings of its inputs and outputs
+        if mesh is not None:
             self.state_shardings = sharding.state_shardings(
                 jax.eval_shape(lambda: self._fresh_state(jax.random.key(0))), mesh, self.fsdp)
-            rows = sharding.batch_sharding(mesh)
-            self._step_fn = jax.jit(self._train_step, in_shardings=(
-                self.state_shardings, sharding.param_shardings(self.target.params, mesh), rows, rows,
-                None if features is None else rows, rows, rows),
-                out_shardings=(self.state_shardings, sharding.replicated(mesh)))
+        self._step_fns: dict[tuple[bool, ...], Any] = {}  # jitted steps by which inputs are None
 
-    # ------------------------------------------------------------------ the drafter's parts
-    # (a drafting method's Trainer subclass overrides these: the init / step / eval / record methods)
+    # ------------------------------------------------------------------ the method's parts
+    def init_params(self, key) -> Any:
+        """The drafter's random initial parameters (float32) from ``key``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement init_params")
+
+    def batch(self, step: int) -> tuple:
+        """The inputs of training step ``step`` as host arrays (None for an absent one): the
+        rows of the step's batch (:func:`step_rows`), whatever the objective needs of them.
+        Arrays are laid out rows first (split over the mesh's data axis on a mesh)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement batch")
+
+    def loss(self, params, tparams, *inputs) -> tuple[jax.Array, dict]:
+        """(loss, metrics) of the drafter ``params`` (in the compute dtype) on one step's
+        inputs (:meth:`device_inputs` of :meth:`batch`); the metrics hold ``loss`` and
+        ``accuracy_per_pos`` (float[positions]: how often each drafted position is right)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss")
+
+    def drafter(self, params) -> Any:
+        """The drafter handle of ``params`` in the target's dtype, as ``generate`` takes it (for
+        the held-out tau)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement drafter")
+
+    def device_inputs(self, tparams, *inputs) -> tuple:
+        """The step's inputs as the loss takes them, computed on the device inside the step but
+        outside the differentiated loss (e.g. the target's features); default: as given."""
+        return inputs
+
+    def load_params(self, init_from: str) -> Any:
+        """The float32 parameters of the drafter in ``init_from`` (checked already by
+        :meth:`_check_init_from`)."""
+        return methods.method(self.method).load(init_from, self.target, dtype=jnp.float32).params
+
     def _check_init_from(self, init_from: str) -> None:
         """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
-        check_drafter_conditioning(init_from, self.dcfg)
-        loaded = DrafterConfig.from_pretrained(init_from)
+        with open(os.path.join(init_from, "config.json")) as f:
+            loaded = methods.method(self.method).config_from_hf(json.load(f))
         if loaded != self.dcfg:
             raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
                              f"expected {self.dcfg}")
 
-    def _loss_weights(self) -> jax.Array:
-        """The loss's weights: float32[bs] of the block rows."""
-        return jnp.asarray(block_loss_weights(self.dcfg.block_size, self.cfg.gamma, self.cfg.uniform_weights))
+    def _loss_weights(self) -> jax.Array | None:
+        """The loss's weights the objective reads as ``self.weights`` (None: none)."""
+        return None
+
+    def record_settings(self) -> dict:
+        """The run record's entries of the method's own settings (a resume must give the same)."""
+        return {}
 
     def row_metrics(self, done: int, m: dict) -> dict:
         """The entries a step's metrics line adds to the loop's (``run_loop``'s row_metrics)."""
         return {"epoch": round(done / self.steps_per_epoch, 4),
                 "accuracy_per_pos": [round(float(x), 4) for x in m["accuracy_per_pos"]]}
 
+    def eval_options(self) -> dict:
+        """``generate``'s options for the held-out tau (e.g. the block the method drafts)."""
+        return {}
+
     # ------------------------------------------------------------------ bookkeeping
     def _run_record(self) -> dict:
         # train.steps is the run's length (from epochs when they were given); train.epochs as given
-        return {"drafter": self.dcfg.to_hf_dict(), "train": dataclasses.asdict(self.cfg) | {"steps": self.num_steps},
-                "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir),
-                "features": None if self.features is None else "offline"} | (
-            {"init_from": self.init_from} if self.init_from else {})
+        train = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in self.ignored_settings}
+        return ({"method": self.method} if self.record_names_method else {}) | {
+            "drafter": self.dcfg.to_hf_dict(), "train": train | {"steps": self.num_steps},
+            "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir)} | (
+            self.record_settings()) | ({"init_from": self.init_from} if self.init_from else {})
+
+    def _method_flag(self) -> str:
+        """What the messages' `train` commands add for this method (nothing for the default)."""
+        return "" if self.method == methods.DEFAULT else f" --method {self.method}"
 
     def _refusal_remedy(self, record: dict) -> str:
         """What the refusal of other settings on this run directory suggests: a run's settings
@@ -327,15 +361,17 @@ class Trainer:
                 f"--run NEW_RUN_DIR ...`")
 
     def init_state(self, seed: int | None = None) -> dict:
+        """The state a run starts from: :meth:`load_params` of ``init_from``, or random weights
+        (:meth:`init_params` of ``seed``, default the run's)."""
         if self.init_from is None:
             return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
-
-        params = load_drafter_params(self.init_from, self.dcfg, dtype=jnp.float32)
-        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
+        return self._state_of(self.load_params(self.init_from))
 
     def _fresh_state(self, key) -> dict:
         """The initial state of random weights from ``key``."""
-        params = init_drafter_params(self.dcfg, key, jnp.float32)
+        return self._state_of(self.init_params(key))
+
+    def _state_of(self, params) -> dict:
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
 
     def restore_or_init(self) -> dict:
@@ -347,15 +383,12 @@ class Trainer:
         return restore_latest(self.manager, fresh)
 
     # ------------------------------------------------------------------ the step
-    def _train_step(self, state, tparams, tokens, loss_mask, taps, anchors, valid):
-        if taps is None:
-            taps = target_features(self.target.config, tparams, tokens, self.dcfg.target_layer_ids)
+    def _train_step(self, state, tparams, *inputs):
+        inputs = self.device_inputs(tparams, *inputs)
 
         def loss_fn(p):
             p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)
-            return drafter_loss(p, tparams, tokens, loss_mask, taps, anchors, valid, self.weights,
-                                dcfg=self.dcfg, tcfg=self.target.config,
-                                anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk)
+            return self.loss(p, tparams, *inputs)
 
         return self._optimizer_step(state, loss_fn)
 
@@ -369,29 +402,48 @@ class Trainer:
         metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state["step"])}
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-    def step_inputs(self, step: int):
-        ids, anchors, valid = batch_for_step(step, self.data, self.cfg, self.dcfg.block_size)
-        # the step's columns: its longest row rounded up to a bucket (the padding after it changes
-        # nothing: attention is causal and anchors lie in responses), so a dataset padded to a
-        # long max_len does not make every step pay for it; few buckets, few compilations
-        width = batch_width(self.data.lengths[ids], self.data.seq_len)
-        tokens, mask = self.data.tokens[ids, :width], self.data.loss_mask[ids, :width]
-        taps = None if self.features is None else self.features.take(ids)[:, :width]
-        if self.mesh is not None:  # global arrays, rows over data (every process has the batch)
+    def _step_fn(self, state, tparams, *inputs):
+        """The jitted step on ``inputs``: one compilation per pattern of absent (None) inputs;
+        on a mesh, partitioned by XLA from the shardings of its inputs and outputs."""
+        absent = tuple(x is None for x in inputs)
+        fn = self._step_fns.get(absent)
+        if fn is None:
+            if self.mesh is None:
+                fn = jax.jit(self._train_step)
+            else:
+                rows = sharding.batch_sharding(self.mesh)
+                fn = jax.jit(self._train_step, in_shardings=(
+                    self.state_shardings, sharding.param_shardings(self.target.params, self.mesh),
+                    *(None if a else rows for a in absent)),
+                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
+            self._step_fns[absent] = fn
+        return fn(state, tparams, *inputs)
+
+    def step_inputs(self, step: int) -> tuple:
+        """:meth:`batch` of ``step`` as device arrays: on a mesh, global arrays with their rows
+        over ``data`` (every process has the batch)."""
+        inputs = self.batch(step)
+        if self.mesh is not None:
             rows = sharding.batch_sharding(self.mesh)
-            return (sharding.global_array(tokens, rows), sharding.global_array(mask, rows),
-                    None if taps is None else sharding.global_array(taps, rows),
-                    sharding.global_array(anchors, rows), sharding.global_array(valid, rows))
-        return (jnp.asarray(tokens), jnp.asarray(mask), None if taps is None else jnp.asarray(taps),
-                jnp.asarray(anchors), jnp.asarray(valid))
+            return tuple(None if x is None else sharding.global_array(x, rows) for x in inputs)
+        return tuple(None if x is None else jnp.asarray(x) for x in inputs)
+
+    def step_rows(self, step: int) -> tuple[int, np.ndarray, int]:
+        """(epoch, sorted sequence ids, columns) of training step ``step``: the step's rows of
+        the epoch's permutation (:func:`~dflash_jax.training.loop.batch_rows`, the same order for
+        every method) and its width, its longest row rounded up to a bucket (the padding after
+        it changes nothing: attention is causal and the losses count response tokens only), so
+        a dataset padded to a long max_len does not make every step pay for it; few buckets,
+        few compilations."""
+        epoch, ids = batch_rows(step, len(self.data), self.cfg.batch_size, self.cfg.seed, BATCH_STREAM)
+        return epoch, ids, batch_width(self.data.lengths[ids], self.data.seq_len)
 
     # ------------------------------------------------------------------ the loop
     def evaluate_tau(self, params) -> float:
-
-        # on a mesh the drafter is placed by the rules next to the target, as generate needs
-        drafter = Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
-                          mesh=self.target.mesh)
-        r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens, drafter=drafter)
+        """tau of :meth:`drafter` of ``params`` on the held-out prompts (``eval_max_new_tokens``
+        each; on a mesh, by the sharded engine)."""
+        r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens,
+                     drafter=self.drafter(params), **self.eval_options())
         return r.tau
 
     def run(self, stop_after: int | None = None) -> dict:
@@ -424,15 +476,15 @@ class Trainer:
 
 def run_method(run_dir: str) -> tuple[Any, dict]:
     """(the drafting method a run trains, its run.json): run.json's ``method``; runs recorded
-    before runs named their method have none and are DFlash runs."""
+    before runs named their method have none and are the default method's (DFlash's)."""
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
-    return methods.method(record.get("method", "dflash")), record
+    return methods.method(record.get("method", methods.DEFAULT)), record
 
 
 def latest_params(run_dir: str) -> tuple[Any, Any, int]:
     """(drafter config, fp32 params, step) of a run's newest checkpoint; the config is the run's
-    drafting method's (:func:`run_method`): a ``DrafterConfig`` for DFlash."""
+    drafting method's (:func:`run_method`)."""
     return _latest(run_dir, *run_method(run_dir))
 
 

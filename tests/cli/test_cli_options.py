@@ -287,7 +287,8 @@ def test_train_and_export_run_with_the_old_dtype_spelling(tmp_path, capsys):
     import orbax.checkpoint as ocp
 
     from dflash_jax.training.data import TokenDataset
-    from dflash_jax.training.trainer import TrainConfig, Trainer
+    from dflash_jax.methods.dflash.training import DFlashTrainer
+    from dflash_jax.training.trainer import TrainConfig
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--target", dj.EMBEDDED_TARGET_DIR, "--data", str(tmp_path / "no-data"),
@@ -303,7 +304,7 @@ def test_train_and_export_run_with_the_old_dtype_spelling(tmp_path, capsys):
     np.savez(tmp_path / "data" / "shard-00000.npz", tokens=rng.integers(1, 100, size=(4, 16)).astype(np.int32),
              loss_mask=mask, lengths=np.full(4, 14, np.int32))
     target = dj.load_target(dj.EMBEDDED_TARGET_DIR)
-    trainer = Trainer(target, dj.DrafterConfig.from_pretrained(dj.EMBEDDED_DRAFTER_DIR),
+    trainer = DFlashTrainer(target, dj.DrafterConfig.from_pretrained(dj.EMBEDDED_DRAFTER_DIR),
                       TokenDataset(str(tmp_path / "data")), str(tmp_path / "run"),
                       TrainConfig(steps=1, batch_size=2, num_anchors=2), init_from=dj.EMBEDDED_DRAFTER_DIR)
     trainer.manager.save(0, args=ocp.args.StandardSave(trainer.init_state()))

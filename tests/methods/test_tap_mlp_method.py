@@ -8,6 +8,7 @@ a wrong anchor would keep the output equal to AR and change only the proposals."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ import pytest
 import dflash_jax as dj
 from dflash_jax import methods
 from dflash_jax.decoding import engine
+from dflash_jax.methods.dflash.training import DFlashTrainer
 from dflash_jax.targets import target_forward
 from dflash_jax.training.data import TokenDataset, regenerate
 from dflash_jax.training.trainer import TrainConfig, export_run, latest_params
@@ -136,12 +138,17 @@ def test_trains_with_the_shared_trainer_resumes_and_exports(registered, target, 
     prompts = [rng.integers(0, 20, size=int(rng.integers(3, 7))).tolist() for _ in range(24)]
     regenerate(target, prompts, str(tmp_path / "data"), max_new_tokens=10, max_len=24, batch_size=8, shard_size=24)
     data = TokenDataset(str(tmp_path / "data"))
-    cfg = TrainConfig(steps=5, batch_size=8, learning_rate=3e-2, warmup_fraction=0.0, checkpoint_every=1)
+    cfg = TrainConfig(steps=5, batch_size=8, learning_rate=3e-2, warmup_fraction=0.0, checkpoint_every=1,
+                      eval_every=5, eval_max_new_tokens=8)
     config = TapMlpDrafter.random(target, tap=1, block_size=4).config
-    TapMlpTrainer(target, config, data, str(tmp_path / "full"), cfg).run()
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    TapMlpTrainer(target, config, data, str(tmp_path / "full"), cfg, eval_prompts=prompts[:2]).run()
+    rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows]
     assert len(losses) == 5 and losses[-1] < losses[0] - 0.2, losses
+    # the held-out tau ran the trained drafter through generate (the trainer's drafter())
+    assert [("eval_tau" in r) for r in rows] == [False] * 4 + [True] and 1.0 <= rows[-1]["eval_tau"] <= 4.0
     # interrupted after 3 steps, then resumed from its checkpoint by a new trainer: the same weights
+    cfg = dataclasses.replace(cfg, eval_every=0)
     TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run(stop_after=3)
     assert latest_params(str(tmp_path / "cut"))[2] == 3
     TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run()
@@ -155,3 +162,15 @@ def test_trains_with_the_shared_trainer_resumes_and_exports(registered, target, 
     assert isinstance(exported, TapMlpDrafter)
     np.testing.assert_array_equal(np.asarray(exported.params["w_out"]), np.asarray(full["w_out"]))
     assert json.loads((tmp_path / "full" / "run.json").read_text())["method"] == "tap-mlp"
+    # a new run started from the export (the shared trainer's init_from: config check, the
+    # method's loader) starts from its weights; one of another config is refused
+    cont = TapMlpTrainer(target, config, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"))
+    np.testing.assert_array_equal(np.asarray(cont.init_state()["params"]["w_out"]), np.asarray(full["w_out"]))
+    other = dataclasses.replace(config, width=config.width + 1)
+    with pytest.raises(ValueError, match="holds a drafter with another config"):
+        TapMlpTrainer(target, other, data, str(tmp_path / "other"), cfg, init_from=str(tmp_path / "export"))
+    # every method's steps walk the same rows in the same order (the shared step_rows), so methods
+    # compared head to head train on equal terms: DFlash's steps and this method's hold the same rows
+    dflash = DFlashTrainer(target, dj.DrafterConfig.for_target(CFG, 1, 4, 60), data, str(tmp_path / "dflash"), cfg)
+    for step in range(7):  # past the first epoch (3 steps of 8 of the 24 sequences)
+        np.testing.assert_array_equal(dflash.batch(step)[0], cont.batch(step)[0])

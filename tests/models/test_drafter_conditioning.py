@@ -390,7 +390,8 @@ def test_greedy_speculative_equals_autoregressive_input_and_its_cache(drafters, 
 @pytest.mark.slow
 def test_one_training_step_per_conditioning(drafters, tmp_path):
     from dflash_jax.training.data import TokenDataset
-    from dflash_jax.training.trainer import TrainConfig, Trainer, export_run
+    from dflash_jax.methods.dflash.training import DFlashTrainer
+    from dflash_jax.training.trainer import TrainConfig, export_run
 
     target, _ = drafters
     rng = np.random.default_rng(0)
@@ -403,7 +404,7 @@ def test_one_training_step_per_conditioning(drafters, tmp_path):
     # "input" is trained end to end by experiments.paper all --preset smoke (tests/experiments/test_paper.py)
     for m in ("none",):
         dcfg = DrafterConfig.for_target(TARGET, 1, 4, 31, conditioning=m)
-        trainer = Trainer(target, dcfg, data, str(tmp_path / m), cfg)
+        trainer = DFlashTrainer(target, dcfg, data, str(tmp_path / m), cfg)
         state = trainer.run()
         row = json.loads((tmp_path / m / "metrics.jsonl").read_text().splitlines()[-1])
         assert row["step"] == 1 and row["loss"] > 0 and np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])
@@ -415,4 +416,4 @@ def test_one_training_step_per_conditioning(drafters, tmp_path):
     # the run directory records the conditioning: resuming it with another is refused
     kv = DrafterConfig.for_target(TARGET, 1, 4, 31)
     with pytest.raises(ValueError, match="other settings.*conditioning"):
-        Trainer(target, kv, data, str(tmp_path / "none"), cfg)
+        DFlashTrainer(target, kv, data, str(tmp_path / "none"), cfg)

@@ -1,4 +1,4 @@
-"""Multi-device drafter training (``Trainer(mesh=...)``, ``train --mesh``), on 8 host devices in
+"""Multi-device drafter training (``DFlashTrainer(mesh=...)``, ``train --mesh``), on 8 host devices in
 a subprocess (``tests/support/multidevice.py``): the sharded steps equal the single-device ones, with the
 drafter replicated and with FSDP, and so are offline features; a sharded checkpoint written on a (2, 4) mesh resumes on
 (8, 1) and on one device; bad meshes and batch sizes are refused before any work."""
@@ -20,7 +20,8 @@ import jax, numpy as np
 import dflash_jax as dj
 from dflash_jax.parallel import make_mesh
 from dflash_jax.training.data import TokenDataset, pack_rows, shard_path, write_npz_atomic
-from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
+from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.training.trainer import TrainConfig, latest_params
 from support.multidevice import emit
 
 root = sys.argv[1]
@@ -63,11 +64,11 @@ def refused(name, fn):
         errors[name] = str(e)
 
 cfg = TrainConfig(steps=2, batch_size=6, num_anchors=6)
-refused("batch", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "batch"), cfg,
+refused("batch", lambda: DFlashTrainer(target, dcfg, data, os.path.join(refused_root, "batch"), cfg,
                                  mesh=make_mesh(data=4, model=2)))
-refused("heads", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "heads"),
+refused("heads", lambda: DFlashTrainer(target, dcfg, data, os.path.join(refused_root, "heads"),
                                  TrainConfig(steps=2, batch_size=8), mesh=make_mesh(data=1, model=8)))
-refused("fsdp", lambda: Trainer(target, dcfg, data, os.path.join(refused_root, "fsdp"), cfg, fsdp=True))
+refused("fsdp", lambda: DFlashTrainer(target, dcfg, data, os.path.join(refused_root, "fsdp"), cfg, fsdp=True))
 from dflash_jax.training.cli.train import main as train_main  # without its exit-on-error wrapper
 refused("cli", lambda: train_main(["--target", os.path.join(refused_root, "none"), "--data", data_dir,
                                    "--run", os.path.join(refused_root, "cli"), "--mesh", "data=8",
@@ -84,13 +85,13 @@ target.save(target.path)
 cfg = TrainConfig(steps=4, batch_size=8, num_anchors=6, learning_rate=3e-3, checkpoint_every=2)
 
 # one device: 2 steps (checkpoint), then the rest of the run
-single = Trainer(target, dcfg, data, os.path.join(root, "single"), cfg)
+single = DFlashTrainer(target, dcfg, data, os.path.join(root, "single"), cfg)
 s2 = single.run(stop_after=2)
 s4 = single.run()
 np.savez(os.path.join(root, "single.npz"), *leaves(s4["params"]))
 
 # (2, 4), drafter replicated: the target split over model by the rules, rows over data
-tp = Trainer(target, dcfg, data, os.path.join(root, "tp"), cfg, mesh=make_mesh(data=2, model=4))
+tp = DFlashTrainer(target, dcfg, data, os.path.join(root, "tp"), cfg, mesh=make_mesh(data=2, model=4))
 t2 = tp.run(stop_after=2)
 q = tp.target.params["layers"]["self_attn"]["q_proj"]["kernel"]
 # offline features from the target on the mesh (chunks of 5 rows padded to a multiple of data)

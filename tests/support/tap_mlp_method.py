@@ -161,39 +161,25 @@ def tap_mlp_loss(params, tparams, tokens, loss_mask, *, cfg: TapMlpConfig, famil
 
 
 class TapMlpTrainer(Trainer):
-    """The shared trainer (data order, optimizer, checkpoints, resume, metrics) with this
-    method's initial state, step and run record."""
+    """This method's objective in the shared trainer (data order, optimizer, checkpoints,
+    resume, metrics, held-out tau): its initial weights, a step's inputs, its loss, its drafter."""
 
     method = "tap-mlp"
-    record_added: dict = {}
+    ignored_settings = ("num_anchors", "anchors", "gamma", "uniform_weights", "anchor_chunk", "context_chunk")
 
-    def __init__(self, target, config: TapMlpConfig, data, run_dir: str, cfg):
-        super().__init__(target, config, data, run_dir, cfg)
+    def init_params(self, key):
+        return init_params(self.dcfg, key)
 
-    def _loss_weights(self):
-        return jnp.ones((self.dcfg.num_heads,), jnp.float32)
+    def batch(self, step: int):
+        _, ids, width = self.step_rows(step)
+        return self.data.tokens[ids, :width], self.data.loss_mask[ids, :width]
 
-    def _run_record(self) -> dict:
-        return {"method": self.method, "drafter": self.dcfg.to_hf_dict(),
-                "train": dataclasses.asdict(self.cfg) | {"steps": self.num_steps},
-                "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir)}
+    def loss(self, params, tparams, tokens, loss_mask):
+        return tap_mlp_loss(params, tparams, tokens, loss_mask, cfg=self.dcfg,
+                            family=family_of(self.target.config), tcfg=self.target.config)
 
-    def _fresh_state(self, key) -> dict:
-        params = init_params(self.dcfg, key)
-        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
-
-    def _train_step(self, state, tparams, tokens, loss_mask, taps, anchors, valid):
-        family = self.target_family
-
-        def loss_fn(p):
-            return tap_mlp_loss(p, tparams, tokens, loss_mask, cfg=self.dcfg, family=family,
-                                tcfg=self.target.config)
-
-        return self._optimizer_step(state, loss_fn)
-
-    @property
-    def target_family(self):
-        return family_of(self.target.config)
+    def drafter(self, params) -> TapMlpDrafter:
+        return TapMlpDrafter(self.dcfg, params)
 
 
 # ---------------------------------------------------------------------------- the method

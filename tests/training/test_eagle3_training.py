@@ -24,7 +24,8 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import family_of, target_forward
 from dflash_jax.methods.eagle3 import training as e3
 from dflash_jax.training.data import TokenDataset
-from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
+from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.training.trainer import TrainConfig, latest_params
 from support.processes import kill_after_lines
 
 pytestmark = [pytest.mark.xdist_group("test_eagle3_training"), pytest.mark.slow]
@@ -246,7 +247,7 @@ def test_training_lowers_the_loss_and_resume_after_sigkill_is_bitwise(run_inputs
     with pytest.raises(ValueError, match="other settings.*draft_vocab_size"):
         _trainer(root, tmp_path / "full", steps, vocab_size=21)
     with pytest.raises(ValueError, match="other settings"):
-        Trainer(dj.load_target(str(root / "target")), dj.DrafterConfig.for_target(CFG, 1, 4, 31),
+        DFlashTrainer(dj.load_target(str(root / "target")), dj.DrafterConfig.for_target(CFG, 1, 4, 31),
                    TokenDataset(str(root / "data")), str(tmp_path / "full"), TrainConfig(steps=steps, batch_size=4))
     assert latest_params(str(tmp_path / "full"))[2] == steps
     # export -> load_eagle3: the same weights and vocabulary

@@ -21,7 +21,8 @@ from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
 from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.methods.dflash.loss import block_logits, eval_loss
 from dflash_jax.training.features import target_features
-from dflash_jax.training.trainer import TrainConfig, Trainer, latest_params
+from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.training.trainer import TrainConfig, latest_params
 from support.processes import kill_after_lines
 
 # one pytest-xdist worker runs the whole module: its module fixtures regenerate training data once
@@ -324,7 +325,7 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
     dcfg = dj.DrafterConfig.for_target(CFG, 2, 4, 31)
     cfg = TrainConfig(steps=300, batch_size=8, learning_rate=3e-3, num_anchors=16, checkpoint_every=150,
                       eval_every=150, eval_max_new_tokens=32)
-    trainer = Trainer(target, dcfg, data, str(tmp_path / "run"), cfg, eval_prompts=held)
+    trainer = DFlashTrainer(target, dcfg, data, str(tmp_path / "run"), cfg, eval_prompts=held)
     untrained = trainer.evaluate_tau(trainer.init_state()["params"])
     state = trainer.run()
     trained = trainer.evaluate_tau(state["params"])
@@ -341,12 +342,12 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
     assert r.sequences == dj.generate(target, held, 32).sequences
     assert r.tau == pytest.approx(trained)
     # continued training starts from the exported weights; a different config is refused
-    cont = Trainer(target, dcfg, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"))
+    cont = DFlashTrainer(target, dcfg, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"))
     for x, y in zip(jax.tree.leaves(cont.init_state()["params"]), jax.tree.leaves(state["params"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     other = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
     with pytest.raises(ValueError, match="another config"):
-        Trainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))
+        DFlashTrainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))
 
 
 def test_train_data_renders_prompts_without_thinking(tmp_path):
@@ -401,11 +402,24 @@ def test_gamma_must_be_positive_and_uniform_weights_are_explicit(pair, regenerat
     target, _ = pair
     dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
     data = TokenDataset(regenerated)
-    t = Trainer(target, dcfg, data, str(tmp_path / "u"), TrainConfig(steps=2, uniform_weights=True))
+    t = DFlashTrainer(target, dcfg, data, str(tmp_path / "u"), TrainConfig(steps=2, uniform_weights=True))
     assert np.asarray(t.weights).tolist() == [0.0, 1.0, 1.0, 1.0]
     assert json.loads((tmp_path / "u" / "run.json").read_text())["train"]["uniform_weights"] is True
-    t = Trainer(target, dcfg, data, str(tmp_path / "g"), TrainConfig(steps=2))
+    t = DFlashTrainer(target, dcfg, data, str(tmp_path / "g"), TrainConfig(steps=2))
     np.testing.assert_array_equal(np.asarray(t.weights), loss_weights(4, default_gamma(4)))
+    # the old spelling, Trainer(...), is DFlash's trainer with a deprecation note; the shared
+    # loop alone has no objective
+    from dflash_jax.training.trainer import Trainer
+
+    with pytest.warns(DeprecationWarning, match="DFlashTrainer"):
+        old = Trainer(target, dcfg, data, str(tmp_path / "g"), TrainConfig(steps=2))
+    assert type(old) is DFlashTrainer and old._run_record() == t._run_record()
+
+    class NoObjective(Trainer):
+        method = "dflash"
+
+    with pytest.raises(NotImplementedError, match="NoObjective must implement init_params"):
+        NoObjective(target, dcfg, data, str(tmp_path / "n"), TrainConfig(steps=2)).init_state()
 
 
 def test_uniform_weights_change_only_the_weights(pair, regenerated, tmp_path):
@@ -415,7 +429,7 @@ def test_uniform_weights_change_only_the_weights(pair, regenerated, tmp_path):
     target, _ = pair
     dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
     data = TokenDataset(regenerated)
-    runs = {u: Trainer(target, dcfg, data, str(tmp_path / str(u)), TrainConfig(steps=2, uniform_weights=u,
+    runs = {u: DFlashTrainer(target, dcfg, data, str(tmp_path / str(u)), TrainConfig(steps=2, uniform_weights=u,
                                                                               num_anchors=6, batch_size=4))
             for u in (False, True)}
     for step in range(3):
@@ -447,7 +461,8 @@ def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):
     """--epochs E runs ceil(E * (sequences // batch)) steps (an epoch as batch_for_step walks the
     data); with --steps it is refused; run.json records both; old run.json files resume."""
     from dflash_jax.__main__ import main
-    from dflash_jax.training.trainer import DEFAULT_STEPS, batch_for_step
+    from dflash_jax.methods.dflash.training import batch_for_step
+    from dflash_jax.training.trainer import DEFAULT_STEPS
 
     target, _ = pair
     dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
@@ -467,7 +482,7 @@ def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):
 
     held = TokenDataset(regenerated)
     held.hold_out(8)  # epochs count the sequences trained on: 192 // 8 = 24 steps each
-    t = Trainer(target, dcfg, held, str(tmp_path / "e"), TrainConfig(epochs=0.125, batch_size=8, num_anchors=8))
+    t = DFlashTrainer(target, dcfg, held, str(tmp_path / "e"), TrainConfig(epochs=0.125, batch_size=8, num_anchors=8))
     assert t.num_steps == 3
     state = t.run()
     assert int(state["step"]) == 3
@@ -476,13 +491,13 @@ def test_epochs_set_the_length_of_the_run(pair, regenerated, tmp_path, capsys):
     train = json.loads((tmp_path / "e" / "run.json").read_text())["train"]
     assert train["steps"] == 3 and train["epochs"] == 0.125
     # a run.json written before epochs / uniform_weights existed resumes with their defaults
-    Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
+    DFlashTrainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
     record = json.loads((tmp_path / "old" / "run.json").read_text())
     del record["train"]["epochs"], record["train"]["uniform_weights"]
     (tmp_path / "old" / "run.json").write_text(json.dumps(record))
-    Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
+    DFlashTrainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8))
     with pytest.raises(ValueError, match="other settings.*train"):
-        Trainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8, uniform_weights=True))
+        DFlashTrainer(target, dcfg, data, str(tmp_path / "old"), TrainConfig(steps=4, num_anchors=8, uniform_weights=True))
     # the command: --epochs with --steps is refused before anything is loaded
     with pytest.raises(SystemExit) as e:
         main(["train", "--target", str(tmp_path / "none"), "--data", "x", "--run", str(tmp_path / "r"),
@@ -496,7 +511,8 @@ def test_a_step_pays_only_for_its_longest_row(pair, regenerated, tmp_path):
     """Data padded far past its rows (train-data's --max-len is a bound, not the usual length):
     a step's arrays are cut to its longest row rounded up to 64 columns, and the loss on the
     cut batch equals the loss on the whole width (the padding after the rows is never seen)."""
-    from dflash_jax.training.trainer import batch_for_step, batch_width
+    from dflash_jax.methods.dflash.training import batch_for_step
+    from dflash_jax.training.trainer import batch_width
 
     assert [batch_width(np.array(x), 512) for x in ([1], [64], [65, 3], [200, 130], [600])] == [64, 64, 128, 256, 512]
     assert batch_width(np.array([40]), 48) == 48  # never wider than the data
@@ -509,7 +525,7 @@ def test_a_step_pays_only_for_its_longest_row(pair, regenerated, tmp_path):
              loss_mask=np.pad(data.loss_mask, ((0, 0), (0, width - data.seq_len))), lengths=data.lengths)
     wide = TokenDataset(str(padded))
     cfg = TrainConfig(steps=4, batch_size=4, num_anchors=8, seed=3)
-    trainer = Trainer(target, drafter.config, wide, str(tmp_path / "run"), cfg)
+    trainer = DFlashTrainer(target, drafter.config, wide, str(tmp_path / "run"), cfg)
     w = jnp.asarray(loss_weights(4, 2.0))
     for step in range(3):
         tokens, mask, taps, anchors, valid = trainer.step_inputs(step)
@@ -585,7 +601,7 @@ def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, reg
     record = json.loads((tmp_path / "cont" / "run.json").read_text())
     assert record["init_from"] == str(tmp_path / "run-step3") and record["train"]["steps"] == 5
     _, params, _ = latest_params("run")
-    start = Trainer(target, dj.DrafterConfig.from_pretrained("run-step3"), TokenDataset(regenerated), "cont",
+    start = DFlashTrainer(target, dj.DrafterConfig.from_pretrained("run-step3"), TokenDataset(regenerated), "cont",
                     TrainConfig(steps=5, batch_size=4, num_anchors=8), init_from="run-step3").init_state()
     for x, y in zip(jax.tree.leaves(start["params"]), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # it starts from the run's weights
@@ -598,7 +614,7 @@ def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, reg
     assert "other settings: differs in drafter.num_hidden_layers 1 (now 2)" in err and "another shape" in err, err
     assert "--init-from" not in err and "use a new run directory" in err
     dcfg = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
-    Trainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=3, batch_size=4))
+    DFlashTrainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=3, batch_size=4))
     with pytest.raises(ValueError, match="other settings: differs in train.steps 3 \\(now 4\\); resume with the same "
                                          "settings or use a new run directory$"):
-        Trainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=4, batch_size=4))
+        DFlashTrainer(target, dcfg, TokenDataset(regenerated), "fresh", TrainConfig(steps=4, batch_size=4))

@@ -1,22 +1,119 @@
-"""The `train` command's DFlash part (``--method dflash``, the default): its options and the run
-they start (``training.trainer.Trainer``, the block-diffusion objective of docs/method.md
-section 5). The command (``training/cli/train.py``) finds this module through the method
+"""DFlash's training objective (docs/method.md section 5) in the shared trainer
+(:class:`DFlashTrainer`: random anchors, every block of a sequence in one pass with the sparse
+mask, the weighted cross-entropy of ``loss.drafter_loss``; online or offline target features),
+and the `train` command's DFlash part (``--method dflash``, the default): its options and the
+run they start. The command (``training/cli/train.py``) finds this module through the method
 (``DraftingMethod.training_module``)."""
 
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 
-from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.hub import resolve_checkpoint
+from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
+from dflash_jax.methods.dflash.config import DrafterConfig
+from dflash_jax.methods.dflash.handle import Drafter
+from dflash_jax.methods.dflash.loss import drafter_loss
+from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.models.handles import load_target
+from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.parallel.cli import mesh_from_args
 from dflash_jax.training import sharding
+from dflash_jax.training.blocks import block_loss_weights, epoch_anchors
 from dflash_jax.training.data import TokenDataset
-from dflash_jax.training.features import FeatureStore
-from dflash_jax.training.trainer import Trainer
+from dflash_jax.training.features import FeatureStore, target_features
+from dflash_jax.training.loop import batch_rows
+from dflash_jax.training.trainer import BATCH_STREAM, TrainConfig, Trainer, batch_width
+
+# settings added to TrainConfig after runs were started, with the value those runs had
+# (the attention chunks: runs before them computed dense attention, which their shapes, <= 64
+# anchors and length <= 1024, still get at the defaults; a longer run resumed now computes the
+# same attention chunked, equal up to float rounding)
+RECORD_ADDED = {"train": {"epochs": None, "uniform_weights": False, "anchors": "random",
+                          "anchor_chunk": DEFAULT_ANCHOR_CHUNK, "context_chunk": DEFAULT_CONTEXT_CHUNK}}
+
+
+def batch_for_step(step: int, data: TokenDataset, cfg: TrainConfig, block_size: int | None = None):
+    """(sequence ids, anchors, valid) of a step: the step's rows of the epoch's permutation
+    (:func:`~dflash_jax.training.loop.batch_rows`) and their anchors of that epoch
+    (``block_size``: the drafter's, needed by fixed anchors)."""
+    epoch, ids = batch_rows(step, len(data), cfg.batch_size, cfg.seed, BATCH_STREAM)
+    anchors, valid = epoch_anchors(data.loss_mask[ids], ids, cfg.num_anchors, cfg.seed, epoch,
+                                   strategy=cfg.anchors, block_size=block_size)
+    return ids, anchors, valid
+
+
+class DFlashTrainer(Trainer):
+    """Trains a DFlash drafter (``DrafterConfig``) in the shared loop; on a mesh too.
+
+    ``features``: offline target features (``training.features.FeatureStore``, one row per
+    sequence of ``data``); None computes them online in every step (a teacher-forced target
+    pass over the batch, outside the differentiated loss)."""
+
+    method = "dflash"
+    record_added = RECORD_ADDED
+    record_names_method = False  # DFlash runs were recorded before runs named their method
+    supports_mesh = True
+
+    def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
+                 cfg: TrainConfig, features: FeatureStore | None = None,
+                 eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
+                 mesh=None, fsdp: bool = False):
+        if features is not None and len(features) != len(data):
+            raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
+        self.features = features
+        super().__init__(target, drafter_config, data, run_dir, cfg, eval_prompts, init_from=init_from,
+                         mesh=mesh, fsdp=fsdp)
+
+    def _check_init_from(self, init_from: str) -> None:
+        check_drafter_conditioning(init_from, self.dcfg)
+        loaded = DrafterConfig.from_pretrained(init_from)
+        if loaded != self.dcfg:
+            raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
+                             f"expected {self.dcfg}")
+
+    def init_params(self, key):
+        return init_drafter_params(self.dcfg, key, jnp.float32)
+
+    def load_params(self, init_from: str):
+        return load_drafter_params(init_from, self.dcfg, dtype=jnp.float32)
+
+    def _loss_weights(self) -> jax.Array:
+        """The loss's weights: float32[bs] of the block rows."""
+        return jnp.asarray(block_loss_weights(self.dcfg.block_size, self.cfg.gamma, self.cfg.uniform_weights))
+
+    def record_settings(self) -> dict:
+        return {"features": None if self.features is None else "offline"}
+
+    def batch(self, step: int):
+        """(tokens int32[B, W], loss_mask bool[B, W], taps [B, W, k*D] or None (online),
+        anchors int32[B, A], valid bool[B, A]) of training step ``step``."""
+        ids, anchors, valid = batch_for_step(step, self.data, self.cfg, self.dcfg.block_size)
+        width = batch_width(self.data.lengths[ids], self.data.seq_len)  # as Trainer.step_rows
+        taps = None if self.features is None else self.features.take(ids)[:, :width]
+        return self.data.tokens[ids, :width], self.data.loss_mask[ids, :width], taps, anchors, valid
+
+    def device_inputs(self, tparams, tokens, loss_mask, taps, anchors, valid):
+        if taps is None:  # online: the target's teacher-forced pass over the batch
+            taps = target_features(self.target.config, tparams, tokens, self.dcfg.target_layer_ids)
+        return tokens, loss_mask, taps, anchors, valid
+
+    def loss(self, params, tparams, tokens, loss_mask, taps, anchors, valid):
+        return drafter_loss(params, tparams, tokens, loss_mask, taps, anchors, valid, self.weights,
+                            dcfg=self.dcfg, tcfg=self.target.config,
+                            anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk)
+
+    def drafter(self, params) -> Drafter:
+        # on a mesh the drafter is placed by the rules next to the target, as generate needs
+        return Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
+                       mesh=self.target.mesh)
+
+
+TRAINER = DFlashTrainer  # DraftingMethod.trainer
 
 # this method's own options: (dest, flag) -> the value it has when not given (--fsdp is added by
 # the command after the mesh options it goes with)
@@ -64,5 +161,5 @@ def train_from_args(args, cfg) -> None:
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
-    Trainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=init_from,
-            mesh=mesh, fsdp=args.fsdp).run(stop_after=args.stop_after)
+    DFlashTrainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=init_from,
+                  mesh=mesh, fsdp=args.fsdp).run(stop_after=args.stop_after)

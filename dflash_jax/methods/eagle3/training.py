@@ -1,7 +1,7 @@
 """Training an EAGLE-3 drafter (``docs/eagle3.md``) with the training-time test, in the drafter
 trainer's loop (``training.trainer``): the same data, optimizer, schedule, clipping, Orbax
 checkpoints, exact resume, metrics and held-out tau; the drafter, its loss and its export are
-what differ (:class:`Eagle3Trainer` overrides exactly those parts of :class:`Trainer`).
+what differ (:class:`Eagle3Trainer` is the objective: the method's parts of :class:`Trainer`).
 
 The objective (SpecForge's, the EAGLE-3 paper's "training-time test"): one teacher-forced target
 pass gives the three feature taps and the target's logits; the drafter unrolls ``steps`` drafting
@@ -37,8 +37,7 @@ from dflash_jax.methods.eagle3.handle import VOCAB_FILE, Eagle3Drafter, d2t_of_v
 from dflash_jax.models.handles import load_target
 from dflash_jax.targets import family_of, target_forward
 from dflash_jax.training.data import TokenDataset
-from dflash_jax.training.loop import batch_rows
-from dflash_jax.training.trainer import BATCH_STREAM, TrainConfig, Trainer, batch_width
+from dflash_jax.training.trainer import TrainConfig, Trainer
 
 
 # TrainConfig fields that only DFlash's block training reads (an EAGLE-3 run refuses them)
@@ -214,13 +213,10 @@ def loss_rows(loss_mask: np.ndarray, lengths: np.ndarray, steps: int, bucket: in
 
 # ------------------------------------------------------------------ the trainer
 class Eagle3Trainer(Trainer):
-    """:class:`~dflash_jax.training.trainer.Trainer` for an EAGLE-3 drafter: the same loop
-    (``run``: data order, optimizer, checkpoints, resume, metrics, tau) with the EAGLE-3
-    model's initial state, the training-time-test step, the held-out tau of its chain and its
-    own run record (``method: eagle3``, the TTT settings and the draft vocabulary's digest).
-
-    A subclass rather than a second loop: everything but those four parts is the DFlash
-    trainer's, so a fix to the loop or the checkpointing reaches both.
+    """EAGLE-3's objective in the shared trainer (:class:`~dflash_jax.training.trainer.Trainer`:
+    data order, optimizer, checkpoints, resume, metrics, tau): the EAGLE-3 model's initial
+    state, the training-time-test step, the held-out tau of its chain and its own run record
+    (``method: eagle3``, the TTT settings and the draft vocabulary's digest).
 
     ``draft_vocab``: the target ids of the draft vocabulary (sorted), e.g.
     :func:`select_draft_vocab` of the training data; a resume must give the same ones. Offline
@@ -229,7 +225,7 @@ class Eagle3Trainer(Trainer):
     """
 
     method = "eagle3"
-    record_added: dict = {}  # its record has had all its settings from the start
+    ignored_settings = DFLASH_ONLY
 
     def __init__(self, target, config: Eagle3Config, data: TokenDataset, run_dir: str, cfg: TrainConfig,
                  eagle: Eagle3TrainConfig, draft_vocab, eval_prompts: Sequence[Sequence[int]] | None = None,
@@ -242,13 +238,13 @@ class Eagle3Trainer(Trainer):
                              f"target ids (draft_vocab_size), got shape {vocab.shape}")
         config.check_target(target.config)
         self.ecfg, self.vocab = eagle, vocab.astype(np.int32)
-        super().__init__(target, config, data, run_dir, cfg, None, eval_prompts, init_from=init_from)
+        super().__init__(target, config, data, run_dir, cfg, eval_prompts, init_from=init_from)
         self._vocab_dev = jnp.asarray(self.vocab)
         path = os.path.join(self.run_dir, VOCAB_FILE)
         if jax.process_index() == 0 and not os.path.exists(path):
             write_json(path, self.vocab.tolist())
 
-    # ------------------------------------------------------------------ the hooks
+    # ------------------------------------------------------------------ the objective
     def _check_init_from(self, init_from: str) -> None:
         loaded = Eagle3Config.from_pretrained(init_from, self.target.config)
         if loaded != self.dcfg:
@@ -258,62 +254,48 @@ class Eagle3Trainer(Trainer):
     def _loss_weights(self) -> jax.Array:
         return jnp.asarray(self.ecfg.weights())
 
-    def _run_record(self) -> dict:
-        train = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in DFLASH_ONLY}
-        return {"method": self.method, "drafter": self.dcfg.to_hf_dict(),
-                "train": train | {"steps": self.num_steps}, "eagle3": dataclasses.asdict(self.ecfg),
-                "draft_vocab_sha256": vocab_digest(self.vocab),
-                "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir)} | (
-            {"init_from": self.init_from} if self.init_from else {})
+    def record_settings(self) -> dict:
+        return {"eagle3": dataclasses.asdict(self.ecfg), "draft_vocab_sha256": vocab_digest(self.vocab)}
 
-    def init_state(self, seed: int | None = None) -> dict:
-        if self.init_from is None:
-            return self._fresh_state(jax.random.key(self.cfg.seed if seed is None else seed))
-        loaded = handle.load(self.init_from, self.target, dtype=jnp.float32)
+    def init_params(self, key):
+        return init_eagle3_params(self.dcfg, key, jnp.float32)
+
+    def load_params(self, init_from: str):
+        loaded = handle.load(init_from, self.target, dtype=jnp.float32)
         if not np.array_equal(loaded.draft_vocab, self.vocab):
-            raise ValueError(f"{self.init_from} has another draft vocabulary than this run's: give "
+            raise ValueError(f"{init_from} has another draft vocabulary than this run's: give "
                              "--draft-vocab-size and data that select the same one")
-        params = loaded.params
-        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
+        return loaded.params
 
-    def _fresh_state(self, key) -> dict:
-        params = init_eagle3_params(self.dcfg, key, jnp.float32)
-        return {"params": params, "opt_state": self.tx.init(params), "step": jnp.int32(0)}
-
-    def _train_step(self, state, tparams, tokens, loss_mask, valid, rows):
-        def loss_fn(p):
-            p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)
-            return eagle3_loss(p, tparams, tokens, loss_mask, valid, self._vocab_dev, self.weights,
-                               rows, cfg=self.dcfg, tcfg=self.target.config)
-
-        return self._optimizer_step(state, loss_fn)
-
-    def step_inputs(self, step: int):
+    def batch(self, step: int):
         """(tokens int32[B, W], loss_mask bool[B, W], valid bool[B, W], rows int32[B, R]) of
-        training step ``step``: the DFlash trainer's rows (same data order), W its longest row
-        rounded up; ``rows`` (:func:`loss_rows`): the positions the drafter runs at."""
-        _, ids = batch_rows(step, len(self.data), self.cfg.batch_size, self.cfg.seed, BATCH_STREAM)
-        width = batch_width(self.data.lengths[ids], self.data.seq_len)
+        training step ``step``: the shared rows (``step_rows``, the same data order as every
+        method), W its longest row rounded up; ``rows`` (:func:`loss_rows`): the positions the
+        drafter runs at."""
+        _, ids, width = self.step_rows(step)
         tokens, mask = self.data.tokens[ids, :width], self.data.loss_mask[ids, :width]
         valid = np.arange(width)[None, :] < self.data.lengths[ids][:, None]
         rows = loss_rows(mask, np.minimum(self.data.lengths[ids], width), int(self.ecfg.ttt_steps))
-        return jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(valid), jnp.asarray(rows)
+        return tokens, mask, valid, rows
+
+    def loss(self, params, tparams, tokens, loss_mask, valid, rows):
+        return eagle3_loss(params, tparams, tokens, loss_mask, valid, self._vocab_dev, self.weights,
+                           rows, cfg=self.dcfg, tcfg=self.target.config)
 
     def drafter(self, params) -> Eagle3Drafter:
         """The drafter of ``params`` in the target's dtype, with this run's vocabulary."""
         return Eagle3Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
                              d2t_of_vocab(self.vocab))
 
-    def evaluate_tau(self, params) -> float:
-        """tau of the chain of ``ttt_steps`` drafts on the held-out prompts."""
-        from dflash_jax.decoding.generation import generate
-
-        r = generate(self.target, list(self.eval_prompts), self.cfg.eval_max_new_tokens,
-                     drafter=self.drafter(params), block_size=int(self.ecfg.ttt_steps) + 1)
-        return r.tau
+    def eval_options(self) -> dict:
+        """The held-out tau drafts chains of ``ttt_steps`` drafts."""
+        return {"block_size": int(self.ecfg.ttt_steps) + 1}
 
     def row_metrics(self, done: int, m: dict) -> dict:
         return super().row_metrics(done, m) | {"step_loss": [round(float(x), 4) for x in m["step_loss"]]}
+
+
+TRAINER = Eagle3Trainer  # DraftingMethod.trainer
 
 
 # ------------------------------------------------------------------ the train command's part

@@ -28,14 +28,14 @@ def training_modules() -> dict:
 
 def add_arguments(p) -> None:
     parts = training_modules()
-    p.add_argument("--method", choices=list(parts), default="dflash",
+    p.add_argument("--method", choices=list(parts), default=methods.DEFAULT,
                    help="the drafting method to train: " + "; ".join(
                        f"{name} ({methods.method(name).label})" for name in parts)
                    + " (docs/methods.md)")
     p.add_argument("--target", required=True, metavar="CHECKPOINT", help=f"the target: {CHECKPOINT_HELP}")
     p.add_argument("--data", required=True, help="data directory written by train-data")
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
-    parts["dflash"].add_train_arguments(p)
+    parts[methods.DEFAULT].add_train_arguments(p)  # its options first
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="hold out the last N sequences (not trained on) and evaluate tau on their prompts")
     p.add_argument("--stop-after", type=int, help="stop after this many steps (for testing resume)")
@@ -48,7 +48,7 @@ def add_arguments(p) -> None:
                         "drafter's is --compute-dtype")
     add_deprecated_alias(p, "--dtype", "--target-dtype")  # --dtype is the compute dtype elsewhere
     for name, part in parts.items():
-        if name != "dflash":
+        if name != methods.DEFAULT:
             part.add_train_arguments(p)
     add_dataclass_arguments(p.add_argument_group("training settings (TrainConfig)"), TrainConfig,
                             exclusive=[("steps", "epochs")])
@@ -77,7 +77,7 @@ def check_method_options(args) -> None:
              if getattr(args, dest, unset) != unset and args.method not in reads[option]]
     if given:
         owners = [name for name in parts if any(name in reads[option] for option in given)]
-        hint = f" (or pass --method {owners[0]})" if args.method == "dflash" and len(owners) == 1 else ""
+        hint = f" (or pass --method {owners[0]})" if args.method == methods.DEFAULT and len(owners) == 1 else ""
         raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} "
                          f"{' / '.join(methods.method(n).label for n in owners)}-only: drop "
                          f"{'it' if len(given) == 1 else 'them'} with --method {args.method}{hint}")
