@@ -76,9 +76,11 @@ import numpy as np
 
 from dflash_jax.cli import command_main, invocation, run_cli
 from dflash_jax.config import TargetConfig
+from dflash_jax.methods.dflash import DFLASH, size as dflash_size
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
+from dflash_jax.sizes import Cost, decoder_attention, decoder_linears, lm_head, total
 from dflash_jax.decoding import engine
 from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.nn.cache import KVCache
@@ -100,7 +102,6 @@ BLOCK_SIZES = (4, 8, 10, 16, 32)
 """Block sizes the speedup curves and the best-block-size table compare."""
 CURVE_BLOCK_SIZES = (2, 4, 8, 10, 16, 32, 64, 128, 256, 512)
 """Block sizes of the t_iter / t_AR curve (wide enough to show where compute starts to bind)."""
-LOGIT_BYTES = 4  # logits are float32 in both the target and the draft
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -137,32 +138,7 @@ DEVICES = {
 
 
 # ---------------------------------------------------------------------------- costs
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """One component of a step: ``flops`` it must do and the bytes it must move through HBM,
-    by kind (``weights``, ``kv_read``, ``kv_write``, ``activations``; see the module doc)."""
-
-    name: str
-    flops: float
-    weights: float = 0.0
-    kv_read: float = 0.0
-    kv_write: float = 0.0
-    activations: float = 0.0
-
-    @property
-    def bytes(self) -> float:
-        return self.weights + self.kv_read + self.kv_write + self.activations
-
-    def seconds(self, device: Device) -> float:
-        """max(bytes / bandwidth, flops / peak): the component's time at the roofline."""
-        return max(self.bytes / device.bandwidth, self.flops / device.peak_flops)
-
-    def bound(self, device: Device) -> str:
-        """"memory" or "compute": which side of the roofline sets the time."""
-        return "memory" if self.bytes / device.bandwidth >= self.flops / device.peak_flops else "compute"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"bytes": self.bytes}
+# Cost and the decoder-layer counts are the library's size model (dflash_jax/sizes.py)
 
 
 def seconds(costs: Sequence[Cost], device: Device) -> float:
@@ -170,64 +146,9 @@ def seconds(costs: Sequence[Cost], device: Device) -> float:
     return sum(c.seconds(device) for c in costs)
 
 
-def total(costs: Sequence[Cost], field: str) -> float:
-    """Sum of one field (``flops``, ``bytes``, ``weights``, ...) over components."""
-    return sum(getattr(c, field) for c in costs)
-
-
 def predicted_speedup(tau: float, t_ar: float, t_iter: float) -> float:
     """tau tokens per iteration of t_iter seconds against one token per t_ar seconds."""
     return tau * t_ar / t_iter
-
-
-# ---------------------------------------------------------------------------- layer shapes
-def projection_params(cfg) -> dict:
-    """Parameters of one decoder layer's matrices: ``q``, ``k``, ``v``, ``o`` (attention) and
-    ``mlp`` (gate + up + down). ``cfg``: a TargetConfig or DrafterConfig."""
-    D, Dh = cfg.hidden_size, cfg.head_dim
-    return {"q": D * cfg.num_heads * Dh, "k": D * cfg.num_kv_heads * Dh,
-            "v": D * cfg.num_kv_heads * Dh, "o": cfg.num_heads * Dh * D,
-            "mlp": 3 * D * cfg.intermediate_size}
-
-
-def vector_params(cfg, qk_norm: bool, attention_bias: bool = False) -> int:
-    """Parameters of one decoder layer that are vectors: two RMSNorm weights [D], the
-    per-head q/k norms [Dh] (Qwen3), and q/k/v/o biases when the config has them."""
-    D, Dh = cfg.hidden_size, cfg.head_dim
-    bias = (cfg.num_heads + 2 * cfg.num_kv_heads) * Dh + D if attention_bias else 0
-    return 2 * D + (2 * Dh if qk_norm else 0) + bias
-
-
-def _kv_bytes_per_position(cfg, layers: int, kv_bytes: int) -> int:
-    """Bytes of K and V of one position in ``layers`` layers."""
-    return 2 * layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes
-
-
-def decoder_linears(name: str, cfg, layers: int, rows: int, kv_rows: int, *, qk_norm: bool,
-                    attention_bias: bool = False, batch: int = 1, weight_bytes: int = 2) -> Cost:
-    """The matrices of ``layers`` decoder layers: q, o and the MLP on ``rows`` rows per
-    sequence, k and v on ``kv_rows`` rows (the drafter also projects its context rows)."""
-    p = projection_params(cfg)
-    per_layer = sum(p.values()) + vector_params(cfg, qk_norm, attention_bias)
-    flops = 2 * batch * layers * (rows * (p["q"] + p["o"] + p["mlp"]) + kv_rows * (p["k"] + p["v"]))
-    return Cost(name, flops=flops, weights=layers * per_layer * weight_bytes)
-
-
-def decoder_attention(name: str, cfg, layers: int, query_key_pairs: float, kv_read_rows: float,
-                      kv_write_rows: float, *, batch: int = 1, kv_bytes: int = 2) -> Cost:
-    """Attention of ``layers`` layers: 4 * H * Dh FLOPs per (query, key) pair (QK^T and PV),
-    K/V of ``kv_read_rows`` cached positions read and of ``kv_write_rows`` rows written."""
-    per_pos = _kv_bytes_per_position(cfg, layers, kv_bytes)
-    return Cost(name, flops=4 * batch * layers * cfg.num_heads * cfg.head_dim * query_key_pairs,
-                kv_read=batch * kv_read_rows * per_pos, kv_write=batch * kv_write_rows * per_pos)
-
-
-def lm_head(name: str, target: TargetConfig, rows: int, *, batch: int = 1,
-            weight_bytes: int = 2) -> Cost:
-    """The final norm and the target's LM head [D, V] on ``rows`` rows, float32 logits written."""
-    D, V = target.hidden_size, target.vocab_size
-    return Cost(name, flops=2 * batch * rows * D * V, weights=(V * D + D) * weight_bytes,
-                activations=batch * rows * V * LOGIT_BYTES)
 
 
 # ---------------------------------------------------------------------------- forwards
@@ -261,24 +182,14 @@ def target_forward(target: TargetConfig, rows: int, context: int, *, taps: int =
 def drafter_forward(drafter: DrafterConfig, target: TargetConfig, block_size: int, context: int,
                     ctx_rows: int, *, batch: int = 1, weight_bytes: int = 2, kv_bytes: int = 2,
                     dense_cache: int | None = None) -> list[Cost]:
-    """One draft (docs/method.md section 3): ``ctx_rows`` new context rows through fc + hidden_norm and
-    every layer's k/v into the draft cache; the block of ``block_size`` rows through every
-    layer, attending non-causally to ``context`` cached rows and to itself; the target's LM head
-    on the ``block_size - 1`` draft rows. ``dense_cache=M``: this project's XLA path (all M
-    slots read, M + block_size keys per query)."""
-    D, k, n = drafter.hidden_size, drafter.num_taps, drafter.num_layers
-    keys = context if dense_cache is None else dense_cache
-    fc = Cost("drafter fc", flops=2 * batch * ctx_rows * k * D * D,
-              weights=(k * D * D + D) * weight_bytes,
-              activations=batch * ctx_rows * k * D * weight_bytes)  # taps read
-    linears = decoder_linears("drafter linears", drafter, n, block_size, block_size + ctx_rows,
-                              qk_norm=True, batch=batch, weight_bytes=weight_bytes)
-    return [fc,
-            dataclasses.replace(linears, activations=batch * block_size * D * weight_bytes),
-            decoder_attention("drafter attention", drafter, n, block_size * (keys + block_size),
-                              keys, ctx_rows, batch=batch, kv_bytes=kv_bytes),
-            lm_head("drafter LM head", target, block_size - 1, batch=batch,
-                    weight_bytes=weight_bytes)]
+    """One draft (docs/method.md section 3): DFlash's size model (``methods/dflash/size.py``):
+    ``ctx_rows`` new context rows through fc + hidden_norm and every layer's k/v into the draft
+    cache; the block of ``block_size`` rows through every layer, attending non-causally to
+    ``context`` cached rows and to itself; the target's LM head on the ``block_size - 1``
+    draft rows. ``dense_cache=M``: this project's XLA path (all M slots read, M + block_size
+    keys per query)."""
+    return dflash_size.draft_costs(drafter, target, block_size, context, ctx_rows, batch=batch,
+                                   weight_bytes=weight_bytes, kv_bytes=kv_bytes, dense_cache=dense_cache)
 
 
 def ar_step(target: TargetConfig, context: int, **kw) -> list[Cost]:
@@ -705,10 +616,9 @@ def bench_tau(path: str) -> float:
 
 
 def _drafter_params(drafter: DrafterConfig) -> int:
-    """The drafter's parameter count: fc [k*D, D], hidden_norm and norm [D], its layers."""
-    D = drafter.hidden_size
-    per_layer = sum(projection_params(drafter).values()) + vector_params(drafter, qk_norm=True)
-    return drafter.num_taps * D * D + 2 * D + drafter.num_layers * per_layer
+    """The drafter's parameter count: its method's size model (fc [k*D, D], hidden_norm and
+    norm [D], its layers)."""
+    return DFLASH.num_params(drafter)
 
 
 def add_arguments(p) -> None:

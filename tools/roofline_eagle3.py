@@ -56,6 +56,7 @@ from typing import Sequence
 from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
+from dflash_jax.methods.eagle3 import EAGLE3, size as eagle3_size
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
 from dflash_jax.tools import roofline as dense
@@ -109,54 +110,24 @@ def eagle3_config(target: TargetConfig, draft_vocab: int = QWEN3_8B_DRAFT_VOCAB)
 
 
 def eagle3_layer_params(cfg: Eagle3Config) -> dict:
-    """Parameters of the decoder layer's matrices: q/k/v read the 2D-wide input."""
-    D, Dh = cfg.hidden_size, cfg.head_dim
-    return {"q": 2 * D * cfg.num_heads * Dh, "k": 2 * D * cfg.num_kv_heads * Dh,
-            "v": 2 * D * cfg.num_kv_heads * Dh, "o": cfg.num_heads * Dh * D,
-            "mlp": 3 * D * cfg.intermediate_size}
+    """Parameters of the decoder layer's matrices (EAGLE-3's size model,
+    ``methods/eagle3/size.py``): q/k/v read the 2D-wide input."""
+    return eagle3_size.layer_params(cfg)
 
 
 def eagle3_params(cfg: Eagle3Config) -> int:
-    """Every parameter of the drafter: fc, the layer (matrices + 3 norms), norm, the head."""
-    D = cfg.hidden_size
-    return (cfg.feature_size * D + sum(eagle3_layer_params(cfg).values()) + 3 * D + D
-            + D * cfg.draft_vocab_size)
-
-
-def eagle3_step(name: str, cfg: Eagle3Config, rows: int, pairs: float, kv_read_rows: float,
-                head_rows: int, *, batch: int = 1, weight_bytes: int = 2, kv_bytes: int = 2) -> list[Cost]:
-    """One pass of the layer on ``rows`` rows per sequence (embeddings gathered, the 2D input,
-    K/V of the rows written), attention over ``pairs`` (query, key) pairs with
-    ``kv_read_rows`` cached entries read, then norm + head on ``head_rows`` rows (float32
-    draft-vocabulary logits written)."""
-    D, Vd = cfg.hidden_size, cfg.draft_vocab_size
-    p = eagle3_layer_params(cfg)
-    layer = Cost(f"{name} layer", flops=2 * batch * rows * sum(p.values()),
-                 weights=(sum(p.values()) + 3 * D) * weight_bytes,
-                 activations=batch * rows * D * weight_bytes)  # the embedding rows gathered
-    per_pos = 2 * cfg.num_kv_heads * cfg.head_dim * kv_bytes
-    attention = Cost(f"{name} attention", flops=4 * batch * cfg.num_heads * cfg.head_dim * pairs,
-                     kv_read=batch * kv_read_rows * per_pos, kv_write=batch * rows * per_pos)
-    head = Cost(f"{name} head", flops=2 * batch * head_rows * D * Vd, weights=(Vd * D + D) * weight_bytes,
-                activations=batch * head_rows * Vd * dense.LOGIT_BYTES)
-    return [layer, attention, head]
+    """Every parameter of the drafter (its method's size model): fc, the layer (matrices + 3
+    norms), norm, the head."""
+    return EAGLE3.num_params(cfg)
 
 
 def eagle3_draft(cfg: Eagle3Config, method: Method, context: int, ctx_rows: int | None = None, *,
                  batch: int = 1, weight_bytes: int = 2, kv_bytes: int = 2) -> list[Cost]:
     """The k drafting steps of one EAGLE-3 iteration (module docstring) at ``context`` cached
-    drafter entries S; ``ctx_rows`` committed rows projected (default k + 1)."""
-    k, r = method.steps, method.frontier
-    c = method.steps + 1 if ctx_rows is None else ctx_rows
-    D = cfg.hidden_size
-    kw = dict(batch=batch, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
-    fc = Cost("eagle3 fc", flops=2 * batch * c * cfg.feature_size * D, weights=cfg.feature_size * D * weight_bytes,
-              activations=batch * c * cfg.feature_size * weight_bytes)  # the taps read
-    costs = [fc] + eagle3_step("eagle3 step 1", cfg, c, c * context + c * (c + 1) / 2, context, 1, **kw)
-    for s in range(2, k + 1):
-        seen = context + c + s - 1  # the committed entries and its own s - 1 drafted ones
-        costs += eagle3_step(f"eagle3 step {s}", cfg, r, r * seen, context + c + (s - 2) * r, r, **kw)
-    return costs
+    drafter entries S; ``ctx_rows`` committed rows projected (default k + 1): EAGLE-3's size
+    model (``draft_costs``)."""
+    return EAGLE3.draft_costs(cfg, None, method.steps + 1, context, tree_topk=method.topk if method.nodes else None,
+                              ctx_rows=ctx_rows, batch=batch, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
 
 
 def eagle3_verify(target: TargetConfig, method: Method, context: int, *, batch: int = 1,

@@ -75,6 +75,7 @@ import numpy as np
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
+from dflash_jax import sizes
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools.roofline import Cost, DEVICES
 
@@ -435,7 +436,7 @@ def moe_target_forward(s: MoeShape, rows: int, context: int, layout: Layout = La
                      kv_read=batch * kv_read * per_pos, kv_write=batch * rows * L * per_pos)
     Vp = -(-s.vocab_size // p)
     head = Cost("target LM head", flops=2 * t * D * Vp, weights=(Vp * D + D) * weight_bytes,
-                activations=t * Vp * dense.LOGIT_BYTES)
+                activations=t * Vp * sizes.LOGIT_BYTES)
     return [linears, experts, attention, head]
 
 

@@ -59,6 +59,7 @@ import numpy as np
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
+from dflash_jax import sizes
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools.roofline import Cost, DEVICES, Device
 
@@ -80,7 +81,7 @@ def tree_verify(target: TargetConfig, nodes: int, context: int, *, taps: int, bl
     attention = dense.decoder_attention("target attention", target, target.num_layers,
                                         nodes * context + nodes * nodes, context, nodes,
                                         batch=batch, kv_bytes=kv_bytes)
-    moved = batch * block_size * dense._kv_bytes_per_position(target, target.num_layers, kv_bytes)
+    moved = batch * block_size * sizes.kv_bytes_per_position(target, target.num_layers, kv_bytes)
     return [linears, attention, head, Cost("KV compact", flops=0.0, kv_read=moved, kv_write=moved)]
 
 

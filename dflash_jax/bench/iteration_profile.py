@@ -46,7 +46,8 @@ from dflash_jax.verification.adaptive import Adaptive
 from dflash_jax.decoding import tree_args
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
-from dflash_jax.models.handles import Drafter, load_drafter, load_target
+from dflash_jax.methods.base import DraftingMethod
+from dflash_jax.models.handles import load_drafter, load_target
 from dflash_jax.files import write_text
 from dflash_jax.progress import progress
 
@@ -292,18 +293,28 @@ def markdown(report: dict) -> str:
 
 
 def depth_profile(target, drafter, depths, context: int, n: int, repeats: int, iterations: int) -> dict:
-    """The parts of one iteration for drafters of each depth in ``depths``: ``drafter``'s config
-    (block size, taps, mask token) with that many layers and random weights (a part's time does
-    not depend on the weights). The draft's layer part grows with depth; the verify parts are
-    the target's alone and should not."""
+    """The parts of one iteration for drafters of each depth in ``depths``: ``drafter``'s
+    method's drafter like it (block size, taps, ...) with that many layers and random weights
+    (``DraftingMethod.with_depth``; a part's time does not depend on the weights). The draft's
+    layer part grows with depth; the verify parts are the target's alone and should not."""
+    method = methods.method_of(drafter)
     out = {}
     for layers in progress(list(depths), desc="depths", unit="depth"):
-        d = Drafter.random(target, num_layers=layers, block_size=drafter.config.block_size,
-                           mask_token_id=drafter.config.mask_token_id,
-                           target_layer_ids=drafter.config.target_layer_ids, dtype=drafter.dtype)
+        d = method.with_depth(drafter, layers, target)
         params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(d.params))
         out[str(layers)] = measure(target, d, context, n, repeats, iterations) | {"drafter_params": params}
     return out
+
+
+def check_depths(drafter, depths) -> None:
+    """Refuses ``--depths`` below one layer, or that the drafter's method cannot vary, before
+    anything is measured."""
+    if min(depths) < 1:
+        raise ValueError(f"--depths must be >= 1 layer each, got {depths}")
+    method = methods.method_of(drafter)
+    if type(method).with_depth is DraftingMethod.with_depth:
+        raise ValueError(f"--depths varies the drafter's layers: {method.label} drafters have no "
+                         f"depth to vary here (drop --depths)")
 
 
 def depths_markdown(depths: dict) -> str:
@@ -361,6 +372,8 @@ def run(args) -> dict:
     dtype = jnp.dtype(args.dtype)
     target = load_target(args.target, dtype=dtype)
     drafter = load_drafter(args.drafter, target, dtype=dtype)
+    if args.depths:
+        check_depths(drafter, args.depths)
     load = load_average()
     result = None if args.methods_only else measure(target, drafter, args.context, args.calls, args.repeats,
                                                     args.iterations)
@@ -372,8 +385,6 @@ def run(args) -> dict:
             m.name: name for m, name in compared.items()}
     depths = None
     if args.depths:
-        if min(args.depths) < 1:
-            raise ValueError(f"--depths must be >= 1 layer each, got {args.depths}")
         depths = depth_profile(target, drafter, args.depths, args.context, args.calls, args.repeats,
                                args.iterations)
     report = {"benchmark": "iteration_profile", "command": command_line("dflash_jax", invocation(args)),

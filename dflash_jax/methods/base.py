@@ -132,6 +132,37 @@ class DraftingMethod:
         """The pytree the engine hands :meth:`proposer`'s proposer (default: the parameters)."""
         return drafter.params
 
+    def with_depth(self, drafter, layers: int, target):
+        """A drafter like ``drafter`` (its block, taps and the rest) with ``layers`` layers and
+        random weights, for ``iteration-profile --depths`` (a part's time does not depend on the
+        weights). A method whose drafters have no depth to vary leaves it unimplemented."""
+        raise NotImplementedError(self._missing("drafters of another depth"))
+
+    # ------------------------------------------------------------------ size model
+    def num_params(self, config) -> int:
+        """The drafter's own parameters (what the target lends it, its embedding or LM head,
+        not counted) for a drafter config of this method."""
+        raise NotImplementedError(self._missing("num_params"))
+
+    def draft_costs(self, config, target_config, block_size: int, context: int, *, tree_topk: int | None = None,
+                    ctx_rows: int | None = None, batch: int = 1, weight_bytes: int = 2,
+                    kv_bytes: int = 2) -> list:
+        """What one iteration's draft costs, cut into components (``dflash_jax.sizes.Cost``: FLOPs,
+        bytes by kind): a drafter of ``config`` for a target of ``target_config`` drafting a
+        block of ``block_size`` rows (the anchor included) at ``context`` cached positions,
+        ``tree_topk``: the tokens per depth of a tree draft (None: a chain), ``ctx_rows``: the
+        committed rows it takes in (default: ``block_size``, every row of the verified block),
+        ``batch`` rows, ``weight_bytes`` / ``kv_bytes`` per value. The rooflines time it."""
+        raise NotImplementedError(self._missing("draft_costs"))
+
+    def draft_flops(self, config, target_config, block_size: int, context: int, **kw) -> float:
+        """The FLOPs of :meth:`draft_costs`."""
+        return sum(c.flops for c in self.draft_costs(config, target_config, block_size, context, **kw))
+
+    def draft_bytes(self, config, target_config, block_size: int, context: int, **kw) -> float:
+        """The bytes through memory of :meth:`draft_costs` (weights, K/V, activations)."""
+        return sum(c.bytes for c in self.draft_costs(config, target_config, block_size, context, **kw))
+
     def _missing(self, what: str) -> str:
         return f"the drafting method {self.name!r} does not implement {what}"
 

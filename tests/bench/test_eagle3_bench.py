@@ -131,3 +131,9 @@ def test_iteration_profile_per_method(pair):
     assert iteration_profile.methods_markdown(m).count("| EAGLE-3 chain, 2 steps | 3 | 3 |") == 1
     with pytest.raises(ValueError, match="--methods-only goes with --eagle3-drafter"):
         iteration_profile.main(["--methods-only"])
+    # --depths varies a DFlash drafter's layers; an EAGLE-3 drafter (one layer) is refused
+    # before anything is measured
+    with pytest.raises(ValueError, match="^--depths varies the drafter's layers: EAGLE-3 drafters have no depth"):
+        iteration_profile.check_depths(e3, [1, 2])
+    with pytest.raises(ValueError, match="--depths must be >= 1"):
+        iteration_profile.check_depths(e3, [0])

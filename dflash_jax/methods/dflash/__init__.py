@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from dflash_jax.methods.dflash.config import DFLASH_ARCHITECTURE, DrafterConfig
 from dflash_jax.hub import EMBEDDED, EMBEDDED_DRAFTER_DIR
 from dflash_jax.methods.base import DraftingMethod
-from dflash_jax.methods.dflash import handle, profile
+from dflash_jax.methods.dflash import handle, profile, size
 from dflash_jax.methods.dflash.handle import Drafter
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 
@@ -49,6 +49,24 @@ class DFlashMethod(DraftingMethod):
 
     def proposer(self, drafter: Drafter, block_size: int, opt, greedy: bool) -> DFlashProposer:
         return DFlashProposer(drafter.config, int(opt.num_denoise_steps), bool(opt.sampled_draft) and not greedy)
+
+    def with_depth(self, drafter: Drafter, layers: int, target) -> Drafter:
+        c = drafter.config
+        return Drafter.random(target, num_layers=layers, block_size=c.block_size, mask_token_id=c.mask_token_id,
+                              target_layer_ids=c.target_layer_ids, dtype=drafter.dtype)
+
+    def num_params(self, config: DrafterConfig) -> int:
+        return size.num_params(config)
+
+    def draft_costs(self, config: DrafterConfig, target_config, block_size: int, context: int, *,
+                    tree_topk: int | None = None, ctx_rows: int | None = None, batch: int = 1,
+                    weight_bytes: int = 2, kv_bytes: int = 2) -> list:
+        """One pass of the drafter over the block (a tree draft is the same pass, its top-k
+        read from the same logits), the committed rows (default the whole block: this engine
+        projects every verified row, the rejected ones masked) taken in first."""
+        return size.draft_costs(config, target_config, block_size, context,
+                                block_size if ctx_rows is None else ctx_rows, batch=batch,
+                                weight_bytes=weight_bytes, kv_bytes=kv_bytes)
 
     def profile_parts(self, target, drafter: Drafter, pre, tparams, n: int, repeats: int, in_loop) -> dict:
         return profile.draft_parts(target, drafter, pre, tparams, n, repeats, in_loop)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from dflash_jax.methods.eagle3.config import EAGLE3_ARCHITECTURE, Eagle3Config
 from dflash_jax.methods.base import DraftingMethod
-from dflash_jax.methods.eagle3 import handle
+from dflash_jax.methods.eagle3 import handle, size
 from dflash_jax.methods.eagle3.handle import (EAGLE3_DEFAULT_BLOCK, EMBEDDED_EAGLE3, EMBEDDED_EAGLE3_DIR,
                                               Eagle3Drafter, d2t_of_vocab)
 from dflash_jax.methods.eagle3.proposer import Eagle3Proposer
@@ -65,6 +65,18 @@ class Eagle3Method(DraftingMethod):
 
     def proposer(self, drafter: Eagle3Drafter, block_size: int, opt, greedy: bool) -> Eagle3Proposer:
         return Eagle3Proposer(drafter.config)
+
+    def num_params(self, config: Eagle3Config) -> int:
+        return size.num_params(config)
+
+    def draft_costs(self, config: Eagle3Config, target_config, block_size: int, context: int, *,
+                    tree_topk: int | None = None, ctx_rows: int | None = None, batch: int = 1,
+                    weight_bytes: int = 2, kv_bytes: int = 2) -> list:
+        """``block_size - 1`` sequential drafting steps, each after the first on one row (a
+        chain) or ``tree_topk`` rows (a tree's frontier); the committed rows default to
+        ``block_size`` (a chain's whole verified block)."""
+        return size.draft_costs(config, block_size - 1, tree_topk or 1, context, ctx_rows, batch=batch,
+                                weight_bytes=weight_bytes, kv_bytes=kv_bytes)
 
     def proposer_params(self, drafter: Eagle3Drafter) -> dict:
         return drafter.proposer_params()
