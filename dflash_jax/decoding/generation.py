@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,7 +22,7 @@ from dflash_jax.decoding import costs, engine
 from dflash_jax.decoding.prepare import (GenerateOptions, _as_prompt_list, _prepare, per_row_plan,
                                          verify_request)
 from dflash_jax.verification.adaptive import Adaptive, verify_lengths
-from dflash_jax.models.handles import Drafter, Target
+from dflash_jax.models.handles import Target
 
 
 @dataclasses.dataclass
@@ -187,7 +188,7 @@ def _fetch(tree, mesh):
     return jax.device_get(tree)
 
 
-def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+def generate(target: Target, prompts, max_new_tokens, *, drafter: Any = None,
              **options) -> GenerateResult:
     """Generates continuations of a batch of (ragged) token-id prompts, all on device.
 
@@ -195,7 +196,8 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
       target: a loaded :class:`Target`.
       prompts: list of token-id lists (lengths may differ), or an int array [B, T].
       max_new_tokens: new-token budget, one int or one per prompt.
-      drafter: a DFlash :class:`Drafter` for speculative decoding (None: autoregressive).
+      drafter: a drafter of any registered drafting method, as ``load_drafter`` returns it
+        (``docs/methods.md``), for speculative decoding (None: autoregressive).
       **options: the fields of :class:`GenerateOptions`: ``temperature``, ``top_k``,
         ``top_p`` (0 = greedy), ``stop_token_ids``, ``seed``, ``block_size``, ``verify`` (the
         verify policy: "fixed", "adaptive", ``Adaptive(...)``, ``TreeVerify(nodes, topk)``),
@@ -216,7 +218,7 @@ def generate(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None
     return dataclasses.replace(result, prefill_compile_s=prefill_compile[0], decode_compile_s=decode_compile[0])
 
 
-def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Drafter | None = None,
+def generate_stream(target: Target, prompts, max_new_tokens, *, drafter: Any = None,
                     iterations_per_chunk: int = 4, **options):
     """Like :func:`generate` (the same ``options``), but yields :class:`StreamChunk` s of newly
     committed tokens every ``iterations_per_chunk`` loop iterations (the same compiled loop,
