@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,8 +31,9 @@ from support.tap_mlp_method import TAP_MLP, TapMlpDrafter, TapMlpProposer, TapMl
 
 pytestmark = pytest.mark.xdist_group("test_tap_mlp_method")
 
-CFG = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+CFG_FIELDS = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
+                  num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+CFG = dj.TargetConfig(**CFG_FIELDS)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +137,37 @@ def test_proposals_equal_an_independent_reference(registered, target):
     assert checked >= 10
 
 
+KILLED_RUN = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import dflash_jax as dj
+from dflash_jax import methods
+from dflash_jax.training.data import TokenDataset
+from dflash_jax.training.trainer import TrainConfig
+from support.tap_mlp_method import TAP_MLP, TapMlpDrafter, TapMlpTrainer
+
+methods.register(TAP_MLP)
+target = dj.Target.random(dj.TargetConfig(**{cfg!r}), seed=3, init_scale=0.3)
+target.path = {target!r}
+cfg = TrainConfig(steps=5, batch_size=8, learning_rate=3e-2, warmup_fraction=0.0, checkpoint_every=1,
+                  eval_max_new_tokens=8)
+config = TapMlpDrafter.random(target, tap=1, block_size=4).config
+trainer = TapMlpTrainer(target, config, TokenDataset({data!r}), {run!r}, cfg)
+step, calls = trainer._step_fn, []
+
+
+def killed_in_step_4(*args):
+    calls.append(1)
+    if len(calls) == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(*args)
+
+
+trainer._step_fn = killed_in_step_4
+trainer.run()
+"""
+
+
 def test_trains_with_the_shared_trainer_resumes_and_exports(registered, target, tmp_path):
     target.path = str(tmp_path / "target")
     rng = np.random.default_rng(0)
@@ -149,7 +185,14 @@ def test_trains_with_the_shared_trainer_resumes_and_exports(registered, target, 
     assert [("eval_tau" in r) for r in rows] == [False] * 4 + [True] and 1.0 <= rows[-1]["eval_tau"] <= 4.0
     # interrupted after 3 steps, then resumed from its checkpoint by a new trainer: the same weights
     cfg = dataclasses.replace(cfg, eval_every=0)
-    TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run(stop_after=3)
+    # killed (SIGKILL, in a process of its own) in the middle of step 4, after step 3's
+    # checkpoint, then resumed here by a new trainer: the same weights
+    script = KILLED_RUN.format(tests=os.path.dirname(os.path.dirname(__file__)), cfg=CFG_FIELDS,
+                               target=target.path,
+                               data=str(tmp_path / "data"), run=str(tmp_path / "cut"))
+    killed = subprocess.run([sys.executable, "-c", script], env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert latest_params(str(tmp_path / "cut"))[2] == 3
     TapMlpTrainer(target, config, data, str(tmp_path / "cut"), cfg).run()
     (c1, full, s1), (c2, cut, s2) = latest_params(str(tmp_path / "full")), latest_params(str(tmp_path / "cut"))
