@@ -226,7 +226,9 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
         self.mlp = MLP(cfg.intermediate_size, self.param_dtype, self.model_axis)
 
-    def _residual(self, h: jax.Array, attention) -> jax.Array:
+    def _residual(self, h: jax.Array, attention, blocks: int = 1) -> jax.Array:
+        """The layer on the block rows ``h`` [B, blocks*T, D] (``blocks`` blocks of T rows each,
+        for a layer that mixes the rows of a block: ``methods/dflash2``)."""
         h = h + attention(self.input_layernorm(h))
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -267,7 +269,8 @@ class DrafterLayer(nn.Module):
         (``ctx`` None, conditioning "none": to nothing but itself)."""
         h, layer = carry
         h = self._residual(h, lambda x: self.self_attn.over_blocks(
-            x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN, window=self._window(layer)))
+            x, rope, ctx_BxSxD, ctx_rope, anchors_BxN, valid_BxN, window=self._window(layer)),
+            blocks=anchors_BxN.shape[1])
         return (h, layer + 1), None
 
     def train_blocks_input(self, carry, rope, ctx_rope, anchors_BxN, valid_BxN):
@@ -277,7 +280,7 @@ class DrafterLayer(nn.Module):
         h, h_ctx = carry
         out_ctx, ctx_kv = self.self_attn.causal_context(self.input_layernorm(h_ctx), ctx_rope)
         h = self._residual(h, lambda x: self.self_attn.over_blocks(
-            x, rope, None, None, anchors_BxN, valid_BxN, ctx_kv=ctx_kv))
+            x, rope, None, None, anchors_BxN, valid_BxN, ctx_kv=ctx_kv), blocks=anchors_BxN.shape[1])
         return (h, self._mlp_residual(h_ctx + out_ctx)), None
 
 
@@ -312,6 +315,8 @@ class DrafterModel(nn.Module):
     anchor_chunk: int = DEFAULT_ANCHOR_CHUNK  # the training attention's chunks (train_blocks)
     context_chunk: int = DEFAULT_CONTEXT_CHUNK
 
+    layer_class = DrafterLayer  # the layer scanned over the depth (a subclass: methods/dflash2)
+
     def setup(self):
         cfg = self.cfg
         check_attention_impl(self.attention_impl)
@@ -320,7 +325,7 @@ class DrafterModel(nn.Module):
         if cfg.conditioning != "none":  # "none" has no projector parameters
             self.fc = nn.Dense(cfg.hidden_size, use_bias=False, param_dtype=self.param_dtype)
             self.hidden_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
-        self.layers = nn.scan(DrafterLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+        self.layers = nn.scan(self.layer_class, variable_axes={"params": 0}, split_rngs={"params": True},
                               in_axes=nn.broadcast, length=cfg.num_layers,
                               methods=("project_context", "project_context_input", "draft",
                                        "train_blocks", "train_blocks_input"),

@@ -79,7 +79,7 @@ class DFlashProposer(Proposer):
                 want_logp: bool = False) -> tuple[Proposal, DFlashState]:
         """The deferred context update, then the drafter over ``[bonus, MASK * (bs-1)]`` at
         ``start .. start+bs-1``: argmax (or, sampled, a draw) at rows 1..bs-1."""
-        logits, fill, filled, state = self._draft(spec, tparams, params, state, committed)
+        logits, fill, filled, state, _ = self._draft(spec, tparams, params, state, committed)
         ops = spec.ops
         if self.sample:
             q_logp = process_logits(logits, spec.sampling, ops)
@@ -107,12 +107,13 @@ class DFlashProposer(Proposer):
             raise ValueError("tree drafting needs each row's top-k tokens over the whole "
                              "vocabulary, which is split over the mesh's model axis here: run "
                              "trees without tensor parallelism (model=1), or verify a chain")
-        logits, _, _, state = self._draft(spec, tparams, params, state, committed)
+        logits, _, _, state, _ = self._draft(spec, tparams, params, state, committed)
         return best_first_tree(committed.bonus, logits, policy.nodes, policy.topk), state
 
     def _draft(self, spec, tparams, params, state: DFlashState, committed: Committed):
         """The deferred context update and the drafter's passes: (logits [B, bs-1, V] of the
-        last pass, the tokens fixed by earlier passes and where (multi-step), state)."""
+        last pass, the tokens fixed by earlier passes and where (multi-step), state, the last
+        pass's hidden states [B, bs-1, D] at the drafted rows)."""
         d, bs, steps = self.config, spec.block_size, self.num_denoise_steps
         start = committed.start
         B = start.shape[0]
@@ -136,7 +137,7 @@ class DFlashProposer(Proposer):
             keep = rank < round((bs - 1) * (step + 1) / steps)
             fill = jnp.where(filled, fill, jnp.where(keep, pred, fill))
             filled = filled | keep
-        return logits, fill, filled, state.replace(cache=cache)
+        return logits, fill, filled, state.replace(cache=cache), h[:, 1:]
 
     def observe(self, spec, params, state: DFlashState, taps, positions) -> DFlashState:
         """The verified block's taps wait for the next :meth:`propose` (module docstring); a

@@ -1,0 +1,64 @@
+"""The DFlash2 drafter handle (:class:`DFlash2Drafter`) and its checkpoint I/O in the reference's
+layout; ``load_drafter`` / ``save_drafter`` reach these through the method registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+
+from dflash_jax.methods.dflash2.checkpoint import load_dflash2_params, save_dflash2_params
+from dflash_jax.methods.dflash2.config import DFlash2Config
+from dflash_jax.methods.dflash2.model import init_dflash2_params
+
+
+@dataclasses.dataclass
+class DFlash2Drafter:
+    """A DFlash2 drafter: config and parameters; like DFlash's it uses the target's embedding and
+    LM head. It runs on one device."""
+
+    method_name = "dflash2"  # its drafting method (dflash_jax.methods)
+
+    config: DFlash2Config
+    params: Any
+    path: str | None = None
+    mesh: Any = None  # always None: one device
+
+    @property
+    def dtype(self):
+        return self.params["norm"]["weight"].dtype
+
+    @classmethod
+    def random(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
+               target_layer_ids=None, seed: int = 0, dtype=None, init_scale: float = 0.02,
+               **dflash2) -> "DFlash2Drafter":
+        """A random-weight DFlash2 drafter shaped for ``target`` (``dflash2``: the fields of
+        :data:`~dflash_jax.methods.dflash2.config.DFLASH2_FIELDS`, else their defaults; the
+        default group size is the hidden size's largest divisor up to 64)."""
+        mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
+        D = target.config.hidden_size
+        dflash2.setdefault("conv_group_size", max(g for g in range(1, min(D, 64) + 1) if D % g == 0))
+        dflash2.setdefault("selector_top_k", min(8, target.config.vocab_size))
+        cfg = DFlash2Config.for_target(target.config, num_layers, block_size, mask, target_layer_ids, **dflash2)
+        check(cfg, target)
+        return cls(cfg, init_dflash2_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale))
+
+
+def check(cfg: DFlash2Config, target) -> None:
+    """Refuses a drafter that does not fit ``target`` or a target on a mesh."""
+    cfg.check_target(target.config)
+    if target.mesh is not None:
+        raise ValueError("DFlash2 drafters run on one device: load the target without a mesh")
+
+
+def load(path: str, target, dtype=None) -> DFlash2Drafter:
+    """The DFlash2 drafter in the directory ``path``, checked against ``target``."""
+    cfg = DFlash2Config.from_pretrained(path)
+    check(cfg, target)
+    return DFlash2Drafter(cfg, load_dflash2_params(path, cfg, dtype=dtype or target.dtype), os.fspath(path))
+
+
+def save(drafter: DFlash2Drafter, path: str | os.PathLike) -> None:
+    save_dflash2_params(path, drafter.config, drafter.params)
