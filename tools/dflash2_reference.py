@@ -18,7 +18,6 @@ Regenerate (needs torch, transformers and the reference package, which pins old 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 
