@@ -417,11 +417,18 @@ class DrafterModel(nn.Module):
                                              self.context_rows(taps), ctx_rope, anchors, valid)
         return self.norm(h)
 
+    def init_everything(self, block_embeds, block_positions, taps, anchors, valid):
+        """Touches every parameter (for ``init``): :meth:`train_blocks`."""
+        return self.train_blocks(block_embeds, block_positions, taps, anchors, valid)
+
 
 def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
-                        init_scale: float = 0.02):
-    """Random drafter parameters (normal(init_scale) kernels, unit norms), built under jit."""
-    model = DrafterModel(cfg, param_dtype=dtype)
+                        init_scale: float = 0.02, model_class=None):
+    """Random drafter parameters (normal(init_scale) kernels, unit norms), built under jit;
+    ``model_class``: a subclass of :class:`DrafterModel` (its ``init_everything`` touches every
+    parameter)."""
+    model_class = model_class or DrafterModel
+    model = model_class(cfg, param_dtype=dtype)
     B, T = 1, 2  # one block of two rows, anchored at 0 (train_blocks touches every parameter)
     emb = jnp.zeros((B, T, cfg.hidden_size), dtype)
     pos = jnp.zeros((B, T), jnp.int32)
@@ -429,5 +436,5 @@ def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
     anchors, valid = jnp.zeros((B, 1), jnp.int32), jnp.ones((B, 1), bool)
 
     return random_module_params(
-        lambda k: model.init(k, emb, pos, taps, anchors, valid, method=DrafterModel.train_blocks)["params"],
+        lambda k: model.init(k, emb, pos, taps, anchors, valid, method=model_class.init_everything)["params"],
         key, init_scale, dtype)

@@ -31,9 +31,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.methods.dflash.model import DrafterLayer, DrafterModel
+from dflash_jax.methods.dflash.model import DrafterLayer, DrafterModel, init_drafter_params
 from dflash_jax.methods.dflash2.config import DFlash2Config
-from dflash_jax.nn.layers import random_module_params
 
 
 def grouped_causal_conv(x_BxLxD: jax.Array, dyn_BxLxKxG: jax.Array, base_KxD: jax.Array,
@@ -143,7 +142,7 @@ class DFlash2Model(DrafterModel):
 
     def init_everything(self, block_embeds, block_positions, taps, anchors, valid):
         """Touches every parameter (for ``init``): the training blocks and the selector."""
-        h = self.train_blocks(block_embeds, block_positions, taps, anchors, valid)
+        h = super().init_everything(block_embeds, block_positions, taps, anchors, valid)
         logits = jnp.zeros((*h.shape[:2], self.cfg.vocab_size), h.dtype)
         self.candidates(h, logits)
         return self.predecessor(jnp.zeros(h.shape[:1], jnp.int32))
@@ -151,12 +150,4 @@ class DFlash2Model(DrafterModel):
 
 def init_dflash2_params(cfg: DFlash2Config, key: jax.Array, dtype=jnp.float32, init_scale: float = 0.02):
     """Random DFlash2 parameters (normal(init_scale) kernels and codebooks, unit norms)."""
-    model = DFlash2Model(cfg, param_dtype=dtype)
-    B, T = 1, 2
-    emb = jnp.zeros((B, T, cfg.hidden_size), dtype)
-    pos = jnp.zeros((B, T), jnp.int32)
-    taps = jnp.zeros((B, T, cfg.num_taps * cfg.hidden_size), dtype)
-    anchors, valid = jnp.zeros((B, 1), jnp.int32), jnp.ones((B, 1), bool)
-    return random_module_params(
-        lambda k: model.init(k, emb, pos, taps, anchors, valid, method=DFlash2Model.init_everything)["params"],
-        key, init_scale, dtype)
+    return init_drafter_params(cfg, key, dtype, init_scale, model_class=DFlash2Model)
