@@ -207,3 +207,21 @@ def test_sampled_drafts_keep_the_target_law():
     assert not right.rejected, right
     assert wrong.min_p < 1e-12, wrong
     assert first[1:].sum() > 0.2 * S_ROWS and first[-1] > 0.01 * S_ROWS, first  # drafts are accepted
+
+
+def test_from_dflash_drafts_what_the_dflash_drafter_drafts():
+    """The start of a DFlash2 fine-tune from a DFlash drafter (identity convolutions, a zero
+    selector) proposes DFlash's drafts, iteration by iteration, and accepts as much."""
+    from dflash_jax.methods.dflash.proposer import DFlashProposer
+    from dflash_jax.methods.dflash2.handle import from_dflash
+
+    target = dj.Target.random(ref.TARGET, seed=5, init_scale=0.3)
+    dflash = dj.Drafter.random(target, num_layers=2, block_size=5, target_layer_ids=(0, 2), seed=6, init_scale=0.3)
+    dflash2 = from_dflash(dflash, conv_kernel_size=3, selector_rank=4)
+    assert dflash2.config.backbone == dflash.config and methods.method_of(dflash2) is DFLASH2
+    records = []
+    for drafter, proposer in ((dflash, DFlashProposer), (dflash2, DFlash2Proposer)):
+        recorder = recording(proposer)(drafter.config)
+        r = dj.generate(target, [list(p) for p in ref.PROMPTS], 20, drafter=drafter, proposer=recorder)
+        records.append(([tuple(np.asarray(x).tolist() for x in rec) for rec in recorder.records], r.acceptance_lengths))
+    assert records[0] == records[1] and sum(len(a) for a in records[0][1]) > 10

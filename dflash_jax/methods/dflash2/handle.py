@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from dflash_jax.methods.dflash2.checkpoint import load_dflash2_params, save_dflash2_params
 from dflash_jax.methods.dflash2.config import DFlash2Config
@@ -44,6 +45,30 @@ class DFlash2Drafter:
         cfg = DFlash2Config.for_target(target.config, num_layers, block_size, mask, target_layer_ids, **dflash2)
         check(cfg, target)
         return cls(cfg, init_dflash2_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale))
+
+
+def from_dflash(drafter, **dflash2) -> DFlash2Drafter:
+    """A DFlash2 drafter that drafts exactly what the DFlash ``drafter`` drafts, to train on
+    from its weights: the backbone's parameters, each convolution the identity (base kernel 1 at
+    offset 0, 0 elsewhere; a zero kernel projection) and a zero selector (zero codebooks: every
+    candidate's score is its logit, so the path is the logits' argmax). ``dflash2``: the DFlash2
+    fields (:data:`~dflash_jax.methods.dflash2.config.DFLASH2_FIELDS`; defaults as
+    :meth:`DFlash2Drafter.random`'s)."""
+    base = drafter.config
+    D = base.hidden_size
+    dflash2.setdefault("conv_group_size", max(g for g in range(1, min(D, 64) + 1) if D % g == 0))
+    dflash2.setdefault("selector_top_k", min(8, base.vocab_size))
+    cfg = DFlash2Config.from_backbone(base, **dflash2)
+    shapes = jax.eval_shape(lambda k: init_dflash2_params(cfg, k, drafter.dtype), jax.random.key(0))
+    K = cfg.conv_kernel_size
+    identity = jnp.zeros((cfg.num_layers, 2, K, D), drafter.dtype).at[:, :, 0, :].set(1)
+    convs = {name: {"base_kernel": identity,
+                    "kernel_projection": {"kernel": jnp.zeros(shapes["layers"][name]["kernel_projection"]["kernel"].shape,
+                                                              drafter.dtype)}}
+             for name in ("attention_conv", "mlp_conv")}
+    selector = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["candidate_selector"])
+    params = {**drafter.params, "layers": {**drafter.params["layers"], **convs}, "candidate_selector": selector}
+    return DFlash2Drafter(cfg, params)
 
 
 def check(cfg: DFlash2Config, target) -> None:
