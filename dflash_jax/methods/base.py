@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping
 
 
@@ -51,8 +52,6 @@ class DraftingMethod:
         """The method's trainer class (its training module's ``TRAINER``)."""
         if not self.training_module:
             raise ValueError(f"the drafting method {self.name!r} does not train here")
-        import importlib
-
         return importlib.import_module(self.training_module).TRAINER
 
     handle_exports: str | None = None

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from typing import Any, Literal, Sequence
 
 import jax
@@ -30,6 +31,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from dflash_jax import methods
+from dflash_jax.config import read_config_json
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK, check_chunk
 from dflash_jax.training import sharding
 from dflash_jax.training.blocks import check_anchor_strategy, check_gamma
@@ -188,8 +190,6 @@ class Trainer:
 
     def __new__(cls, *args, **kwargs):
         if cls is Trainer:  # the old spelling: the default method's trainer
-            import warnings
-
             default = methods.method(methods.DEFAULT).trainer
             warnings.warn(f"Trainer(...) is the shared loop now; {methods.DEFAULT}'s trainer is "
                           f"{default.__module__}.{default.__name__}", DeprecationWarning, stacklevel=2)
@@ -281,8 +281,7 @@ class Trainer:
 
     def _check_init_from(self, init_from: str) -> None:
         """Refuses an ``init_from`` drafter of another config than ``self.dcfg``."""
-        with open(os.path.join(init_from, "config.json")) as f:
-            loaded = methods.method(self.method).config_from_hf(json.load(f))
+        loaded = methods.method(self.method).config_from_hf(read_config_json(init_from))
         if loaded != self.dcfg:
             raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
                              f"expected {self.dcfg}")

@@ -25,6 +25,7 @@ from dflash_jax import methods
 from dflash_jax.methods.dflash2 import DFLASH2
 from dflash_jax.methods.dflash2.config import DFlash2Config
 from dflash_jax.methods.dflash2.handle import DFlash2Drafter
+from dflash_jax.methods.dflash2.model import DFlash2Model
 from dflash_jax.methods.dflash2.proposer import DFlash2Proposer
 from dflash_jax.tools import dflash2_reference as ref
 from support.drafter_reference import recording
@@ -86,8 +87,6 @@ def test_candidates_equal_the_reference(pair, fixture):
 
     @jax.jit
     def candidates(params, tparams, hidden, logits):
-        from dflash_jax.methods.dflash2.model import DFlash2Model
-
         return DFlash2Model(drafter.config).apply({"params": params}, hidden, logits,
                                                   method=DFlash2Model.candidates)[1]
 

@@ -27,6 +27,7 @@ from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.eagle3.handle import Eagle3Drafter
 from dflash_jax.methods.eagle3.model import init_eagle3_params
 from dflash_jax.targets import init_target_params
+from dflash_jax.tools.roofline import xla_cost
 from dflash_jax.verification.sampling import SamplingParams
 
 T1 = TargetConfig(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -79,10 +80,7 @@ def _xla_draft_flops(method, drafter, block_size: int) -> float:
     def draft(tp, dp, state, key):
         return proposer.propose(spec, tp, dp, state.proposer, engine.committed(state), key)
 
-    analysis = jax.jit(draft).lower(tparams, dparams, state, KEY).compile().cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0]
-    return float(analysis["flops"])
+    return xla_cost(draft, tparams, dparams, state, KEY)["flops"]
 
 
 @pytest.mark.parametrize("method,block_size,make", [

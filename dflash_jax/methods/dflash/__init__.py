@@ -64,8 +64,7 @@ class DFlashMethod(DraftingMethod):
         """One pass of the drafter over the block (a tree draft is the same pass, its top-k
         read from the same logits), the committed rows (default the whole block: this engine
         projects every verified row, the rejected ones masked) taken in first."""
-        return size.draft_costs(config, target_config, block_size, context,
-                                block_size if ctx_rows is None else ctx_rows, batch=batch,
+        return size.draft_costs(config, target_config, block_size, context, ctx_rows, batch=batch,
                                 weight_bytes=weight_bytes, kv_bytes=kv_bytes)
 
     def profile_parts(self, target, drafter: Drafter, pre, tparams, n: int, repeats: int, in_loop) -> dict:

@@ -35,16 +35,18 @@ def _add(name: str, *costs: Cost) -> Cost:
     return Cost(name, **{f: sum(getattr(c, f) for c in costs) for f in fields})
 
 
-def draft_costs(drafter, target, block_size: int, context: int, ctx_rows: int, *, batch: int = 1,
+def draft_costs(drafter, target, block_size: int, context: int, ctx_rows: int | None = None, *, batch: int = 1,
                 weight_bytes: int = 2, kv_bytes: int = 2, dense_cache: int | None = None) -> list[Cost]:
     """One draft: ``ctx_rows`` new context rows through fc + hidden_norm and every layer's k/v
     into the draft cache; the block of ``block_size`` rows through every layer, attending
     non-causally to ``context`` cached rows (the new ones included) and to itself; the target's LM head on the
-    ``block_size - 1`` draft rows. ``dense_cache=M``: this project's XLA path (all M slots
+    ``block_size - 1`` draft rows. ``ctx_rows`` defaults to ``block_size``. ``dense_cache=M``: this project's XLA path (all M slots
     read, M + block_size keys per query). Components: fc, linears, attention, LM head (no fc
     with conditioning "none")."""
     D, k, n = drafter.hidden_size, drafter.num_taps, drafter.num_layers
     cond = drafter.conditioning
+    if ctx_rows is None:  # this engine projects every verified row (the rejected ones masked)
+        ctx_rows = block_size
     if cond == "none":  # no context: the block alone through the layers
         ctx_rows, keys = 0, 0
     else:

@@ -70,11 +70,8 @@ class DFlashTrainer(Trainer):
                          mesh=mesh, fsdp=fsdp)
 
     def _check_init_from(self, init_from: str) -> None:
-        check_drafter_conditioning(init_from, self.dcfg)
-        loaded = DrafterConfig.from_pretrained(init_from)
-        if loaded != self.dcfg:
-            raise ValueError(f"{init_from} holds a drafter with another config ({loaded}); "
-                             f"expected {self.dcfg}")
+        check_drafter_conditioning(init_from, self.dcfg)  # before the config: it names the conditioning
+        super()._check_init_from(init_from)
 
     def init_params(self, key):
         return init_drafter_params(self.dcfg, key, jnp.float32)

@@ -59,8 +59,7 @@ class DFlash2Method(DraftingMethod):
     def draft_costs(self, config: DFlash2Config, target_config, block_size: int, context: int, *,
                     tree_topk: int | None = None, ctx_rows: int | None = None, batch: int = 1,
                     weight_bytes: int = 2, kv_bytes: int = 2) -> list:
-        return size.draft_costs(config, target_config, block_size, context,
-                                block_size if ctx_rows is None else ctx_rows, batch=batch,
+        return size.draft_costs(config, target_config, block_size, context, ctx_rows, batch=batch,
                                 weight_bytes=weight_bytes, kv_bytes=kv_bytes)
 
 

@@ -39,12 +39,17 @@ class DFlash2Drafter:
         :data:`~dflash_jax.methods.dflash2.config.DFLASH2_FIELDS`, else their defaults; the
         default group size is the hidden size's largest divisor up to 64)."""
         mask = target.config.vocab_size - 1 if mask_token_id is None else mask_token_id
-        D = target.config.hidden_size
-        dflash2.setdefault("conv_group_size", max(g for g in range(1, min(D, 64) + 1) if D % g == 0))
-        dflash2.setdefault("selector_top_k", min(8, target.config.vocab_size))
-        cfg = DFlash2Config.for_target(target.config, num_layers, block_size, mask, target_layer_ids, **dflash2)
+        cfg = DFlash2Config.for_target(target.config, num_layers, block_size, mask, target_layer_ids,
+                                       **_defaults(dflash2, target.config.hidden_size, target.config.vocab_size))
         check(cfg, target)
         return cls(cfg, init_dflash2_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale))
+
+
+def _defaults(dflash2: dict, hidden_size: int, vocab_size: int) -> dict:
+    """``dflash2`` with the defaults of :meth:`DFlash2Drafter.random` filled in: the group size
+    the hidden size's largest divisor up to 64, at most 8 candidates."""
+    group = max(g for g in range(1, min(hidden_size, 64) + 1) if hidden_size % g == 0)
+    return {"conv_group_size": group, "selector_top_k": min(8, vocab_size), **dflash2}
 
 
 def from_dflash(drafter, **dflash2) -> DFlash2Drafter:
@@ -56,9 +61,7 @@ def from_dflash(drafter, **dflash2) -> DFlash2Drafter:
     :meth:`DFlash2Drafter.random`'s)."""
     base = drafter.config
     D = base.hidden_size
-    dflash2.setdefault("conv_group_size", max(g for g in range(1, min(D, 64) + 1) if D % g == 0))
-    dflash2.setdefault("selector_top_k", min(8, base.vocab_size))
-    cfg = DFlash2Config.from_backbone(base, **dflash2)
+    cfg = DFlash2Config.from_backbone(base, **_defaults(dflash2, D, base.vocab_size))
     shapes = jax.eval_shape(lambda k: init_dflash2_params(cfg, k, drafter.dtype), jax.random.key(0))
     K = cfg.conv_kernel_size
     identity = jnp.zeros((cfg.num_layers, 2, K, D), drafter.dtype).at[:, :, 0, :].set(1)

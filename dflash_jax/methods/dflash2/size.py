@@ -22,7 +22,7 @@ def num_params(cfg) -> int:
     return dflash_size.num_params(cfg) + cfg.num_layers * conv_params(cfg) + selector_params(cfg)
 
 
-def draft_costs(cfg, target, block_size: int, context: int, ctx_rows: int, *, batch: int = 1,
+def draft_costs(cfg, target, block_size: int, context: int, ctx_rows: int | None = None, *, batch: int = 1,
                 weight_bytes: int = 2, kv_bytes: int = 2, dense_cache: int | None = None) -> list[Cost]:
     """DFlash's draft of the block, then per layer the two convolution pairs on the block rows
     (the kernel projection, 2 * D * 2KG FLOPs a row, and two K-tap convolutions, 2 * 2 * K * D),
