@@ -27,7 +27,9 @@ class DFlashMethod(DraftingMethod):
     def claims(self, d: Mapping[str, Any]) -> bool:
         # the DFlash fields, under no class name or another one (its variants: the config
         # reader refuses each field it does not implement, naming it)
-        return "dflash_config" in d or "block_size" in d
+        # (a DSpark projector is DSpark's: methods/dspark claims it)
+        return ("dflash_config" in d or "block_size" in d) and \
+            (d.get("dflash_config") or {}).get("projector_type") != "dspark"
 
     def shipped_dir(self) -> str:
         return EMBEDDED_DRAFTER_DIR

@@ -36,7 +36,8 @@ _DRAFTER_VARIANTS = (
     ("", "logit_scale", _ONE, "logit scaling is not implemented"),
     ("dflash_config", "final_logit_softcapping", _OFF, "logit soft-capping is not implemented"),
     ("dflash_config", "projector_type", _OFF,
-     "only the released projector (fc + hidden_norm) is implemented"),
+     "only the released projector (fc + hidden_norm) is implemented; a \"dspark\" drafter is read as "
+     "DSpark's (architectures DSparkDraftModel)"),
     ("dflash_config", "conv_kernel_size", _OFF, "convolutional drafters are not implemented"),
     ("dflash_config", "conv_group_size", _OFF, "convolutional drafters are not implemented"),
     ("dflash_config", "selector_rank", _OFF, "feature selectors are not implemented"),
