@@ -28,7 +28,7 @@ from dflash_jax.methods.dflash2.handle import DFlash2Drafter
 from dflash_jax.methods.dflash2.model import DFlash2Model
 from dflash_jax.methods.dflash2.proposer import DFlash2Proposer
 from dflash_jax.tools import dflash2_reference as ref
-from support.drafter_reference import recording
+from support.drafter_reference import confidence_of_two_draws, recording
 
 pytestmark = pytest.mark.xdist_group("test_dflash2")
 
@@ -157,6 +157,17 @@ def test_greedy_and_sampled_decoding_with_every_declared_policy(pair):
     assert adaptive.sequences == ar
     sampled = dj.generate(target, prompts, 16, drafter=drafter, temperature=1.0, sampled_draft=True, seed=1)
     assert [len(s) for s in sampled.sequences] == [16] * 3
+
+
+def test_the_sampled_confidence_does_not_read_the_draw(pair):
+    """With sampled drafts, ``Proposal.logp`` (what the adaptive verify length reads) is the same
+    whatever tokens were drawn: the selector's q at a row depends on the token drawn before it,
+    so the backbone's self-agreement stands in."""
+    target, drafter, _ = pair
+    seen = confidence_of_two_draws(target, drafter, DFlash2Proposer, [[5, 9, 2, 7]] * 4, 12, seed=2)
+    assert any((ta != tb).any() for ta, tb, _, _ in seen)  # the draws differ
+    for _, _, la, lb in seen:
+        np.testing.assert_array_equal(la, lb)
 
 
 # ---------------------------------------------------------------------------- the sampled law

@@ -31,7 +31,7 @@ from dflash_jax.methods.dspark.handle import DSparkDrafter, from_dflash
 from dflash_jax.methods.dspark.model import DSparkModel
 from dflash_jax.methods.dspark.proposer import DSparkProposer
 from dflash_jax.tools import dspark_reference as ref
-from support.drafter_reference import recording
+from support.drafter_reference import confidence_of_two_draws, recording
 
 pytestmark = pytest.mark.xdist_group("test_dspark")
 
@@ -201,23 +201,7 @@ def test_the_sampled_confidence_does_not_read_the_draw(pair, kind):
     (vanilla: the head reads the drawn tokens, so the backbone's self-agreement stands in;
     gated: its head reads the hidden state alone.)"""
     target, drafters, _ = pair
-    drafter = drafters[kind]
-    seen = []
-
-    @dataclasses.dataclass(frozen=True, eq=False)
-    class TwoDraws(DSparkProposer):
-        __eq__ = object.__eq__
-        __hash__ = object.__hash__
-
-        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            a, new_state = super().propose(spec, tparams, params, state, committed, key, True)
-            b, _ = super().propose(spec, tparams, params, state, committed, jax.random.fold_in(key, 1), True)
-            jax.debug.callback(lambda *xs: seen.append([np.asarray(x) for x in xs]),
-                               a.tokens, b.tokens, a.logp, b.logp, ordered=True)
-            return a, new_state
-
-    dj.generate(target, [[5, 9, 2, 7]] * 4, 12, drafter=drafter, temperature=1.0, sampled_draft=True, seed=2,
-                proposer=TwoDraws(drafter.config, sample=True))
+    seen = confidence_of_two_draws(target, drafters[kind], DSparkProposer, [[5, 9, 2, 7]] * 4, 12, seed=2)
     assert any((ta != tb).any() for ta, tb, _, _ in seen)  # the draws differ
     for _, _, la, lb in seen:
         np.testing.assert_array_equal(la, lb)

@@ -22,6 +22,14 @@ from dflash_jax.methods.dflash import DFLASH
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.handle import Drafter
 from dflash_jax.methods.dflash.model import init_drafter_params
+from dflash_jax.methods.dflash2 import DFLASH2
+from dflash_jax.methods.dflash2.config import DFlash2Config
+from dflash_jax.methods.dflash2.handle import DFlash2Drafter
+from dflash_jax.methods.dflash2.model import init_dflash2_params
+from dflash_jax.methods.dspark import DSPARK
+from dflash_jax.methods.dspark.config import DSparkConfig
+from dflash_jax.methods.dspark.handle import DSparkDrafter
+from dflash_jax.methods.dspark.model import init_dspark_params
 from dflash_jax.methods.eagle3 import EAGLE3
 from dflash_jax.methods.eagle3.config import Eagle3Config
 from dflash_jax.methods.eagle3.handle import Eagle3Drafter
@@ -45,6 +53,17 @@ def _eagle3() -> Eagle3Config:
     return Eagle3Config.for_target(T1, draft_vocab_size=100, target_layer_ids=(0, 0, 0))
 
 
+def _dspark(kind="vanilla", confidence=True, with_markov=True) -> DSparkConfig:
+    return DSparkConfig.for_target(T1, num_layers=1, block_size=3, mask_token_id=1, target_layer_ids=(0, 0),
+                                   markov_rank=8, markov_head_type=kind, enable_confidence_head=confidence,
+                                   confidence_head_with_markov=with_markov)
+
+
+def _dflash2() -> DFlash2Config:
+    return DFlash2Config.for_target(T1, num_layers=1, block_size=4, mask_token_id=1, target_layer_ids=(0, 0),
+                                    conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4)
+
+
 def _tree_size(init, cfg) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(jax.eval_shape(lambda k: init(cfg, k), KEY)))
 
@@ -66,6 +85,16 @@ def test_eagle3_parameters_equal_the_tree():
     assert EAGLE3.num_params(_eagle3()) == _tree_size(init_eagle3_params, _eagle3())
 
 
+@pytest.mark.parametrize("cfg", [_dspark("vanilla"), _dspark("gated", with_markov=False), _dspark("rnn", False)],
+                         ids=["vanilla", "gated", "rnn"])
+def test_dspark_parameters_equal_the_tree(cfg):
+    assert DSPARK.num_params(cfg) == _tree_size(init_dspark_params, cfg)
+
+
+def test_dflash2_parameters_equal_the_tree():
+    assert DFLASH2.num_params(_dflash2()) == _tree_size(init_dflash2_params, _dflash2())
+
+
 def _xla_draft_flops(method, drafter, block_size: int) -> float:
     """XLA's FLOPs of the method's own proposer drafting one block at a loop state shaped by
     ``engine.prefill`` (float32, nothing run)."""
@@ -85,14 +114,20 @@ def _xla_draft_flops(method, drafter, block_size: int) -> float:
 
 @pytest.mark.parametrize("method,block_size,make", [
     (DFLASH, 4, lambda: _dflash("kv")), (DFLASH, 4, lambda: _dflash("input")), (DFLASH, 4, lambda: _dflash("none")),
-    (EAGLE3, 2, _eagle3), (EAGLE3, 3, _eagle3)], ids=["dflash-kv", "dflash-input", "dflash-none",
-                                                       "eagle3-1-step", "eagle3-2-steps"])
+    (EAGLE3, 2, _eagle3), (EAGLE3, 3, _eagle3), (DSPARK, 4, _dspark), (DSPARK, 4, lambda: _dspark("rnn")),
+    (DFLASH2, 4, _dflash2)],
+    ids=["dflash-kv", "dflash-input", "dflash-none", "eagle3-1-step", "eagle3-2-steps", "dspark", "dspark-rnn",
+         "dflash2"])
 def test_draft_flops_agree_with_xla(method, block_size, make):
     """Within a few percent above (XLA adds the norms, softmax, RoPE and elementwise ops the
     model leaves out), never below; the dense path's context is all M slots."""
     cfg = make()
     if method is DFLASH:
         drafter = Drafter(cfg, jax.eval_shape(lambda k: init_drafter_params(cfg, k), KEY))
+    elif method is DFLASH2:
+        drafter = DFlash2Drafter(cfg, jax.eval_shape(lambda k: init_dflash2_params(cfg, k), KEY))
+    elif method is DSPARK:
+        drafter = DSparkDrafter(cfg, jax.eval_shape(lambda k: init_dspark_params(cfg, k), KEY))
     else:
         drafter = Eagle3Drafter(cfg, jax.eval_shape(lambda k: init_eagle3_params(cfg, k), KEY), np.arange(100))
     ratio = _xla_draft_flops(method, drafter, block_size) / method.draft_flops(

@@ -166,3 +166,28 @@ def recording(proposer_class):
 
 
 RecordingProposer = recording(DFlashProposer)
+
+
+def confidence_of_two_draws(target, drafter, proposer_class, prompts, max_new_tokens: int, **options) -> list:
+    """Sampled decoding in which every iteration's proposal is drawn twice from the same state
+    with two keys (the first goes on): per iteration (tokens of draw 1, of draw 2, ``logp`` of
+    draw 1, of draw 2). A proposer whose sampled confidence reads the drawn tokens gives two
+    ``logp`` that differ where the draws do (``proposers.base.Proposal``)."""
+    seen = []
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class TwoDraws(proposer_class):
+        __eq__ = object.__eq__
+        __hash__ = object.__hash__
+
+        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+            a, new_state = super().propose(spec, tparams, params, state, committed, key, True)
+            b, _ = super().propose(spec, tparams, params, state, committed, jax.random.fold_in(key, 1), True)
+            jax.debug.callback(lambda *xs: seen.append([np.asarray(x) for x in xs]),
+                               a.tokens, b.tokens, a.logp, b.logp, ordered=True)
+            return a, new_state
+
+    import dflash_jax as dj
+    dj.generate(target, prompts, max_new_tokens, drafter=drafter, temperature=1.0, sampled_draft=True,
+                proposer=TwoDraws(drafter.config, sample=True), **options)
+    return seen

@@ -16,6 +16,7 @@ from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.methods.dflash2.config import DFlash2Config
 from dflash_jax.methods.dflash2.model import DFlash2Model, step_scores
 from dflash_jax.proposers.base import Committed, Proposal
+from dflash_jax.verification.sampling import process_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +43,10 @@ class DFlash2Proposer(DFlashProposer):
             rows = (jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None], cand)
             q_logp = jnp.full((B, T, V), -jnp.inf, jnp.float32).at[rows].set(log_q)
         logp = None
-        if want_logp:  # sampled: q's self-agreement (never the drawn token, Proposal.logp); greedy: its choice's
-            logp = (jnp.log(jnp.sum(jnp.exp(2.0 * log_q), -1)) if self.sample else
-                    jnp.max(log_q, -1))
+        if want_logp:  # greedy: its choice's; sampled: the backbone's self-agreement (a row's q depends on
+            # the token drawn before it, and the confidence may not read the draw: Proposal.logp)
+            logp = (jnp.log(jnp.sum(jnp.exp(2.0 * process_logits(logits, spec.sampling, spec.ops)), -1))
+                    if self.sample else jnp.max(log_q, -1))
         return Proposal(tokens, q_logp, logp), state
 
     def propose_tree(self, spec, tparams, params, state, committed, key, policy):
