@@ -61,16 +61,13 @@ def test_the_fixture_is_of_this_pair(fixture):
 
 
 class Recording(recording(DSparkProposer)):
-    """Also records each iteration's confidence logits (the head's, whatever the verify policy)."""
+    """Also records each iteration's confidence (``Proposal.logp``, what the adaptive verify
+    reads), whatever the verify policy."""
 
     def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-        proposal, new_state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-        if self.config.enable_confidence_head:
-            h, _, _ = self.rows(spec, tparams, params, state, committed)
-            prev = jnp.concatenate([committed.bonus[:, None], proposal.tokens[:, :-1]], 1)
-            c = self.model(spec).apply({"params": params}, h, prev, method=DSparkModel.confidence)
-            jax.debug.callback(lambda x: self.records.append(("confidence", np.asarray(x))), c, ordered=True)
-        return proposal, new_state
+        proposal, new_state = super().propose(spec, tparams, params, state, committed, key, True)
+        jax.debug.callback(lambda x: self.records.append(("logp", np.asarray(x))), proposal.logp, ordered=True)
+        return proposal if want_logp else proposal._replace(logp=None), new_state
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -93,10 +90,9 @@ def test_drafts_confidence_and_acceptance_equal_the_reference(pair, fixture, kin
             assert (int(s[0]), int(anchor[0]), draft[0].tolist()) == (start, it["anchor"], it["draft"])
             if start + b + 1 <= len(run["prompt"]) + fixture["max_new_tokens"]:  # not cut by the budget
                 assert a == it["acceptance_length"]
-            if it["confidence"] is not None:
-                np.testing.assert_allclose(confidences[i][0], it["confidence"], atol=2e-4)
-            else:
-                assert not confidences
+            if it["confidence"] is not None:  # log sigmoid of the head's logits
+                np.testing.assert_allclose(confidences[i][0], -np.log1p(np.exp(-np.array(it["confidence"]))),
+                                           atol=2e-4)
             overruled += sum(d != m for d, m in zip(it["draft"], it["backbone_argmax"]))
             compared += b
             start += a
