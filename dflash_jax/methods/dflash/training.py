@@ -17,7 +17,7 @@ from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.methods.dflash.handle import Drafter
-from dflash_jax.methods.dflash.loss import drafter_loss
+from dflash_jax.methods.dflash.loss import LOSS_TYPES, check_loss_type, drafter_loss
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.models.handles import load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
@@ -52,7 +52,9 @@ class DFlashTrainer(Trainer):
 
     ``features``: offline target features (``training.features.FeatureStore``, one row per
     sequence of ``data``); None computes them online in every step (a teacher-forced target
-    pass over the batch, outside the differentiated loss)."""
+    pass over the batch, outside the differentiated loss). ``loss``: DFlash's weighted
+    cross-entropy ("dflash") or one of D-PACE's weightings (``methods.dflash.loss.LOSS_TYPES``,
+    ``docs/dpace.md``) with ``dpace_alpha``."""
 
     method = "dflash"
     record_added = RECORD_ADDED
@@ -62,7 +64,9 @@ class DFlashTrainer(Trainer):
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
-                 mesh=None, fsdp: bool = False):
+                 mesh=None, fsdp: bool = False, loss: str = "dflash", dpace_alpha: float = 0.5):
+        check_loss_type(loss, dpace_alpha)
+        self.loss_type, self.dpace_alpha = loss, float(dpace_alpha)
         if features is not None and len(features) != len(data):
             raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
         self.features = features
@@ -84,7 +88,9 @@ class DFlashTrainer(Trainer):
         return jnp.asarray(block_loss_weights(self.dcfg.block_size, self.cfg.gamma, self.cfg.uniform_weights))
 
     def record_settings(self) -> dict:
-        return {"features": None if self.features is None else "offline"}
+        # a D-PACE run records its loss (DFlash's runs, recorded before it, name none)
+        loss = {} if self.loss_type == "dflash" else {"loss": {"type": self.loss_type, "dpace_alpha": self.dpace_alpha}}
+        return {"features": None if self.features is None else "offline"} | loss
 
     def batch(self, step: int):
         """(tokens int32[B, W], loss_mask bool[B, W], taps [B, W, k*D] or None (online),
@@ -102,7 +108,8 @@ class DFlashTrainer(Trainer):
     def loss(self, params, tparams, tokens, loss_mask, taps, anchors, valid):
         return drafter_loss(params, tparams, tokens, loss_mask, taps, anchors, valid, self.weights,
                             dcfg=self.dcfg, tcfg=self.target.config,
-                            anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk)
+                            anchor_chunk=self.cfg.anchor_chunk, context_chunk=self.cfg.context_chunk,
+                            loss_type=self.loss_type, dpace_alpha=self.dpace_alpha)
 
     def drafter(self, params) -> Drafter:
         # on a mesh the drafter is placed by the rules next to the target, as generate needs
@@ -115,26 +122,44 @@ TRAINER = DFlashTrainer  # DraftingMethod.trainer
 # this method's own options: (dest, flag) -> the value it has when not given (--fsdp is added by
 # the command after the mesh options it goes with)
 TRAIN_OPTIONS = {("features", "--features"): None, ("drafter_layers", "--drafter-layers"): 5,
-                 ("block_size", "--block-size"): 16, ("taps", "--taps"): None,
+                 ("block_size", "--block-size"): None, ("taps", "--taps"): None,
                  ("mask_token_id", "--mask-token-id"): None, ("conditioning", "--conditioning"): "kv",
-                 ("fsdp", "--fsdp"): False, ("mesh", "--mesh"): None}
+                 ("fsdp", "--fsdp"): False, ("mesh", "--mesh"): None, ("loss", "--loss"): "dflash",
+                 ("dpace_alpha", "--dpace-alpha"): None}
+DEFAULT_BLOCK_SIZE = 16
 IGNORED_SETTINGS: tuple[str, ...] = ()  # it reads every TrainConfig field
 
 
 def add_train_arguments(p) -> None:
     p.add_argument("--features", help="offline features directory (default: online)")
     p.add_argument("--drafter-layers", type=int, default=5, help="layers of the drafter to train")
-    p.add_argument("--block-size", type=int, default=16, help="block size of the drafter to train")
+    p.add_argument("--block-size", type=int, help="block size of the drafter to train (default: DFlash 16, "
+                                                  "DSpark 7)")
     p.add_argument("--taps", type=int, nargs="+", help="target layer ids (default: the formula of docs/method.md section 2)")
     p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token")
     p.add_argument("--conditioning", choices=["kv", "input", "none"], default="kv",
                    help="how the target's features reach the drafter: kv (the paper's injection into every "
                         "layer's keys and values), input (input rows of the first layer only), none (an "
                         "ablation: no target features)")
+    p.add_argument("--loss", choices=list(LOSS_TYPES), default="dflash",
+                   help="the block loss: dflash (the paper's weighted cross-entropy) or one of D-PACE's "
+                        "weightings (docs/dpace.md)")
+    p.add_argument("--dpace-alpha", type=float, help="D-PACE's smoothing alpha in [0, 1] (default 0.5)")
+
+
+def loss_from_args(args) -> tuple[str, float]:
+    """(--loss, --dpace-alpha), checked; --dpace-alpha without a D-PACE loss is refused."""
+    if args.dpace_alpha is not None and args.loss == "dflash":
+        raise ValueError("--dpace-alpha weights D-PACE's loss: give --loss dpace (or another D-PACE weighting) "
+                         "or drop it")
+    alpha = 0.5 if args.dpace_alpha is None else args.dpace_alpha
+    check_loss_type(args.loss, alpha)
+    return args.loss, alpha
 
 
 def train_from_args(args, cfg) -> None:
     """``train --method dflash``: a DFlash drafter, on a mesh with ``--mesh``."""
+    loss, dpace_alpha = loss_from_args(args)  # before anything is loaded
     mesh = mesh_from_args(args)  # before any JAX computation (multi-host runtime)
     if args.fsdp and mesh is None:
         raise ValueError("--fsdp splits the drafter over the mesh's data axis: give --mesh too")
@@ -153,10 +178,10 @@ def train_from_args(args, cfg) -> None:
     if init_from:
         dcfg = DrafterConfig.from_pretrained(init_from)
     else:
-        dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size, mask,
+        dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE, mask,
                                         tuple(args.taps) if args.taps else None, conditioning=args.conditioning)
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
     DFlashTrainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=init_from,
-                  mesh=mesh, fsdp=args.fsdp).run(stop_after=args.stop_after)
+                  mesh=mesh, fsdp=args.fsdp, loss=loss, dpace_alpha=dpace_alpha).run(stop_after=args.stop_after)

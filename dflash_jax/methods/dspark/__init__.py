@@ -21,6 +21,7 @@ class DSparkMethod(DraftingMethod):
     label = "DSpark"
     architectures = DSPARK_ARCHITECTURES
     automatic_adaptive = True
+    training_module = "dflash_jax.methods.dspark.training"
     unsupported = {"tree": "a DSpark drafter drafts one path (its Markov head conditions each row on the "
                            "token drafted before it); trees are not implemented for it"}
 

@@ -1,0 +1,100 @@
+"""DSpark's and D-PACE's training in the shared trainer (their losses equal SpecForge's:
+``training/test_specforge_losses.py``): a DSpark run from a DFlash drafter starts on its
+backbone and its loss falls, its held-out tau runs the DSpark drafter, the `train` command
+takes ``--method dspark`` and D-PACE's ``--loss`` and refuses what does not go with them before
+anything loads; a D-PACE run records its loss and refuses a resume with another."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.methods.dspark.handle import from_dflash
+from dflash_jax.methods.dspark.training import DSparkTrainer
+from dflash_jax.training.cli import train
+from dflash_jax.training.data import TokenDataset, regenerate
+from dflash_jax.training.trainer import TrainConfig
+
+pytestmark = pytest.mark.xdist_group("test_dspark_training")
+
+CFG = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dspark-training")
+    target = dj.Target.random(CFG, seed=3, init_scale=0.3)
+    target.save(str(root / "target"))
+    target = dj.load_target(str(root / "target"))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 20, size=int(rng.integers(3, 7))).tolist() for _ in range(24)]
+    regenerate(target, prompts, str(root / "data"), max_new_tokens=12, max_len=24, batch_size=8, shard_size=24)
+    dflash = dj.Drafter.random(target, num_layers=1, block_size=5, target_layer_ids=(0, 2), seed=4, init_scale=0.3)
+    dj.save_drafter(dflash, root / "dflash")
+    return root, target, TokenDataset(str(root / "data")), dflash, prompts
+
+
+CFG_TRAIN = TrainConfig(steps=12, batch_size=8, learning_rate=2e-2, warmup_fraction=0.0, checkpoint_every=6,
+                        eval_every=12, eval_max_new_tokens=8, num_anchors=4)
+
+
+def test_a_dspark_run_from_a_dflash_drafter(setup):
+    root, target, data, dflash, prompts = setup
+    start = from_dflash(dflash, markov_rank=8)
+    trainer = DSparkTrainer(target, start.config, data, str(root / "dspark"), CFG_TRAIN, eval_prompts=prompts[:2],
+                            init_from=str(root / "dflash"))
+    first = trainer.init_state()["params"]
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
+                                     first["layers"], dflash.params["layers"]))
+    np.testing.assert_array_equal(np.asarray(first["markov_head"]["markov_w2"]["kernel"]), 0.0)
+    trainer.run()
+    rows = [json.loads(line) for line in (root / "dspark" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and rows[-1]["loss"] < rows[0]["loss"] - 0.1, [r["loss"] for r in rows]
+    assert len(rows[0]["accuracy_per_pos"]) == start.config.block_size  # every row drafts
+    assert 1.0 <= rows[-1]["eval_tau"] <= start.config.block_size + 1
+    record = json.loads((root / "dspark" / "run.json").read_text())
+    assert record["method"] == "dspark" and record["dspark_loss"] == {"ce_alpha": 0.1, "l1_alpha": 0.9,
+                                                                      "confidence_alpha": 1.0}
+    # a DFlash drafter whose backbone is not the DSpark drafter's (its block one row longer) is refused
+    with pytest.raises(ValueError, match="whose DSpark start"):
+        DSparkTrainer(target, from_dflash(dflash, block_size=3).config, data, str(root / "other"), CFG_TRAIN,
+                      init_from=str(root / "dflash"))
+
+
+def test_a_dpace_run_records_its_loss(setup):
+    root, target, data, dflash, _ = setup
+    cfg = TrainConfig(steps=4, batch_size=8, learning_rate=2e-2, warmup_fraction=0.0, checkpoint_every=4,
+                      num_anchors=4)
+    DFlashTrainer(target, dflash.config, data, str(root / "dpace"), cfg, loss="dpace", dpace_alpha=0.3).run()
+    record = json.loads((root / "dpace" / "run.json").read_text())
+    assert record["loss"] == {"type": "dpace", "dpace_alpha": 0.3}
+    rows = [json.loads(line) for line in (root / "dpace" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(np.isfinite(r["loss"]) for r in rows)
+    with pytest.raises(ValueError, match="loss"):
+        DFlashTrainer(target, dflash.config, data, str(root / "dpace"), cfg)  # resumed as plain DFlash
+    with pytest.raises(ValueError, match="loss 'focal' is not one of dflash, dpace"):
+        DFlashTrainer(target, dflash.config, data, str(root / "x"), cfg, loss="focal")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--method", "dspark", "--loss", "dpace"], "--loss is DFlash-only"),
+    (["--method", "dspark", "--uniform-weights"], "--uniform-weights is"),
+    (["--dpace-alpha", "0.3"], "--dpace-alpha weights D-PACE's loss"),
+    (["--loss", "dpace", "--dpace-alpha", "1.5"], "dpace_alpha 1.5 must be in"),
+    (["--method", "dspark", "--markov-rank", "0"], "--markov-rank 0"),
+    (["--markov-rank", "8"], "--markov-rank is DSpark-only"),
+])
+def test_the_train_command_refuses_before_loading(argv, match, tmp_path):
+    """(``train.main`` raises; the command line prints the message in one line, exit 2.) The
+    target and data named do not exist: each refusal comes before anything is read."""
+    with pytest.raises(ValueError) as e:
+        train.main(["--target", str(tmp_path / "no-target"), "--data", str(tmp_path / "no-data"),
+                    "--run", str(tmp_path / "run")] + argv)
+    assert match in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()
