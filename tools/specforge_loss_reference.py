@@ -7,9 +7,10 @@ check this project's objectives against: each loss and, per drafter tensor, its 
 norm.
 
 The pair is :mod:`dspark_reference`'s target and vanilla DSpark drafter (the DFlash drafter is
-its backbone); the batch (two sequences of 20 tokens, the second padded) and its anchors are
-fixed here (:data:`TOKENS`, :data:`LOSS_MASK`, :data:`ANCHORS`, :data:`VALID`): SpecForge's
-anchor sampler is replaced by one returning them. Target features as SpecForge's trainers take
+its backbone); the batch (two sequences of 20 tokens, the second padded, the first with an
+unlabelled position inside its response, as a second turn makes one) and its anchors are fixed
+here (:data:`TOKENS`, :data:`LOSS_MASK`, :data:`ANCHORS`, :data:`VALID`): SpecForge's anchor
+sampler is replaced by one returning them. Target features as SpecForge's trainers take
 them: the taps ``hidden_states[i + 1]`` concatenated, and the last hidden state (after the
 final norm) for DSpark's distillation terms. Attention ``eager`` (the dense boolean mask).
 
@@ -37,7 +38,7 @@ from dflash_jax.tools import dspark_reference as pair
 
 TOKENS = [[5, 9, 2, 7, 7, 1, 30, 11, 4, 4, 52, 18, 3, 60, 27, 8, 8, 19, 40, 2],
           [12, 60, 33, 2, 2, 2, 9, 50, 14, 6, 21, 37, 44, 0, 0, 0, 0, 0, 0, 0]]
-LOSS_MASK = [[0] * 5 + [1] * 15, [0] * 4 + [1] * 9 + [0] * 7]
+LOSS_MASK = [[0] * 5 + [1] * 7 + [0] + [1] * 7, [0] * 4 + [1] * 9 + [0] * 7]  # a hole at 12 (a second turn)
 ANCHORS = [[5, 9, 14, 17], [4, 8, 11, 0]]
 VALID = [[True, True, True, True], [True, True, True, False]]
 DFLASH_GAMMA = 7.0
