@@ -362,6 +362,8 @@ class Experiment:
     # (work, cell) -> a dict saved with the cell's measurement as "extra" (None: nothing), for a
     # measurement of its own beside bench's (e.g. ablate_temperature's acceptance ceiling)
     measure: Callable[["Work", Cell], dict | None] | None = None
+    # preset -> settings this experiment gives under it unless overridden (e.g. its --init-from)
+    preset_settings: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 def stable_hash(obj: Any) -> str:
@@ -388,6 +390,7 @@ def preset_values(experiment: Experiment, preset: str) -> dict:
     values = {f.name: f.default for f in dataclasses.fields(Settings)}
     values |= {f.name: f.default for f in train_fields()}
     values |= BASE_PRESETS[preset]
+    values |= experiment.preset_settings.get(preset, experiment.preset_settings.get(GRID_OF.get(preset, preset), {}))
     # an axis without its own cpu-full grid has the cpu preset's (the same cells, a larger budget)
     values |= {name: tuple(per[preset] if preset in per else per[GRID_OF.get(preset, preset)])
                for name, per in experiment.axes.items()}
@@ -467,6 +470,12 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
         for spec in experiment.cells(s, train, axes):
             d = {"layers": s.layers, "block_size": s.block_size, "taps": s.taps,
                  "mask_token_id": s.mask_token_id, "conditioning": "kv"} | spec.get("drafter", {})
+            unknown_drafter = set(d) - {"layers", "block_size", "taps", "mask_token_id", "conditioning",
+                                        *METHOD_FIELDS}
+            if unknown_drafter:
+                raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown drafter entries "
+                                 f"{sorted(unknown_drafter)}")
+            method_fields = check_method_fields(spec["label"], d, s)
             unknown = set(spec) - {"label", "drafter", "train", "evaluation", "eval_block_size", "data"}
             unknown |= set(spec.get("data", {})) - {"regen_temperature"}
             unknown |= set(spec.get("evaluation", {})) - {"temperature", "num_denoise_steps", "sampled_draft"}
@@ -514,13 +523,52 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
                 raise ValueError(f"cell {spec['label']}: sampled drafts support num_denoise_steps 1 only")
             drafter = {"layers": d["layers"], "block_size": d["block_size"],
                        "taps": list(cfg.target_layer_ids), "mask_token_id": d["mask_token_id"],
-                       "conditioning": d["conditioning"]}
+                       "conditioning": d["conditioning"]} | method_fields
             data = dict(spec.get("data", {}))
             if data.get("regen_temperature", 0.0) < 0:
                 raise ValueError(f"cell {spec['label']}: regen_temperature must be >= 0, got {data['regen_temperature']}")
             cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev,
                               data=data))
     return cells
+
+
+METHOD_FIELDS = ("method", "loss", "dpace_alpha", "markov_rank")
+"""A cell's drafter entries beyond DFlash's, each only where set (the drafters of earlier runs
+keep their keys): the drafting method trained ("dflash", the default, or "dspark": a DSpark
+drafter on the cell's DFlash backbone, its block one row shorter so that the verify width is the
+cell's block size), DFlash's loss ("dflash" or a D-PACE weighting) with ``dpace_alpha``, and
+DSpark's ``markov_rank`` (default: 256, at most the vocabulary)."""
+
+
+def check_method_fields(label, d: dict, settings) -> dict:
+    """The cell's :data:`METHOD_FIELDS` that differ from the defaults, checked."""
+    from dflash_jax.methods.dflash.loss import check_loss_type
+
+    out = {}
+    method = d.get("method", "dflash")
+    if method not in ("dflash", "dspark"):
+        raise ValueError(f"cell {label}: method {method!r} does not train in the experiments; they train "
+                         "dflash and dspark drafters")
+    if method != "dflash":
+        out["method"] = method
+    loss = d.get("loss", "dflash")
+    check_loss_type(loss, float(d.get("dpace_alpha", 0.5)))
+    if loss != "dflash":
+        if method != "dflash":
+            raise ValueError(f"cell {label}: loss {loss!r} is DFlash's (D-PACE); a {method} drafter has its own")
+        out |= {"loss": loss, "dpace_alpha": float(d.get("dpace_alpha", 0.5))}
+    if method == "dspark":
+        if settings.offline_features:
+            raise ValueError(f"cell {label}: DSpark trains with online target features (its loss reads the "
+                             "target's distributions); drop --offline-features")
+        if d["conditioning"] != "kv" or d["block_size"] < 3:
+            raise ValueError(f"cell {label}: a DSpark drafter is conditioned by kv injection and needs a block "
+                             "of at least 3 (two drafter rows)")
+        if "markov_rank" in d:
+            if int(d["markov_rank"]) < 1:
+                raise ValueError(f"cell {label}: markov_rank must be >= 1, got {d['markov_rank']}")
+            out["markov_rank"] = int(d["markov_rank"])
+    return out
 
 
 def init_config(init_from: str | None) -> DrafterConfig | None:
@@ -773,8 +821,20 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         if held_out:
             features.hold_out(s.curve_prompts)
     cfg = TrainConfig(**cell.train, eval_every=s.curve_every if held_out else 0)
-    trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
-                      init_from=checkpoint_dir(s.init_from, "drafter") if s.init_from else None)
+    init_from = checkpoint_dir(s.init_from, "drafter") if s.init_from else None
+    if d.get("method", "dflash") == "dspark":  # on the cell's DFlash backbone, one row shorter
+        from dflash_jax.methods.dspark.config import DSparkConfig
+        from dflash_jax.methods.dspark.training import DSparkTrainer
+
+        rank = d.get("markov_rank", min(256, work.target.config.vocab_size))
+        dcfg = DSparkConfig.from_backbone(dataclasses.replace(dcfg, block_size=dcfg.block_size - 1),
+                                          markov_rank=rank)
+        trainer = DSparkTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, held_out,
+                                init_from=init_from)
+    else:
+        trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
+                                init_from=init_from, loss=d.get("loss", "dflash"),
+                                dpace_alpha=d.get("dpace_alpha", 0.5))
     state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):

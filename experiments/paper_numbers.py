@@ -93,3 +93,20 @@ def markdown(rows: list[dict], keys: list[str]) -> str:
                          ("-" if d["speedup"] is None else f"{d['speedup']:.2f}x") + f" / {d['tau']:.2f}")
         lines.append("| " + " | ".join(cells) + " |" + (f" {r.get('note', '')} |" if notes else ""))
     return "\n".join(lines) + f"\n\n({SOURCE}; rows with a note differ as it says)"
+
+
+# the DFlash family head to head (experiments.compare_methods): each method's authors' own numbers
+# on Qwen3-8B, each against their own DFlash baseline, engine and data (tau, speedup where given)
+METHODS = [
+    _row({"method": "dflash", "temperature": 0.0}, *[TABLE1[0.0][s] for s in ("gsm8k", "math500", "humaneval",
+                                                                            "mbpp", "mt-bench")],
+         sets=("gsm8k", "math500", "humaneval", "mbpp", "mt-bench"), note="DFlash paper, Table 1"),
+    _row({"method": "dflash", "temperature": 1.0}, TABLE1[1.0]["average"], sets=("average",),
+         note="DFlash paper, Table 1"),
+    _row({"method": "dflash", "temperature": 1.0}, (None, 5.33), sets=("gsm8k",),
+         note="DSpark paper's DFlash baseline (offline)"),
+    _row({"method": "dspark", "temperature": 1.0}, (None, 6.17), sets=("gsm8k",),
+         note="DSpark paper (arXiv 2607.05147, offline)"),
+    _row({"method": "eagle3", "temperature": 0.0}, EAGLE3_TABLE1_AVERAGE, sets=("average",),
+         note="DFlash paper, Table 1 (tree 16)"),
+]
