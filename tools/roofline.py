@@ -48,6 +48,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
     python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
+    python -m dflash_jax.tools.roofline --methods    # the DFlash family: DFlash, DFlash2, DSpark
     python -m dflash_jax.tools.roofline --throughput  # throughput against interactivity, batch 1 ... 1024
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
@@ -666,6 +667,10 @@ def add_arguments(p) -> None:
     p.add_argument("--tau-curve", metavar="FILE",
                    help='with --tree: JSON {"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16, '
                         '"source": "..."}, the measured tau of the chain and of trees')
+    p.add_argument("--methods", action="store_true",
+                   help="the DFlash family (DFlash, DFlash2, DSpark) on the dense target: each method's draft "
+                        "from its size model, the verify, the speedup at the published tau "
+                        "(tools/roofline_methods.py); writes methods_<pair>_....{json,md,png}")
     p.add_argument("--eagle3", action="store_true",
                    help="EAGLE-3 against DFlash: draft and verify time per iteration and the speedup at the "
                         "paper's tau, the EAGLE-3 chain of --eagle3-steps sequential 1-layer steps and its "
@@ -708,6 +713,13 @@ def run(args) -> dict:
         from dflash_jax.tools import roofline_throughput
 
         return roofline_throughput.run_throughput(args)
+    if getattr(args, "methods", False):
+        from dflash_jax.tools import roofline_methods
+
+        if args.moe or args.hybrid or args.tree is not None or args.eagle3:
+            raise ValueError("--methods models dense targets with the DFlash family's chains: leave out --moe, "
+                             "--hybrid, --tree and --eagle3")
+        return roofline_methods.run_methods(args)
     if getattr(args, "eagle3", False):
         from dflash_jax.tools import roofline_eagle3
 

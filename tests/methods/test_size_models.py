@@ -162,3 +162,9 @@ def test_what_xla_cannot_see_by_hand():
     layer = lambda costs, s: {c.name: c for c in costs}[f"eagle3 step {s} layer"].flops  # noqa: E731
     assert layer(chain, 1) == layer(tree, 1) and [layer(tree, s) / layer(chain, s) for s in (2, 3)] == [3, 3]
     assert EAGLE3.draft_bytes(e, T1, 4, S) == sum(c.bytes for c in chain)
+    # DSpark's Markov head drafts row after row: each of the block's 3 rows reads w2 [r, V] again
+    # (and, rnn, the recurrence [2r + D, 3r]), and the target's LM head runs on all 3 rows
+    for kind, own in (("vanilla", 0), ("rnn", (2 * 8 + 64) * 3 * 8)):
+        costs = {c.name: c for c in DSPARK.draft_costs(_dspark(kind), T1, 4, S)}
+        assert costs["Markov head"].weights == 3 * (8 * 256 + own) * 2
+        assert costs["drafter LM head"].flops == 2 * 3 * 64 * 256

@@ -26,7 +26,9 @@ def draft_costs(cfg, target, block_size: int, context: int, ctx_rows: int | None
     """A verify block of ``block_size``: DFlash's draft of ``block_size - 1`` rows (``ctx_rows``
     new context rows, by default ``block_size``), the target's LM head on every one of those
     rows, then the Markov head on them one after another (per row: w1's row gathered, the gate or
-    the recurrence, w2 [r, V], 2 r V FLOPs) and the confidence head."""
+    the recurrence, w2 [r, V], 2 r V FLOPs; each row's step waits for the token drafted before
+    it, so every step reads w2 and the gate's or recurrence's weights again: ``rows`` reads, as
+    EAGLE-3's sequential steps read its layer) and the confidence head."""
     D, V, r = cfg.hidden_size, cfg.vocab_size, cfg.markov_rank
     rows = block_size - 1
     costs = dflash_size.draft_costs(cfg, target, rows, context, block_size if ctx_rows is None else ctx_rows,
@@ -35,7 +37,7 @@ def draft_costs(cfg, target, block_size: int, context: int, ctx_rows: int | None
     costs = [c for c in costs if c.name != "drafter LM head"]
     own = {"gated": 2 * (D + r) * r, "rnn": 2 * (2 * r + D) * 3 * r}.get(cfg.markov_head_type, 0)
     markov = Cost("Markov head", flops=batch * rows * (2 * r * V + own + V),
-                  weights=(V * r + own // 2) * weight_bytes,
+                  weights=rows * (V * r + own // 2) * weight_bytes,
                   activations=batch * rows * (r + 2 * V) * weight_bytes)
     confidence = Cost("confidence head", flops=batch * rows * 2 * cfg.confidence_width,
                       weights=cfg.confidence_width * weight_bytes) if cfg.enable_confidence_head else None
