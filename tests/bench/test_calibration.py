@@ -1,0 +1,43 @@
+"""``bench.calibration``: the confidence the adaptive verify reads against the acceptance the
+target then gives, recorded on real decoding. The recorded pairs are checked against the
+decode's own acceptance lengths (what the DSpark head's confidence is, against SpecForge's, is
+``methods/test_dspark.py``'s); the summary's Brier score and reliability bins against a hand
+computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dflash_jax as dj
+from dflash_jax.bench import calibration
+from dflash_jax.tools import dspark_reference as pair
+
+pytestmark = pytest.mark.xdist_group("test_calibration")
+
+
+def test_summary_by_hand():
+    p = np.array([0.9, 0.2, 0.55, 0.05])
+    y = np.array([1.0, 0.0, 0.0, 1.0])
+    s = calibration.summary(p, y, np.array([0, 1, 0, 1]))
+    assert s["brier"] == pytest.approx(np.mean([0.01, 0.04, 0.3025, 0.9025]))
+    assert s["brier_base_rate"] == pytest.approx(0.25) and s["acceptance_rate"] == 0.5
+    assert [(b["rows"], b["accepted"]) for b in s["reliability"]] == [(1, 1.0), (1, 0.0), (1, 0.0), (1, 1.0)]
+    assert [r["brier"] for r in s["per_row"]] == pytest.approx([(0.01 + 0.3025) / 2, (0.04 + 0.9025) / 2])
+    with pytest.raises(ValueError, match="no drafted row was reached"):
+        calibration.summary(np.array([]), np.array([]), np.array([], int))
+
+
+def test_records_follow_the_decode(tmp_path):
+    target_dir, drafters = pair.write_pair(str(tmp_path))
+    target = dj.load_target(target_dir)
+    drafter = dj.load_drafter(drafters["vanilla"], target)
+    prompts = [list(x) for x in pair.PROMPTS]
+    p, y, row = calibration.record(target, drafter, prompts, 16)
+    res = dj.generate(target, prompts, 16, drafter=drafter)
+    reached = sum(min(a, drafter.config.block_size) for lengths in res.acceptance_lengths for a in lengths[:-1])
+    accepted = sum(min(a - 1, drafter.config.block_size) for lengths in res.acceptance_lengths for a in lengths[:-1])
+    assert len(p) == reached and y.sum() == accepted and row.max() < drafter.config.block_size
+    assert ((p > 0) & (p < 1)).all()  # sigmoids of the confidence head's logits
+    s = calibration.summary(p, y, row)
+    assert 0.0 <= s["brier"] <= 1.0 and s["rows"] == reached
