@@ -48,7 +48,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
     python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
-    python -m dflash_jax.tools.roofline --methods    # the DFlash family: DFlash, DFlash2, DSpark
+    python -m dflash_jax.tools.roofline --family     # the DFlash family: DFlash, DFlash2, DSpark
     python -m dflash_jax.tools.roofline --throughput  # throughput against interactivity, batch 1 ... 1024
 
 Mixture-of-experts targets (``--moe``) are modelled in :mod:`dflash_jax.tools.roofline_moe`:
@@ -667,7 +667,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tau-curve", metavar="FILE",
                    help='with --tree: JSON {"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16, '
                         '"source": "..."}, the measured tau of the chain and of trees')
-    p.add_argument("--methods", action="store_true",
+    p.add_argument("--family", action="store_true",
                    help="the DFlash family (DFlash, DFlash2, DSpark) on the dense target: each method's draft "
                         "from its size model, the verify, the speedup at the published tau "
                         "(tools/roofline_methods.py); writes methods_<pair>_....{json,md,png}")
@@ -713,11 +713,11 @@ def run(args) -> dict:
         from dflash_jax.tools import roofline_throughput
 
         return roofline_throughput.run_throughput(args)
-    if getattr(args, "methods", False):
+    if getattr(args, "family", False):
         from dflash_jax.tools import roofline_methods
 
         if args.moe or args.hybrid or args.tree is not None or args.eagle3:
-            raise ValueError("--methods models dense targets with the DFlash family's chains: leave out --moe, "
+            raise ValueError("--family models dense targets with the DFlash family's chains: leave out --moe, "
                              "--hybrid, --tree and --eagle3")
         return roofline_methods.run_methods(args)
     if getattr(args, "eagle3", False):

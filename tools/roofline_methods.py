@@ -1,4 +1,4 @@
-"""Roofline of the DFlash family (``roofline --methods``): one iteration's predicted draft and
+"""Roofline of the DFlash family (``roofline --family``): one iteration's predicted draft and
 verify time, and the speedup over autoregressive decoding, for DFlash, DFlash2 and DSpark on
 Qwen3-8B's shapes (or ``--target`` with its DFlash ``--drafter``) on an H100 and a B200, bf16.
 
@@ -23,7 +23,7 @@ at T = 1, DSpark 6.17 against its DFlash baseline's 5.33 (each method's own numb
 engine). DFlash2 publishes no tau we know of; its row gives the tau it needs to match DFlash's
 predicted speedup.
 
-    python -m dflash_jax roofline --methods --out results/roofline/methods
+    python -m dflash_jax roofline --family --out results/roofline/methods
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def plot(report: dict):
 
 
 def run_methods(args) -> dict:
-    """``roofline --methods``: JSON + markdown + plot under ``--out``."""
+    """``roofline --family``: JSON + markdown + plot under ``--out``."""
     from dflash_jax.cli import invocation
 
     for name in ("context", "batch", "drafter_layers"):

@@ -132,13 +132,14 @@ def measure(target, drafter, prompts: Sequence[Sequence[int]], batches: Sequence
     """Every (method, batch size): a compiling warm-up run, then ``repeats`` timed runs of the
     first B ``prompts``. Greedy; stop tokens ignored. Returns {"rows": [batch_record ...],
     "same_output": {batch: every speculative method's rows equal AR's}}."""
+    from dflash_jax.bench.harness import drafter_block_size
     from dflash_jax.decoding.generation import generate
 
     check_settings(batches, max_new, methods, repeats, len(prompts))
     if any(m != AR for m in methods) and drafter is None:
         raise ValueError("the DFlash methods need a drafter")
     rows, same = [], {}
-    short = per_row_lengths(drafter.config.block_size)[0] if PER_ROW in methods else None
+    short = per_row_lengths(drafter_block_size(drafter))[0] if PER_ROW in methods else None
     bar = progress(total=len(batches) * len(methods), desc="throughput (batch x method)", unit="run")
     for b in batches:
         batch_prompts = [list(p) for p in prompts[:b]]

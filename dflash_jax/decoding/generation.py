@@ -120,7 +120,7 @@ def _with_cost_table(target: Target, prompts, drafter, opt: GenerateOptions) -> 
             or not methods.method_of(drafter).automatic_adaptive):
         return opt
     batch = len(_as_prompt_list(prompts, target.config.vocab_size))
-    bs = drafter.config.block_size
+    bs = methods.method_of(drafter).default_block_size(drafter)  # the verify width (DSpark's: its rows + 1)
     if request.per_row:
         lengths, splits = per_row_plan(target, batch, bs, request)
         table = costs.cost_table(target, drafter, lengths, batch, splits=splits)

@@ -183,9 +183,10 @@ def test_greedy_and_sampled_decoding_with_every_declared_policy(pair):
         assert dj.generate(target, prompts, 16, drafter=drafter).sequences == ar, kind
     drafter = drafters["vanilla"]
     assert dj.generate(target, prompts, 16, drafter=drafter, block_size=3).sequences == ar
-    adaptive = dj.generate(target, prompts, 16, drafter=drafter,
-                           verify=dj.Adaptive(lengths=(3, 5), cost_table={3: 1.0, 5: 1.2}))
-    assert adaptive.sequences == ar
+    # the adaptive verify steered by the confidence head, its cost table measured for the pair (the
+    # method's automatic_adaptive) up to its verify width, 5
+    measured = dj.generate(target, prompts, 16, drafter=drafter, verify=dj.Adaptive(lengths=(3, 5)))
+    assert measured.sequences == ar and max(max(a) for a in measured.acceptance_lengths) <= 5
     sampled = dj.generate(target, prompts, 16, drafter=drafter, temperature=1.0, sampled_draft=True, seed=1)
     assert [len(s) for s in sampled.sequences] == [16] * 3
 

@@ -1,4 +1,4 @@
-"""The DFlash family's roofline (``dflash_jax.tools.roofline_methods``, ``roofline --methods``):
+"""The DFlash family's roofline (``dflash_jax.tools.roofline_methods``, ``roofline --family``):
 each method's draft is its own size model's, the verify the dense roofline's target pass, the
 Markov head's sequential reads counted per row by hand, the predicted speedup tau / ratio, and
 the report written by the command line."""
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.xdist_group("test_roofline_methods")
 
 
 def test_the_report_by_hand(tmp_path):
-    report = roofline.main(["--methods", "--out", str(tmp_path), "--context", "1024"])
+    report = roofline.main(["--family", "--out", str(tmp_path), "--context", "1024"])
     assert sorted(os.listdir(tmp_path)) == sorted(f"methods_qwen3-8b_S1024_b1.{e}" for e in ("json", "md", "png"))
     assert json.loads((tmp_path / "methods_qwen3-8b_S1024_b1.json").read_text())["benchmark"] == "roofline_methods"
     name, target, dflash = roofline.load_pair(type("A", (), {"target": None, "drafter": None, "name": None,
@@ -38,6 +38,6 @@ def test_the_report_by_hand(tmp_path):
         assert a["predicted_speedup"]["dspark b7 at 6.17 (GSM8K, T = 1)"] == pytest.approx(
             6.17 / rows["dspark b7"]["ratio"])
         assert a["tau_to_match_dflash"]["dflash"] == pytest.approx(6.49)
-    with pytest.raises(ValueError, match="--methods models dense targets"):
-        roofline.main(["--methods", "--eagle3", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--family models dense targets"):
+        roofline.main(["--family", "--eagle3", "--out", str(tmp_path)])
     assert rm.PUBLISHED["dspark gsm8k T=1"]["tau"] == 6.17
