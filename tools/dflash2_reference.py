@@ -41,17 +41,22 @@ SCALES = {"codebook": 1.0, "matrix": 0.3, "norm": 0.1}
 codebooks 1 (large enough that the selector overrules the logits' argmax on some rows)."""
 
 
-def _tensors(specs, rng) -> dict[str, np.ndarray]:
+def seeded_tensors(specs, rng, head: str, scales) -> dict[str, np.ndarray]:
+    """float32 weights for ``specs``, one draw per tensor in name order: norms 1 + noise, the
+    tensors whose name contains ``head`` at ``scales["head"]``, the rest at ``scales["matrix"]``."""
     out = {}
-    for name in sorted(specs):  # one draw per tensor, in name order
+    for name in sorted(specs):
         shape = specs[name].shape
         if name.endswith("norm.weight"):
-            out[name] = (1.0 + SCALES["norm"] * rng.standard_normal(shape)).astype(np.float32)
-        elif "codebook" in name:
-            out[name] = (SCALES["codebook"] * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (1.0 + scales["norm"] * rng.standard_normal(shape)).astype(np.float32)
         else:
-            out[name] = (SCALES["matrix"] * rng.standard_normal(shape)).astype(np.float32)
+            std = scales["head"] if head in name else scales["matrix"]
+            out[name] = (std * rng.standard_normal(shape)).astype(np.float32)
     return out
+
+
+def _tensors(specs, rng) -> dict[str, np.ndarray]:
+    return seeded_tensors(specs, rng, "codebook", {**SCALES, "head": SCALES["codebook"]})
 
 
 def write_pair(root: str) -> tuple[str, str]:

@@ -38,6 +38,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.files import write_json
 from dflash_jax.methods.dspark.checkpoint import dspark_tensor_specs
 from dflash_jax.methods.dspark.config import DSparkConfig
+from dflash_jax.tools.dflash2_reference import seeded_tensors
 
 SPECFORGE_COMMIT = "a6b6b023"
 SEED = 2027
@@ -61,16 +62,7 @@ head's 1 (large enough that it overrules the backbone's argmax on some rows)."""
 
 
 def _tensors(specs, rng) -> dict[str, np.ndarray]:
-    out = {}
-    for name in sorted(specs):  # one draw per tensor, in name order
-        shape = specs[name].shape
-        if name.endswith("norm.weight"):
-            out[name] = (1.0 + SCALES["norm"] * rng.standard_normal(shape)).astype(np.float32)
-        elif name.startswith("markov_head."):
-            out[name] = (SCALES["markov"] * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (SCALES["matrix"] * rng.standard_normal(shape)).astype(np.float32)
-    return out
+    return seeded_tensors(specs, rng, "markov_head.", {**SCALES, "head": SCALES["markov"]})
 
 
 def write_pair(root: str) -> tuple[str, dict[str, str]]:

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import types
 
-import numpy as np
 
 from dflash_jax.files import write_json
 from dflash_jax.tools import dspark_reference as pair

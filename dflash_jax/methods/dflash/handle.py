@@ -71,3 +71,30 @@ def load(path: str, target, dtype=None) -> Drafter:
 def save(drafter: Drafter, path: str | os.PathLike) -> None:
     """Writes config.json + model.safetensors in the released DFlash layout."""
     save_drafter_params(path, drafter.config, drafter.params)
+
+
+@dataclasses.dataclass
+class OneDeviceDrafter:
+    """The handle of a drafter on DFlash's backbone that runs on one device (DFlash2's, DSpark's):
+    config and parameters; like DFlash's it uses the target's embedding and LM head. A subclass
+    names its method (``method_name``) and ``label``."""
+
+    method_name = ""
+    label = ""
+
+    config: Any
+    params: Any
+    path: str | None = None
+    mesh: Any = None  # always None: one device
+
+    @property
+    def dtype(self):
+        return self.params["norm"]["weight"].dtype
+
+    @classmethod
+    def check(cls, cfg, target) -> None:
+        """Refuses a drafter that does not fit ``target`` or a target on a mesh."""
+        cfg.check_target(target.config)
+        if target.mesh is not None:
+            raise ValueError(f"{cls.label} drafters run on one device: load the target without a mesh")
+

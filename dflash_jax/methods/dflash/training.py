@@ -147,6 +147,18 @@ def add_train_arguments(p) -> None:
     p.add_argument("--dpace-alpha", type=float, help="D-PACE's smoothing alpha in [0, 1] (default 0.5)")
 
 
+def mask_token(args, target) -> int:
+    """--mask-token-id, else the target's tokenizer's mask token (refused when it has none)."""
+    if args.mask_token_id is not None:
+        return args.mask_token_id
+    tok = target.tokenizer
+    mask = getattr(tok, "mask_token_id", None) if tok is not None else None
+    if mask is None:
+        raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
+                         "of the target's embedding that is not pad or eos)")
+    return mask
+
+
 def loss_from_args(args) -> tuple[str, float]:
     """(--loss, --dpace-alpha), checked; --dpace-alpha without a D-PACE loss is refused."""
     if args.dpace_alpha is not None and args.loss == "dflash":
@@ -167,13 +179,7 @@ def train_from_args(args, cfg) -> None:
         sharding.check_batch(mesh, cfg.batch_size)  # the target's split: load_target checks it
     target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
                          mesh=mesh)
-    mask = args.mask_token_id
-    if mask is None:
-        tok = target.tokenizer
-        mask = getattr(tok, "mask_token_id", None) if tok is not None else None
-        if mask is None:
-            raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
-                             "of the target's embedding that is not pad or eos)")
+    mask = mask_token(args, target)
     init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
     if init_from:
         dcfg = DrafterConfig.from_pretrained(init_from)

@@ -5,31 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from dflash_jax.methods.dflash.handle import OneDeviceDrafter
 from dflash_jax.methods.dflash2.checkpoint import load_dflash2_params, save_dflash2_params
 from dflash_jax.methods.dflash2.config import DFlash2Config
 from dflash_jax.methods.dflash2.model import init_dflash2_params
 
 
 @dataclasses.dataclass
-class DFlash2Drafter:
-    """A DFlash2 drafter: config and parameters; like DFlash's it uses the target's embedding and
-    LM head. It runs on one device."""
+class DFlash2Drafter(OneDeviceDrafter):
+    """A DFlash2 drafter: config and parameters (``OneDeviceDrafter``): one device, the target's
+    embedding and LM head."""
 
     method_name = "dflash2"  # its drafting method (dflash_jax.methods)
+    label = "DFlash2"
 
     config: DFlash2Config
-    params: Any
-    path: str | None = None
-    mesh: Any = None  # always None: one device
-
-    @property
-    def dtype(self):
-        return self.params["norm"]["weight"].dtype
 
     @classmethod
     def random(cls, target, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
@@ -76,9 +70,7 @@ def from_dflash(drafter, **dflash2) -> DFlash2Drafter:
 
 def check(cfg: DFlash2Config, target) -> None:
     """Refuses a drafter that does not fit ``target`` or a target on a mesh."""
-    cfg.check_target(target.config)
-    if target.mesh is not None:
-        raise ValueError("DFlash2 drafters run on one device: load the target without a mesh")
+    DFlash2Drafter.check(cfg, target)
 
 
 def load(path: str, target, dtype=None) -> DFlash2Drafter:

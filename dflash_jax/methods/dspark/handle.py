@@ -5,31 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from dflash_jax.methods.dflash.handle import OneDeviceDrafter
 from dflash_jax.methods.dspark.checkpoint import load_dspark_params, save_dspark_params
 from dflash_jax.methods.dspark.config import DSparkConfig
 from dflash_jax.methods.dspark.model import init_dspark_params
 
 
 @dataclasses.dataclass
-class DSparkDrafter:
-    """A DSpark drafter: config and parameters; like DFlash's it uses the target's embedding and
-    LM head. It runs on one device."""
+class DSparkDrafter(OneDeviceDrafter):
+    """A DSpark drafter: config and parameters (``OneDeviceDrafter``): one device, the target's
+    embedding and LM head."""
 
     method_name = "dspark"  # its drafting method (dflash_jax.methods)
+    label = "DSpark"
 
     config: DSparkConfig
-    params: Any
-    path: str | None = None
-    mesh: Any = None  # always None: one device
-
-    @property
-    def dtype(self):
-        return self.params["norm"]["weight"].dtype
 
     @classmethod
     def random(cls, target, num_layers: int = 1, block_size: int = 7, mask_token_id: int | None = None,
@@ -65,9 +59,7 @@ def from_dflash(drafter, block_size: int | None = None, seed: int = 0, **dspark)
 
 def check(cfg: DSparkConfig, target) -> None:
     """Refuses a drafter that does not fit ``target`` or a target on a mesh."""
-    cfg.check_target(target.config)
-    if target.mesh is not None:
-        raise ValueError("DSpark drafters run on one device: load the target without a mesh")
+    DSparkDrafter.check(cfg, target)
 
 
 def load(path: str, target, dtype=None) -> DSparkDrafter:

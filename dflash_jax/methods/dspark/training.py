@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from dflash_jax import methods
 from dflash_jax.config import read_config_json
 from dflash_jax.hub import resolve_checkpoint
-from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.methods.dflash.training import DFlashTrainer, mask_token
 from dflash_jax.methods.dspark.checkpoint import load_dspark_params
 from dflash_jax.methods.dspark.config import DSparkConfig
 from dflash_jax.methods.dspark.handle import DSparkDrafter, from_dflash
@@ -149,15 +149,8 @@ def train_from_args(args, cfg: TrainConfig) -> None:
     elif init_from:
         dcfg = DSparkConfig.from_pretrained(init_from)
     else:
-        mask = args.mask_token_id
-        if mask is None:
-            tok = target.tokenizer
-            mask = getattr(tok, "mask_token_id", None) if tok is not None else None
-            if mask is None:
-                raise ValueError("the target's tokenizer has no mask token: pass --mask-token-id (a row "
-                                 "of the target's embedding that is not pad or eos)")
         dcfg = DSparkConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE,
-                                       mask, tuple(args.taps) if args.taps else None, **fields)
+                                       mask_token(args, target), tuple(args.taps) if args.taps else None, **fields)
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     DSparkTrainer(target, dcfg, data, args.run, cfg, eval_prompts, init_from=init_from,
