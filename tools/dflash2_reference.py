@@ -41,16 +41,18 @@ SCALES = {"codebook": 1.0, "matrix": 0.3, "norm": 0.1}
 codebooks 1 (large enough that the selector overrules the logits' argmax on some rows)."""
 
 
-def seeded_tensors(specs, rng, head: str, scales) -> dict[str, np.ndarray]:
+def seeded_tensors(specs, rng, head, scales) -> dict[str, np.ndarray]:
     """float32 weights for ``specs``, one draw per tensor in name order: norms 1 + noise, the
-    tensors whose name contains ``head`` at ``scales["head"]``, the rest at ``scales["matrix"]``."""
+    tensors whose name contains ``head`` (a string, or any of a tuple) at ``scales["head"]``, the
+    rest at ``scales["matrix"]``."""
+    heads = (head,) if isinstance(head, str) else tuple(head)
     out = {}
     for name in sorted(specs):
         shape = specs[name].shape
         if name.endswith("norm.weight"):
             out[name] = (1.0 + scales["norm"] * rng.standard_normal(shape)).astype(np.float32)
         else:
-            std = scales["head"] if head in name else scales["matrix"]
+            std = scales["head"] if any(h in name for h in heads) else scales["matrix"]
             out[name] = (std * rng.standard_normal(shape)).astype(np.float32)
     return out
 

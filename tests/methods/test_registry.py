@@ -19,14 +19,14 @@ from dflash_jax.methods.base import DraftingMethod
 from dflash_jax.methods.dflash import DFLASH
 from dflash_jax.methods.eagle3 import EAGLE3, Eagle3Drafter
 
-KNOWN = re.escape("the known methods are dflash (DFlashDraftModel), eagle3 (LlamaForCausalLMEagle3), dflash2 (DFlash2DraftModel), dspark (DSparkDraftModel, Qwen3DSparkModel)")
+KNOWN = re.escape("the known methods are dflash (DFlashDraftModel), eagle3 (LlamaForCausalLMEagle3), dflash2 (DFlash2DraftModel), dspark (DSparkDraftModel, Qwen3DSparkModel), domino (DominoDraftModel)")
 
 
 def test_the_builtin_methods_are_registered():
-    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark")
+    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark", "domino")
     assert methods.method("dflash") is DFLASH and methods.method("eagle3") is EAGLE3
-    with pytest.raises(ValueError, match=f"unknown drafting method 'domino'; {KNOWN}$"):
-        methods.method("domino")
+    with pytest.raises(ValueError, match=f"unknown drafting method 'medusa'; {KNOWN}$"):
+        methods.method("medusa")
 
 
 @pytest.mark.parametrize("d, found", [
@@ -96,7 +96,7 @@ def registry(monkeypatch):
 
 def test_register_one_line_and_no_name_taken_twice(registry):
     probe = methods.register(_Probe("probe", ("ProbeDraftModel", "ProbeDraftModelV2"), "embedded-probe"))
-    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark", "probe")
+    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark", "domino", "probe")
     assert methods.method_for_hf({"architectures": ["ProbeDraftModelV2"]}) is probe
     assert methods.method_of_shipped_name("embedded-probe") is probe
     assert methods.register(probe) is probe  # the same method again: nothing changes
@@ -108,7 +108,7 @@ def test_register_one_line_and_no_name_taken_twice(registry):
         with pytest.raises(ValueError, match=said):
             methods.register(other)
     # a refused method adds nothing, not even the names that were free
-    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark", "probe")
+    assert methods.supported_methods() == ("dflash", "eagle3", "dflash2", "dspark", "domino", "probe")
     with pytest.raises(ValueError, match="architectures \\['Else'\\], which no registered"):
         methods.method_for_hf({"architectures": ["Else"]})
     with pytest.raises(ValueError, match="needs a name and at least one architecture"):

@@ -26,6 +26,10 @@ from dflash_jax.methods.dflash2 import DFLASH2
 from dflash_jax.methods.dflash2.config import DFlash2Config
 from dflash_jax.methods.dflash2.handle import DFlash2Drafter
 from dflash_jax.methods.dflash2.model import init_dflash2_params
+from dflash_jax.methods.domino import DOMINO
+from dflash_jax.methods.domino.config import DominoConfig
+from dflash_jax.methods.domino.handle import DominoDrafter
+from dflash_jax.methods.domino.model import init_domino_params
 from dflash_jax.methods.dspark import DSPARK
 from dflash_jax.methods.dspark.config import DSparkConfig
 from dflash_jax.methods.dspark.handle import DSparkDrafter
@@ -64,6 +68,11 @@ def _dflash2() -> DFlash2Config:
                                     conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4)
 
 
+def _domino() -> DominoConfig:
+    return DominoConfig.for_target(T1, num_layers=1, block_size=4, mask_token_id=1, target_layer_ids=(0, 0),
+                                   emb_dim=8, gru_hidden_dim=16, shift_label=True, pure_draft_prefix_len=1)
+
+
 def _tree_size(init, cfg) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(jax.eval_shape(lambda k: init(cfg, k), KEY)))
 
@@ -91,6 +100,10 @@ def test_dspark_parameters_equal_the_tree(cfg):
     assert DSPARK.num_params(cfg) == _tree_size(init_dspark_params, cfg)
 
 
+def test_domino_parameters_equal_the_tree():
+    assert DOMINO.num_params(_domino()) == _tree_size(init_domino_params, _domino())
+
+
 def test_dflash2_parameters_equal_the_tree():
     assert DFLASH2.num_params(_dflash2()) == _tree_size(init_dflash2_params, _dflash2())
 
@@ -115,9 +128,9 @@ def _xla_draft_flops(method, drafter, block_size: int) -> float:
 @pytest.mark.parametrize("method,block_size,make", [
     (DFLASH, 4, lambda: _dflash("kv")), (DFLASH, 4, lambda: _dflash("input")), (DFLASH, 4, lambda: _dflash("none")),
     (EAGLE3, 2, _eagle3), (EAGLE3, 3, _eagle3), (DSPARK, 4, _dspark), (DSPARK, 4, lambda: _dspark("rnn")),
-    (DFLASH2, 4, _dflash2)],
+    (DFLASH2, 4, _dflash2), (DOMINO, 4, _domino)],
     ids=["dflash-kv", "dflash-input", "dflash-none", "eagle3-1-step", "eagle3-2-steps", "dspark", "dspark-rnn",
-         "dflash2"])
+         "dflash2", "domino"])
 def test_draft_flops_agree_with_xla(method, block_size, make):
     """Within a few percent above (XLA adds the norms, softmax, RoPE and elementwise ops the
     model leaves out), never below; the dense path's context is all M slots."""
@@ -126,6 +139,8 @@ def test_draft_flops_agree_with_xla(method, block_size, make):
         drafter = Drafter(cfg, jax.eval_shape(lambda k: init_drafter_params(cfg, k), KEY))
     elif method is DFLASH2:
         drafter = DFlash2Drafter(cfg, jax.eval_shape(lambda k: init_dflash2_params(cfg, k), KEY))
+    elif method is DOMINO:
+        drafter = DominoDrafter(cfg, jax.eval_shape(lambda k: init_domino_params(cfg, k), KEY))
     elif method is DSPARK:
         drafter = DSparkDrafter(cfg, jax.eval_shape(lambda k: init_dspark_params(cfg, k), KEY))
     else:

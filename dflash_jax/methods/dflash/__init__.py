@@ -27,9 +27,9 @@ class DFlashMethod(DraftingMethod):
     def claims(self, d: Mapping[str, Any]) -> bool:
         # the DFlash fields, under no class name or another one (its variants: the config
         # reader refuses each field it does not implement, naming it)
-        # (a DSpark projector is DSpark's: methods/dspark claims it)
+        # (a DSpark or Domino projector is that method's: its package claims it)
         return ("dflash_config" in d or "block_size" in d) and \
-            (d.get("dflash_config") or {}).get("projector_type") != "dspark"
+            (d.get("dflash_config") or {}).get("projector_type") not in ("dspark", "domino")
 
     def shipped_dir(self) -> str:
         return EMBEDDED_DRAFTER_DIR
