@@ -11,12 +11,10 @@ is missing or impossible, trees refused before anything compiles, sampled drafts
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,7 +26,7 @@ from dflash_jax.methods.dflash2.handle import DFlash2Drafter
 from dflash_jax.methods.dflash2.model import DFlash2Model
 from dflash_jax.methods.dflash2.proposer import DFlash2Proposer
 from dflash_jax.tools import dflash2_reference as ref
-from support.drafter_reference import confidence_of_two_draws, recording
+from support.drafter_reference import confidence_of_two_draws, law_target, recording, sampled_law
 
 pytestmark = pytest.mark.xdist_group("test_dflash2")
 
@@ -182,36 +180,13 @@ def test_sampled_drafts_keep_the_target_law():
     ``support/exact_sampling.py``); a second group of S_ROWS rows in the same compiled run, whose
     rejection sampling is handed the backbone's distribution (softmax of the block logits) instead
     of the selector's, which drew the tokens, is rejected by the same check."""
-    from dflash_jax.verification.sampling import process_logits
-    from support import exact_sampling
-
-    cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=3,
-                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
-    target = dj.Target(cfg, dj.Target.random(cfg, seed=7, init_scale=0.5).params, max_len=16)
+    target = law_target()
     drafter = DFlash2Drafter.random(target, num_layers=1, block_size=S_BLOCK, target_layer_ids=(0, 2), seed=8,
                                     init_scale=0.5, conv_kernel_size=2, conv_group_size=4, selector_rank=4,
                                     selector_top_k=4)
-
-    @dataclasses.dataclass(frozen=True, eq=False)
-    class BackboneQForSecondGroup(DFlash2Proposer):
-        __eq__ = object.__eq__
-        __hash__ = object.__hash__
-
-        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            proposal, new_state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-            logits = self._draft(spec, tparams, params, state, committed)[0]
-            backbone = process_logits(logits, spec.sampling, spec.ops)
-            wrong = (jnp.arange(logits.shape[0]) >= S_ROWS)[:, None, None]
-            return proposal._replace(q_logp=jnp.where(wrong, backbone, proposal.q_logp)), new_state
-
-    prefix_logits = exact_sampling.PrefixLogits.compute(target, S_PROMPT, S_DEPTH)
-    r = dj.generate(target, [S_PROMPT] * (2 * S_ROWS), S_DEPTH, drafter=drafter, block_size=S_BLOCK,
-                    proposer=BackboneQForSecondGroup(drafter.config, sample=True), temperature=1.0,
-                    sampled_draft=True, seed=3)
-    joint, _ = prefix_logits.joint(1.0)
-    right = exact_sampling.fit(r.sequences[:S_ROWS], joint, ALPHA)
-    wrong = exact_sampling.fit(r.sequences[S_ROWS:], joint, ALPHA)
-    first = np.bincount([a[0] - 1 for a in r.acceptance_lengths[:S_ROWS]], minlength=S_BLOCK)
+    right, wrong, first = sampled_law(target, drafter, DFlash2Proposer,
+                                      lambda p, *state: p._draft(*state)[0], rows=S_ROWS, depth=S_DEPTH,
+                                      block_size=S_BLOCK, prompt=S_PROMPT, alpha=ALPHA)
     print(f"DFlash2 sampled drafts T=1: drafts accepted in the first block {first.tolist()}, {right}; "
           f"backbone q: {wrong}")
     assert not right.rejected, right

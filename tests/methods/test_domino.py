@@ -12,12 +12,10 @@ against a float64 oracle, the backbone's q as negative control)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,7 +26,7 @@ from dflash_jax.methods.domino.config import DominoConfig
 from dflash_jax.methods.domino.handle import DominoDrafter
 from dflash_jax.methods.domino.proposer import DominoProposer
 from dflash_jax.tools import domino_reference as ref
-from support.drafter_reference import confidence_of_two_draws, recording
+from support.drafter_reference import confidence_of_two_draws, law_target, recording, sampled_law
 
 pytestmark = pytest.mark.xdist_group("test_domino")
 
@@ -145,38 +143,14 @@ def test_sampled_drafts_keep_the_target_law():
     """The first 5 tokens of S_ROWS rows sampled at T = 1 with sampled Domino drafts have the
     target's exact law (``support/exact_sampling.py``); a second group whose rejection sampling
     is handed the backbone's softmax instead of the corrected law is rejected."""
-    from dflash_jax.verification.sampling import process_logits
-    from support import exact_sampling
-
-    cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=3,
-                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
-    target = dj.Target(cfg, dj.Target.random(cfg, seed=7, init_scale=0.5).params, max_len=16)
+    target = law_target()
     drafter = DominoDrafter.random(target, num_layers=1, block_size=S_BLOCK, target_layer_ids=(0, 2), seed=8,
                                    init_scale=0.5, emb_dim=4, gru_hidden_dim=6, pure_draft_prefix_len=0)
     heads = {k: (jax.tree.map(lambda x: x / 0.5, v) if k.startswith(("gru", "embed_proj")) else v)
              for k, v in drafter.params.items()}
     drafter = DominoDrafter(drafter.config, heads)
-
-    @dataclasses.dataclass(frozen=True, eq=False)
-    class BackboneQForSecondGroup(DominoProposer):
-        __eq__ = object.__eq__
-        __hash__ = object.__hash__
-
-        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            proposal, new_state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-            base = self.rows(spec, tparams, params, state, committed)[1]
-            backbone = process_logits(base, spec.sampling, spec.ops)
-            wrong = (jnp.arange(base.shape[0]) >= S_ROWS)[:, None, None]
-            return proposal._replace(q_logp=jnp.where(wrong, backbone, proposal.q_logp)), new_state
-
-    prefix_logits = exact_sampling.PrefixLogits.compute(target, S_PROMPT, S_DEPTH)
-    r = dj.generate(target, [S_PROMPT] * (2 * S_ROWS), S_DEPTH, drafter=drafter, block_size=S_BLOCK,
-                    proposer=BackboneQForSecondGroup(drafter.config, sample=True), temperature=1.0,
-                    sampled_draft=True, seed=3)
-    joint, _ = prefix_logits.joint(1.0)
-    right = exact_sampling.fit(r.sequences[:S_ROWS], joint, ALPHA)
-    wrong = exact_sampling.fit(r.sequences[S_ROWS:], joint, ALPHA)
-    first = np.bincount([a[0] - 1 for a in r.acceptance_lengths[:S_ROWS]], minlength=S_BLOCK)
+    right, wrong, first = sampled_law(target, drafter, DominoProposer, lambda p, *state: p.rows(*state)[1],
+                                      rows=S_ROWS, depth=S_DEPTH, block_size=S_BLOCK, prompt=S_PROMPT, alpha=ALPHA)
     print(f"Domino sampled drafts T=1: first block {first.tolist()}, {right}; backbone q: {wrong}")
     assert not right.rejected, right
     assert wrong.min_p < 1e-12, wrong

@@ -31,7 +31,7 @@ from dflash_jax.methods.dspark.handle import DSparkDrafter, from_dflash
 from dflash_jax.methods.dspark.model import DSparkModel
 from dflash_jax.methods.dspark.proposer import DSparkProposer
 from dflash_jax.tools import dspark_reference as ref
-from support.drafter_reference import confidence_of_two_draws, recording
+from support.drafter_reference import confidence_of_two_draws, law_target, recording, sampled_law
 
 pytestmark = pytest.mark.xdist_group("test_dspark")
 
@@ -237,38 +237,15 @@ def test_sampled_drafts_keep_the_target_law(kind):
     ``support/exact_sampling.py``); a second group of S_ROWS rows in the same compiled run, whose
     rejection sampling is handed the backbone's distribution (softmax of the uncorrected logits)
     instead of the Markov-corrected one that drew the tokens, is rejected by the same check."""
-    from dflash_jax.verification.sampling import process_logits
-    from support import exact_sampling
-
-    cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=3,
-                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
-    target = dj.Target(cfg, dj.Target.random(cfg, seed=7, init_scale=0.5).params, max_len=16)
+    target = law_target()
     drafter = DSparkDrafter.random(target, num_layers=1, block_size=S_BLOCK - 1, target_layer_ids=(0, 2), seed=8,
                                    init_scale=0.5, markov_rank=4, markov_head_type=kind)
     # a Markov head strong enough to move the drafts (weights of standard deviation 1)
     markov = jax.tree.map(lambda x: x / 0.5, drafter.params["markov_head"])
     drafter = DSparkDrafter(drafter.config, {**drafter.params, "markov_head": markov})
-
-    @dataclasses.dataclass(frozen=True, eq=False)
-    class BackboneQForSecondGroup(DSparkProposer):
-        __eq__ = object.__eq__
-        __hash__ = object.__hash__
-
-        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            proposal, new_state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-            base = self.rows(spec, tparams, params, state, committed)[1]
-            backbone = process_logits(base, spec.sampling, spec.ops)
-            wrong = (jnp.arange(base.shape[0]) >= S_ROWS)[:, None, None]
-            return proposal._replace(q_logp=jnp.where(wrong, backbone, proposal.q_logp)), new_state
-
-    prefix_logits = exact_sampling.PrefixLogits.compute(target, S_PROMPT, S_DEPTH)
-    r = dj.generate(target, [S_PROMPT] * (2 * S_ROWS), S_DEPTH, drafter=drafter, block_size=S_BLOCK,
-                    proposer=BackboneQForSecondGroup(drafter.config, sample=True), temperature=1.0,
-                    sampled_draft=True, seed=3)
-    joint, _ = prefix_logits.joint(1.0)
-    right = exact_sampling.fit(r.sequences[:S_ROWS], joint, ALPHA)
-    wrong = exact_sampling.fit(r.sequences[S_ROWS:], joint, ALPHA)
-    first = np.bincount([a[0] - 1 for a in r.acceptance_lengths[:S_ROWS]], minlength=S_BLOCK)
+    right, wrong, first = sampled_law(target, drafter, DSparkProposer,
+                                      lambda p, *state: p.rows(*state)[1], rows=S_ROWS, depth=S_DEPTH,
+                                      block_size=S_BLOCK, prompt=S_PROMPT, alpha=ALPHA)
     print(f"DSpark {kind} sampled drafts T=1: drafts accepted in the first block {first.tolist()}, {right}; "
           f"backbone q: {wrong}")
     assert not right.rejected, right

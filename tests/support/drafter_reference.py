@@ -191,3 +191,48 @@ def confidence_of_two_draws(target, drafter, proposer_class, prompts, max_new_to
     dj.generate(target, prompts, max_new_tokens, drafter=drafter, temperature=1.0, sampled_draft=True,
                 proposer=TwoDraws(drafter.config, sample=True), **options)
     return seen
+
+
+def law_target():
+    """The vocabulary-8 target the sampled-law tests draw from (``support/exact_sampling.py``
+    computes its exact law over every continuation)."""
+    import dflash_jax as dj
+
+    cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=3,
+                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    return dj.Target(cfg, dj.Target.random(cfg, seed=7, init_scale=0.5).params, max_len=16)
+
+
+def sampled_law(target, drafter, proposer_class, backbone_logits, *, rows: int = 8192, depth: int = 5,
+                block_size: int = 4, prompt=(1, 2, 3), alpha: float = 1e-4, seed: int = 3):
+    """Sampled decoding at T = 1 with sampled drafts from ``proposer_class``: 2 x ``rows``
+    copies of ``prompt`` in one compiled run, the second group's rejection sampling handed the
+    backbone's law (``process_logits`` of ``backbone_logits(proposer, spec, tparams, params,
+    state, committed)`` [B, T, V]) instead of the law the tokens were drawn from. Returns (the
+    first group's fit to the exact law of the first ``depth`` tokens, the second group's, the
+    first group's first-iteration acceptance counts per length)."""
+    import dflash_jax as dj
+    from dflash_jax.verification.sampling import process_logits
+    from support import exact_sampling
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class BackboneQForSecondGroup(proposer_class):
+        __eq__ = object.__eq__
+        __hash__ = object.__hash__
+
+        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
+            proposal, new_state = super().propose(spec, tparams, params, state, committed, key, want_logp)
+            logits = backbone_logits(self, spec, tparams, params, state, committed)
+            backbone = process_logits(logits, spec.sampling, spec.ops)
+            wrong = (jnp.arange(logits.shape[0]) >= rows)[:, None, None]
+            return proposal._replace(q_logp=jnp.where(wrong, backbone, proposal.q_logp)), new_state
+
+    prefix_logits = exact_sampling.PrefixLogits.compute(target, list(prompt), depth)
+    r = dj.generate(target, [list(prompt)] * (2 * rows), depth, drafter=drafter, block_size=block_size,
+                    proposer=BackboneQForSecondGroup(drafter.config, sample=True), temperature=1.0,
+                    sampled_draft=True, seed=seed)
+    joint, _ = prefix_logits.joint(1.0)
+    right = exact_sampling.fit(r.sequences[:rows], joint, alpha)
+    wrong = exact_sampling.fit(r.sequences[rows:], joint, alpha)
+    first = np.bincount([a[0] - 1 for a in r.acceptance_lengths[:rows]], minlength=block_size)
+    return right, wrong, first
