@@ -1,4 +1,4 @@
-"""The DFlash family head to head: DFlash, DFlash trained with D-PACE's loss, and DSpark, each
+"""The DFlash family head to head: DFlash, DFlash trained with D-PACE's loss, DSpark and Domino, each
 fine-tuned from the same drafter (the shipped one for the embedded target) on the same data,
 steps, batch and learning rate, then measured at T = 0 and T = 1 on the same prompts against
 autoregressive decoding; the starting drafter itself too. A comparison at a fine-tune budget,
@@ -16,9 +16,13 @@ The cells (``--methods``):
   dspark    a DSpark drafter on the starting drafter's backbone (``methods.dspark.handle.from_dflash``:
             its block one row shorter, the same verify width; ``docs/dspark.md``), SpecForge's
             DSpark loss
+  domino    a Domino drafter on the starting drafter's backbone (``methods.domino.handle.from_dflash``:
+            DFlash's rows and block, the correction adding nothing at first, so it starts as the
+            starting drafter; ``docs/domino.md``), SpecForge's Domino loss (the backbone's
+            cross-entropy weighted 1 -> 0 over the first half of the run)
 
 At T = 1 every method drafts by sampling from its own distribution (DSpark from its Markov-corrected
-one), verified by rejection sampling; at T = 0 greedily. Per cell: tau and the decode speedup per
+one, Domino from its GRU-corrected one), verified by rejection sampling; at T = 0 greedily. Per cell: tau and the decode speedup per
 prompt set with 95 % bootstrap intervals, acceptance per block position, the draft's milliseconds
 per iteration, and the authors' published numbers beside ours (each on Qwen3-8B against its own
 DFlash baseline: not comparable in level, only in direction). DFlash2 has no training here yet,
@@ -33,9 +37,9 @@ from dflash_jax.experiments import framework, paper_numbers as paper
 from dflash_jax.reporting import new_figure
 
 METHODS = {"shipped": ({}, {"steps": 0}), "dflash": ({}, {}), "dpace": ({"loss": "dpace"}, {}),
-           "dspark": ({"method": "dspark"}, {})}
+           "dspark": ({"method": "dspark"}, {}), "domino": ({"method": "domino"}, {})}
 LABELS = {"shipped": "starting drafter", "dflash": "DFlash (fine-tuned)", "dpace": "DFlash + D-PACE",
-          "dspark": "DSpark"}
+          "dspark": "DSpark", "domino": "Domino"}
 
 
 def cells(settings, train, axes) -> list[dict]:
@@ -97,8 +101,9 @@ def findings(table) -> list[str]:
 EXPERIMENT = framework.Experiment(
     name="compare_methods",
     description=__doc__.split("\n\n")[0],
-    axes={"methods": {"smoke": ("shipped", "dflash", "dpace", "dspark"), "cpu": ("shipped", "dflash", "dpace", "dspark"),
-                      "gpu": ("dflash", "dpace", "dspark")},
+    axes={"methods": {"smoke": ("shipped", "dflash", "dpace", "dspark", "domino"),
+                      "cpu": ("shipped", "dflash", "dpace", "dspark", "domino"),
+                      "gpu": ("dflash", "dpace", "dspark", "domino")},
           "temperatures": {"smoke": (0.0, 1.0), "cpu": (0.0, 1.0), "gpu": (0.0, 1.0)}},
     axis_help={"methods": f"the methods, one drafter each: {', '.join(METHODS)}",
                "temperatures": "evaluation temperatures (greedy drafts at 0, sampled drafts above)"},

@@ -534,9 +534,10 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
 
 METHOD_FIELDS = ("method", "loss", "dpace_alpha", "markov_rank")
 """A cell's drafter entries beyond DFlash's, each only where set (the drafters of earlier runs
-keep their keys): the drafting method trained ("dflash", the default, or "dspark": a DSpark
+keep their keys): the drafting method trained ("dflash", the default; "dspark": a DSpark
 drafter on the cell's DFlash backbone, its block one row shorter so that the verify width is the
-cell's block size), DFlash's loss ("dflash" or a D-PACE weighting) with ``dpace_alpha``, and
+cell's block size; "domino": a Domino drafter on it with DFlash's rows, ``methods.domino.handle.
+start_fields``), DFlash's loss ("dflash" or a D-PACE weighting) with ``dpace_alpha``, and
 DSpark's ``markov_rank`` (default: 256, at most the vocabulary)."""
 
 
@@ -546,9 +547,9 @@ def check_method_fields(label, d: dict, settings) -> dict:
 
     out = {}
     method = d.get("method", "dflash")
-    if method not in ("dflash", "dspark"):
+    if method not in ("dflash", "dspark", "domino"):
         raise ValueError(f"cell {label}: method {method!r} does not train in the experiments; they train "
-                         "dflash and dspark drafters")
+                         "dflash, dspark and domino drafters")
     if method != "dflash":
         out["method"] = method
     loss = d.get("loss", "dflash")
@@ -557,6 +558,9 @@ def check_method_fields(label, d: dict, settings) -> dict:
         if method != "dflash":
             raise ValueError(f"cell {label}: loss {loss!r} is DFlash's (D-PACE); a {method} drafter has its own")
         out |= {"loss": loss, "dpace_alpha": float(d.get("dpace_alpha", 0.5))}
+    if method == "domino" and (settings.offline_features or d["conditioning"] != "kv"):
+        raise ValueError(f"cell {label}: a Domino drafter is conditioned by kv injection and trains with online "
+                         "target features; drop --offline-features")
     if method == "dspark":
         if settings.offline_features:
             raise ValueError(f"cell {label}: DSpark trains with online target features (its loss reads the "
@@ -830,6 +834,14 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         dcfg = DSparkConfig.from_backbone(dataclasses.replace(dcfg, block_size=dcfg.block_size - 1),
                                           markov_rank=rank)
         trainer = DSparkTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, held_out,
+                                init_from=init_from)
+    elif d.get("method", "dflash") == "domino":  # on the cell's DFlash backbone, DFlash's rows
+        from dflash_jax.methods.domino.config import DominoConfig
+        from dflash_jax.methods.domino.handle import start_fields
+        from dflash_jax.methods.domino.training import DominoTrainer
+
+        dcfg = DominoConfig.from_backbone(dcfg, **start_fields(dcfg.hidden_size))
+        trainer = DominoTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, held_out,
                                 init_from=init_from)
     else:
         trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,

@@ -11,6 +11,12 @@ loop is :mod:`dspark_reference`'s, with SpecForge's own drafting: its drafter fo
 draft), the target verifying ``[bonus, b-1 drafts]``. Per iteration: the anchor, the drafts, the
 backbone's argmax at the drafting rows, the acceptance length.
 
+The training objective: SpecForge's ``OnlineDominoModel``
+(``specforge/algorithms/common/dflash_family_model.py``) on both drafters, on
+:mod:`specforge_loss_reference`'s fixed batch and anchors, at :data:`LOSS_SETTINGS` (gamma, the
+base loss's weight lambda): the loss, its two cross-entropies and, per drafter tensor, its
+gradient's norm.
+
 Regenerate (needs torch and transformers)::
 
     git -C <SpecForge git dir> archive a6b6b023 specforge | tar -x -C /tmp/specforge
@@ -33,6 +39,7 @@ from dflash_jax.methods.domino.checkpoint import domino_tensor_specs
 from dflash_jax.methods.domino.config import DominoConfig
 from dflash_jax.tools import dspark_reference as pair
 from dflash_jax.tools.dflash2_reference import seeded_tensors
+from dflash_jax.tools import specforge_loss_reference as batch
 from dflash_jax.tools.specforge_loss_reference import specforge
 
 SEED = 2028
@@ -44,6 +51,7 @@ DRAFTERS = {
                                          target_layer_ids=(0, 2), emb_dim=8, gru_hidden_dim=12, shift_label=False,
                                          pure_draft_prefix_len=0),
 }
+LOSS_SETTINGS = ({"loss_decay_gamma": None, "lambda_base": 0.0}, {"loss_decay_gamma": 4.0, "lambda_base": 0.35})
 SCALES = {"matrix": 0.3, "norm": 0.1, "head": 1.0}
 """The correction's and GRU's weights at standard deviation 1, so that it overrules the
 backbone's argmax on some rows."""
@@ -121,19 +129,52 @@ def reference_run(domino, target_dir: str, drafter_dir: str) -> list[dict]:
     return out
 
 
+def reference_losses(family, domino, target_dir: str, drafter_dir: str) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    ids = torch.tensor(batch.TOKENS)
+    loss_mask = torch.tensor(batch.LOSS_MASK, dtype=torch.float32)
+    anchors, keep = torch.tensor(batch.ANCHORS), torch.tensor(batch.VALID)
+    out = []
+    for settings in LOSS_SETTINGS:
+        drafter, _ = batch._drafter(domino.DominoDraftModel, drafter_dir, backbone_only=False)
+        with torch.no_grad():
+            hs = target(ids, output_hidden_states=True).hidden_states
+        taps = torch.cat([hs[i + 1] for i in drafter.target_layer_ids], -1)
+        online = family.OnlineDominoModel(
+            drafter, target.lm_head, target.model.embed_tokens, drafter.mask_token_id, block_size=drafter.block_size,
+            attention_backend="sdpa", num_anchors=len(batch.ANCHORS[0]), objective_chunk_blocks=0,
+            loss_decay_gamma=settings["loss_decay_gamma"], shift_label=drafter.shift_label)
+        online._sample_anchor_positions = lambda seq_len, loss_mask, device: (anchors.clone(), keep.clone())
+        loss, _, metrics = online(ids, taps, loss_mask, lambda_base=settings["lambda_base"])
+        loss.backward()
+        out.append({"settings": settings, "loss": round(float(loss), 7),
+                    "final": round(float(metrics["final_loss"]), 7), "base": round(float(metrics["base_loss"]), 7),
+                    "grad_norms": batch._grad_norms(drafter)})
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--specforge", required=True, help="a directory holding SpecForge's specforge/ package")
     p.add_argument("--out", default="tests/fixtures/domino_reference.json", help="the fixture to write")
     args = p.parse_args(argv)
-    specforge(args.specforge)
+    family, _ = specforge(args.specforge)
     domino = importlib.import_module("specforge.modeling.draft.domino")
     with tempfile.TemporaryDirectory() as tmp:
         target_dir, drafters = write_pair(tmp)
         runs = {kind: reference_run(domino, target_dir, path) for kind, path in drafters.items()}
+        losses = {kind: reference_losses(family, domino, target_dir, path) for kind, path in drafters.items()}
     fixture = {"reference": f"sgl-project/SpecForge@{pair.SPECFORGE_COMMIT}", "seed": SEED,
                "target": pair.TARGET.to_hf_dict(), "drafters": {k: c.to_hf_dict() for k, c in DRAFTERS.items()},
-               "max_new_tokens": pair.MAX_NEW_TOKENS, "runs": runs}
+               "max_new_tokens": pair.MAX_NEW_TOKENS, "runs": runs,
+               "loss_batch": {"tokens": batch.TOKENS, "loss_mask": batch.LOSS_MASK, "anchors": batch.ANCHORS,
+                              "valid": batch.VALID},
+               "losses": losses}
     write_json(args.out, fixture, indent=None)
     print(f"wrote {args.out}: " + ", ".join(f"{k} {sum(len(r['iterations']) for r in v)} iterations"
                                            for k, v in runs.items()))

@@ -382,8 +382,14 @@ class Trainer:
         return restore_latest(self.manager, fresh)
 
     # ------------------------------------------------------------------ the step
+    def schedule_inputs(self, step) -> tuple:
+        """Inputs of the loss that follow the training step (``step``: int32, the optimizer steps
+        done, traced), appended to :meth:`device_inputs`'s (e.g. Domino's base-loss weight);
+        default: none."""
+        return ()
+
     def _train_step(self, state, tparams, *inputs):
-        inputs = self.device_inputs(tparams, *inputs)
+        inputs = tuple(self.device_inputs(tparams, *inputs)) + tuple(self.schedule_inputs(state["step"]))
 
         def loss_fn(p):
             p = jax.tree.map(lambda x: x.astype(self.compute_dtype), p)

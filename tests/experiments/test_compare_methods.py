@@ -1,8 +1,8 @@
 """``experiments.compare_methods`` end to end at the test preset's size (two methods, one
-temperature, a few steps): a D-PACE cell and a DSpark cell fine-tuned from the shipped drafter
-on the same data and steps, each measured against AR; the DSpark cell's drafter is a DSpark
-drafter on the shipped drafter's backbone with the same verify width, the D-PACE run records its
-loss; the table, plot and README are written; bad grids are refused before anything runs."""
+temperature, a few steps): a D-PACE, a DSpark and a Domino cell fine-tuned from the shipped
+drafter on the same data and steps, each measured against AR; the DSpark cell's drafter is a
+DSpark drafter on the shipped drafter's backbone with the same verify width, the Domino cell's a
+Domino drafter on it with DFlash's rows, the D-PACE run records its loss; the table, plot and README are written; bad grids are refused before anything runs."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from dflash_jax.experiments import compare_methods, framework
 pytestmark = [pytest.mark.xdist_group("test_compare_methods"), pytest.mark.slow, pytest.mark.experiments]
 
 
-def test_dpace_and_dspark_cells_train_and_measure(tmp_path):
+def test_dpace_dspark_and_domino_cells_train_and_measure(tmp_path):
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
-    table = compare_methods.run("test", methods=("dpace", "dspark"), temperatures=(1.0,), steps=4, max_samples=1,
-                                max_new_tokens=8, out=out, work=work)
+    table = compare_methods.run("test", methods=("dpace", "dspark", "domino"), temperatures=(1.0,), steps=4,
+                                max_samples=1, max_new_tokens=8, out=out, work=work)
     rows = {r["label"]["method"]: r for r in table.rows}
-    assert set(rows) == {"dpace", "dspark"} and all(r["label"]["temperature"] == 1.0 for r in rows.values())
+    assert set(rows) == {"dpace", "dspark", "domino"} and all(r["label"]["temperature"] == 1.0 for r in rows.values())
     for r in rows.values():
         assert r["average"]["tau"] >= 1.0 and r["blocks_seen"] > 0
         assert r["training"][0]["init_from"]["init_from"] == "embedded"
@@ -32,17 +32,23 @@ def test_dpace_and_dspark_cells_train_and_measure(tmp_path):
     dspark = [c for c in configs if c["architectures"] == ["DSparkDraftModel"]]
     assert len(dspark) == 1 and dspark[0]["block_size"] == 15 and os.path.isdir(dspark_dir)
     assert rows["dspark"]["datasets"]["mbpp"]["block_size"] == 16  # verify width: the bonus and 15 drafts
+    domino = [c for c in configs if c["architectures"] == ["DominoDraftModel"]]
+    assert len(domino) == 1 and domino[0]["block_size"] == 16 and not domino[0]["dflash_config"]["shift_label"]
+    assert rows["domino"]["datasets"]["mbpp"]["block_size"] == 16
     runs = [json.load(open(os.path.join(work, "drafters", h, "run", "run.json")))
             for h in os.listdir(os.path.join(work, "drafters"))]
-    assert {r.get("method", "dflash") for r in runs} == {"dflash", "dspark"}
+    assert {r.get("method", "dflash") for r in runs} == {"dflash", "dspark", "domino"}
     assert [r["loss"] for r in runs if "loss" in r] == [{"type": "dpace", "dpace_alpha": 0.5}]
     for name in ("table.json", "table.md", "plot.png", "README.md"):
         assert os.path.getsize(os.path.join(out, name)) > 0
 
 
 def test_bad_grids_are_refused_before_anything_runs(tmp_path):
-    with pytest.raises(ValueError, match="unknown methods \\['domino'\\]"):
-        framework.check_experiment(compare_methods.EXPERIMENT, "test", {"methods": ("dflash", "domino")})
+    with pytest.raises(ValueError, match="unknown methods \\['medusa'\\]"):
+        framework.check_experiment(compare_methods.EXPERIMENT, "test", {"methods": ("dflash", "medusa")})
+    with pytest.raises(ValueError, match="a Domino drafter is conditioned by kv injection"):
+        framework.check_experiment(compare_methods.EXPERIMENT, "test",
+                                   {"methods": ("domino",), "offline_features": True})
     with pytest.raises(ValueError, match="DSpark trains with online target features"):
         framework.check_experiment(compare_methods.EXPERIMENT, "test",
                                    {"methods": ("dspark",), "offline_features": True})

@@ -3,7 +3,9 @@ ran its ``OnlineDFlashModel`` and ``OnlineDSparkModel`` at a6b6b023 on one fixed
 fixed anchors into ``tests/fixtures/specforge_losses.json``): DFlash's weighted cross-entropy,
 D-PACE's three weightings (``methods/dflash/loss.py``) and DSpark's cross-entropy + L1 +
 confidence objective (``methods/dspark/loss.py``), each loss and the norm of its gradient in
-every drafter tensor, on the tiny pair of ``tools/dspark_reference.py``."""
+every drafter tensor, on the tiny pair of ``tools/dspark_reference.py``; and Domino's
+(``methods/domino/loss.py``) against its ``OnlineDominoModel`` on the same batch
+(``tools/domino_reference.py``, ``tests/fixtures/domino_reference.json``)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ from dflash_jax.checkpoints import params_to_tensors
 from dflash_jax.methods.dflash.checkpoint import drafter_tensor_specs
 from dflash_jax.methods.dflash.loss import drafter_loss
 from dflash_jax.methods.dspark.checkpoint import dspark_tensor_specs
+from dflash_jax.methods.domino.checkpoint import domino_tensor_specs
+from dflash_jax.methods.domino.loss import domino_loss, lambda_base
 from dflash_jax.methods.dspark.loss import dspark_loss
+from dflash_jax.tools import domino_reference as domino_ref
 from dflash_jax.tools import dspark_reference as pair
 from dflash_jax.tools import specforge_loss_reference as ref
 from dflash_jax.training.blocks import block_loss_weights
@@ -29,6 +34,7 @@ from dflash_jax.training.features import target_features
 pytestmark = pytest.mark.xdist_group("test_specforge_losses")
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "specforge_losses.json")
+DOMINO_FIXTURE = os.path.join(os.path.dirname(FIXTURE), "domino_reference.json")
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +109,48 @@ def test_dspark_loss_equals_specforge(setup, fixture, case):
     assert set(ours) == set(theirs["grad_norms"])
     for name, norm in theirs["grad_norms"].items():
         np.testing.assert_allclose(ours[name], norm, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def domino(tmp_path_factory):
+    with open(DOMINO_FIXTURE) as f:
+        fixture = json.load(f)
+    target_dir, drafters = domino_ref.write_pair(str(tmp_path_factory.mktemp("domino-losses")))
+    target = dj.load_target(target_dir, dtype=jnp.float32)
+    return fixture, target, {kind: dj.load_drafter(path, target) for kind, path in drafters.items()}
+
+
+@pytest.mark.parametrize("kind", ["shifted", "unshifted"])
+@pytest.mark.parametrize("case", [0, 1], ids=["defaults", "gamma-and-lambda"])
+def test_domino_loss_equals_specforge(domino, kind, case):
+    """SpecForge's OnlineDominoModel on the released rows (shift_label, one uncorrected draft)
+    and DFlash's (none uncorrected), without and with the decay, at two base-loss weights."""
+    fixture, target, drafters = domino
+    assert fixture["loss_batch"] == {"tokens": ref.TOKENS, "loss_mask": ref.LOSS_MASK, "anchors": ref.ANCHORS,
+                                     "valid": ref.VALID}
+    drafter, theirs = drafters[kind], fixture["losses"][kind][case]
+    s = theirs["settings"]
+    tokens = jnp.asarray(ref.TOKENS, jnp.int32)
+    taps = target_features(target.config, target.params, tokens, drafter.config.target_layer_ids)
+
+    def loss(p):
+        return domino_loss(p, target.params, tokens, jnp.asarray(ref.LOSS_MASK, bool), taps,
+                           jnp.asarray(ref.ANCHORS, jnp.int32), jnp.asarray(ref.VALID, bool), s["lambda_base"],
+                           dcfg=drafter.config, tcfg=target.config, gamma=s["loss_decay_gamma"])
+
+    (value, metrics), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(drafter.params)
+    np.testing.assert_allclose(float(value), theirs["loss"], rtol=2e-5)
+    np.testing.assert_allclose([float(metrics["final"]), float(metrics["base"])], [theirs["final"], theirs["base"]],
+                               rtol=2e-5)
+    ours = _norms(grads, domino_tensor_specs(drafter.config))
+    assert set(ours) == set(theirs["grad_norms"])
+    for name, norm in theirs["grad_norms"].items():
+        np.testing.assert_allclose(ours[name], norm, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_lambda_base_is_specforges_schedule():
+    """linear_lambda_base of SpecForge's training strategies: 1 -> 0 over the first half, then 0."""
+    got = [float(lambda_base(s, 10)) for s in (0, 1, 4, 5, 9)]
+    np.testing.assert_allclose(got, [1.0, 0.8, 0.2, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_allclose(float(lambda_base(3, 7, start=0.5, decay_ratio=1.0)), 0.5 * (1 - 3 / 7), rtol=1e-6)
+    assert float(lambda_base(0, 1)) == 1.0 and float(lambda_base(1, 1)) == 0.0

@@ -1,7 +1,8 @@
 """Domino (``docs/domino.md``; arXiv 2605.29707; SpecForge's ``DominoDraftModel``): DFlash's
 drafter whose drafts, one after another, get a logit correction from a GRU over the block's
 tokens before them. The handle and its layout are in ``handle.py``, the Flax drafter in
-``model.py``, the proposer in ``proposer.py``."""
+``model.py``, the proposer in ``proposer.py``, the training objective in ``loss.py`` and
+``training.py``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class DominoMethod(DraftingMethod):
     name = "domino"
     label = "Domino"
     architectures = (DOMINO_ARCHITECTURE,)
+    training_module = "dflash_jax.methods.domino.training"
     unsupported = {"tree": "a Domino drafter drafts one path (its GRU conditions each draft on the tokens "
                            "drafted before it); trees are not implemented for it"}
 

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 
 from dflash_jax.methods.dflash.handle import OneDeviceDrafter
 from dflash_jax.methods.domino.checkpoint import load_domino_params, save_domino_params
@@ -33,6 +34,28 @@ class DominoDrafter(OneDeviceDrafter):
         cfg = DominoConfig.for_target(target.config, num_layers, block_size, mask, target_layer_ids, **domino)
         DominoDrafter.check(cfg, target)
         return cls(cfg, init_domino_params(cfg, jax.random.key(seed), dtype or target.dtype, init_scale))
+
+
+def start_fields(hidden_size: int) -> dict:
+    """The Domino fields of a drafter started on a DFlash backbone of width ``hidden_size``:
+    DFlash's rows (``shift_label`` false), one uncorrected draft, the released widths (GRU 1024,
+    bottleneck 256) at most the hidden size."""
+    return {"shift_label": False, "pure_draft_prefix_len": 1, "gru_hidden_dim": min(1024, hidden_size),
+            "emb_dim": min(256, hidden_size)}
+
+
+def from_dflash(drafter, seed: int = 0, **domino) -> DominoDrafter:
+    """A Domino drafter on the DFlash ``drafter``'s backbone, to fine-tune from its weights, its
+    first drafts exactly the backbone's: DFlash's rows (``shift_label`` false) and block size,
+    the correction adding nothing (``embed_proj_out`` zero; the GRU and ``embed_proj_in`` random,
+    so the correction learns). The other fields (``domino``) default to :func:`start_fields`
+    (``docs/domino.md``)."""
+    base = drafter.config
+    cfg = DominoConfig.from_backbone(base, **{**start_fields(base.hidden_size), **domino})
+    fresh = init_domino_params(cfg, jax.random.key(seed), drafter.dtype)
+    heads = {name: fresh[name] for name in ("gru_w_ih", "gru_w_hh", "embed_proj_in")}
+    heads["embed_proj_out"] = jax.tree.map(jnp.zeros_like, fresh["embed_proj_out"])
+    return DominoDrafter(cfg, {**drafter.params, **heads})
 
 
 def load(path: str, target, dtype=None) -> DominoDrafter:

@@ -53,8 +53,18 @@ class DominoModel(DrafterModel):
         """The GRU's state after one more token's embedding ``x``."""
         return gru_step(x_BxD, g_BxH, self.gru_w_ih, self.gru_w_hh)
 
+    def gru_block(self, x_BxTxD: jax.Array) -> jax.Array:
+        """The GRU's states float32[B, T, H] after each of the T tokens' embeddings ``x`` (state t:
+        after x_0 .. x_t), from zero: the teacher-forced states of training."""
+        def step(g, x):
+            g = self.gru(x, g)
+            return g, g
+
+        g0 = jnp.zeros((x_BxTxD.shape[0], self.cfg.gru_hidden_dim), jnp.float32)
+        return jax.lax.scan(step, g0, jnp.swapaxes(x_BxTxD, 0, 1))[1].swapaxes(0, 1)
+
     def correction(self, h_BxD: jax.Array, g_BxH: jax.Array) -> jax.Array:
-        """W2 silu(W1 [h ; g]) float32[B, V]."""
+        """W2 silu(W1 [h ; g]) float32[..., V] (any leading axes)."""
         x = jnp.concatenate([h_BxD.astype(jnp.float32), g_BxH], -1)
         return self.embed_proj_out(jax.nn.silu(self.embed_proj_in(x))).astype(jnp.float32)
 

@@ -1,11 +1,12 @@
-"""DSpark's and D-PACE's training in the shared trainer (their losses equal SpecForge's:
-``training/test_specforge_losses.py``): a DSpark run from a DFlash drafter starts on its
-backbone and its loss falls, its held-out tau runs the DSpark drafter, the `train` command
-takes ``--method dspark`` and D-PACE's ``--loss`` and refuses what does not go with them before
-anything loads; a D-PACE run records its loss and refuses a resume with another."""
+"""DSpark's, Domino's and D-PACE's training in the shared trainer (their losses equal SpecForge's:
+``training/test_specforge_losses.py``): a DSpark or Domino run from a DFlash drafter starts on its
+backbone and its loss falls, its held-out tau runs the method's drafter, the `train` command
+takes ``--method dspark|domino`` and D-PACE's ``--loss`` and refuses what does not go with them
+before anything loads; a D-PACE run records its loss and refuses a resume with another."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -14,13 +15,15 @@ import pytest
 
 import dflash_jax as dj
 from dflash_jax.methods.dflash.training import DFlashTrainer
+from dflash_jax.methods.domino import handle as domino_handle
+from dflash_jax.methods.domino.training import DominoTrainer
 from dflash_jax.methods.dspark.handle import from_dflash
 from dflash_jax.methods.dspark.training import DSparkTrainer
 from dflash_jax.training.cli import train
 from dflash_jax.training.data import TokenDataset, regenerate
 from dflash_jax.training.trainer import TrainConfig
 
-pytestmark = pytest.mark.xdist_group("test_dspark_training")
+pytestmark = pytest.mark.xdist_group("test_family_training")
 
 CFG = dj.TargetConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=256)
@@ -67,6 +70,38 @@ def test_a_dspark_run_from_a_dflash_drafter(setup):
                       init_from=str(root / "dflash"))
 
 
+def test_a_domino_run_from_a_dflash_drafter(setup):
+    """Its start drafts exactly what the DFlash drafter drafts (DFlash's rows, the correction
+    zero); the base loss's weight falls 1 -> 0 over the first half of the run (SpecForge's
+    schedule, read at each step's optimizer count); a resume continues the schedule."""
+    root, target, data, dflash, prompts = setup
+    start = domino_handle.from_dflash(dflash, gru_hidden_dim=6, emb_dim=5)
+    assert not start.config.shift_label and start.config.block_size == dflash.config.block_size
+    prompt = prompts[0]
+    assert (dj.generate(target, [prompt], 16, drafter=start).acceptance_lengths
+            == dj.generate(target, [prompt], 16, drafter=dflash).acceptance_lengths)
+    run = str(root / "domino")
+    trainer = DominoTrainer(target, start.config, data, run, CFG_TRAIN, eval_prompts=prompts[:2],
+                            init_from=str(root / "dflash"))
+    first = trainer.init_state()["params"]
+    np.testing.assert_array_equal(np.asarray(first["embed_proj_out"]["kernel"]), 0.0)
+    trainer.run(stop_after=5)
+    DominoTrainer(target, start.config, data, run, CFG_TRAIN, eval_prompts=prompts[:2],
+                  init_from=str(root / "dflash")).run()
+    rows = [json.loads(line) for line in (root / "domino" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and rows[-1]["loss"] < rows[0]["loss"] - 0.1, [r["loss"] for r in rows]
+    np.testing.assert_allclose([r["lambda_base"] for r in rows], [max(0.0, 1 - s / 6) for s in range(12)], atol=1e-6)
+    assert len(rows[0]["accuracy_per_pos"]) == start.config.block_size - 1
+    assert 1.0 <= rows[-1]["eval_tau"] <= start.config.block_size
+    record = json.loads((root / "domino" / "run.json").read_text())
+    assert record["method"] == "domino" and record["domino_loss"] == {"lambda_base_start": 1.0,
+                                                                      "lambda_base_decay_ratio": 0.5}
+    # a DFlash drafter whose backbone is not the Domino drafter's (its block longer) is refused
+    other = dataclasses.replace(start.config, block_size=3)
+    with pytest.raises(ValueError, match="whose Domino start"):
+        DominoTrainer(target, other, data, str(root / "other"), CFG_TRAIN, init_from=str(root / "dflash"))
+
+
 def test_a_dpace_run_records_its_loss(setup):
     root, target, data, dflash, _ = setup
     cfg = TrainConfig(steps=4, batch_size=8, learning_rate=2e-2, warmup_fraction=0.0, checkpoint_every=4,
@@ -89,6 +124,11 @@ def test_a_dpace_run_records_its_loss(setup):
     (["--loss", "dpace", "--dpace-alpha", "1.5"], "dpace_alpha 1.5 must be in"),
     (["--method", "dspark", "--markov-rank", "0"], "--markov-rank 0"),
     (["--markov-rank", "8"], "--markov-rank is DSpark-only"),
+    (["--method", "domino", "--gru-hidden-dim", "0"], "--gru-hidden-dim 0"),
+    (["--method", "domino", "--lambda-base-start", "1.5"], "lambda_base_start must be in [0, 1]"),
+    (["--method", "domino", "--lambda-base-decay-ratio", "-1"], "lambda_base_decay_ratio must be >= 0"),
+    (["--shift-label", "true"], "--shift-label is Domino-only"),
+    (["--method", "domino", "--markov-rank", "8"], "--markov-rank is DSpark-only"),
 ])
 def test_the_train_command_refuses_before_loading(argv, match, tmp_path):
     """(``train.main`` raises; the command line prints the message in one line, exit 2.) The
