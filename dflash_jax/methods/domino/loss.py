@@ -19,7 +19,6 @@ first and the correction takes over."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
