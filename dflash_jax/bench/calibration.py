@@ -13,11 +13,18 @@ along the block (``verification.adaptive.expected_tokens``). The report per draf
 - ``reliability``: per bin of p (10 equal bins), the mean p and the observed acceptance rate;
 - ``mean_p`` and ``acceptance_rate``: calibration in the large.
 
-DSpark's confidence is its confidence head (``docs/dspark.md``); DFlash's is the greedy draft's
-log-probability under the drafter, the heuristic the adaptive verify reads for it. The last
-iteration of each prompt is left out (the budget may cut its verify short).
+- ``brier_ci`` and ``skill`` (1 - brier / brier_base_rate: above 0 beats the base rate) with
+  ``skill_ci``: 95 % bootstrap intervals over prompts (the rows of one prompt are not
+  independent).
 
-    python -m dflash_jax.bench.calibration --target embedded --drafter embedded --drafter DIR --out DIR
+DSpark's confidence is its confidence head (``docs/dspark.md``); DFlash's is the greedy draft's
+log-probability under the drafter, the heuristic the adaptive verify reads for it. A DSpark
+drafter is measured both ways (``--heuristic-too``, on by default): its head, and the heuristic
+a drafter without one gets (``DSparkProposer.use_confidence_head``), on the same drafts and
+rows, so their Brier scores compare paired (``paired``: the difference with its interval). The
+last iteration of each prompt is left out (the budget may cut its verify short).
+
+    python -m dflash_jax.bench.calibration --target embedded --drafter dflash=DIR --drafter dspark=DIR --out DIR
 """
 
 from __future__ import annotations
@@ -31,11 +38,15 @@ from typing import Sequence
 import numpy as np
 
 BINS = 10
+RESAMPLES = 2000
 
 
-def record(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int | None = None):
-    """(p float[n], y float[n], row int[n]) over every reached drafted row of a greedy decode of
-    ``prompts`` (one batch) with ``drafter`` (module docstring)."""
+def record(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int | None = None,
+           **proposer_fields):
+    """(p float[n], y float[n], row int[n], prompt int[n]) over every reached drafted row of a
+    greedy decode of ``prompts`` (one batch) with ``drafter`` (module docstring);
+    ``proposer_fields`` replace fields of the method's proposer (e.g. DSpark's
+    ``use_confidence_head``)."""
     import jax
 
     import dflash_jax as dj
@@ -57,10 +68,14 @@ def record(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: in
             jax.debug.callback(lambda x: seen.append(np.asarray(x, np.float64)), proposal.logp, ordered=True)
             return proposal if want_logp else proposal._replace(logp=None), new_state
 
-    proposer = Recording(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init})
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    unknown = set(proposer_fields) - set(fields)
+    if unknown:
+        raise TypeError(f"{type(base).__name__} has no fields {sorted(unknown)}")
+    proposer = Recording(**(fields | proposer_fields))
     res = dj.generate(target, [list(p) for p in prompts], max_new_tokens, drafter=drafter, block_size=bs,
                       proposer=proposer)
-    p, y, row = [], [], []
+    p, y, row, prompt = [], [], [], []
     for b, lengths in enumerate(res.acceptance_lengths):
         for i, a in enumerate(lengths[:-1]):  # the last: possibly cut by the budget
             probs = np.exp(seen[i][b])
@@ -68,11 +83,32 @@ def record(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: in
                 p.append(probs[k])
                 y.append(1.0 if k < a - 1 else 0.0)
                 row.append(k)
-    return np.array(p), np.array(y), np.array(row, int)
+                prompt.append(b)
+    return np.array(p), np.array(y), np.array(row, int), np.array(prompt, int)
 
 
-def summary(p: np.ndarray, y: np.ndarray, row: np.ndarray) -> dict:
-    """The module docstring's numbers of recorded (p, y, row)."""
+def _bootstrap(prompt: np.ndarray, stat, seed: int = 0) -> list[float]:
+    """The 95 % percentile interval of ``stat(selected rows)`` over prompts resampled with
+    replacement (``RESAMPLES`` times)."""
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(prompt == q) for q in np.unique(prompt)]
+    values = []
+    for _ in range(RESAMPLES):
+        pick = np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+        v = stat(pick)
+        if np.isfinite(v):
+            values.append(v)
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
+
+
+def _skill(p, y) -> float:
+    base = y.mean()
+    return 1.0 - float(((p - y) ** 2).mean()) / (base * (1 - base)) if 0 < base < 1 else float("nan")
+
+
+def summary(p: np.ndarray, y: np.ndarray, row: np.ndarray, prompt: np.ndarray | None = None) -> dict:
+    """The module docstring's numbers of recorded (p, y, row), with the intervals when the rows'
+    ``prompt`` is given."""
     if not len(p):
         raise ValueError("no drafted row was reached: decode longer or more prompts")
     base = float(y.mean())
@@ -84,8 +120,47 @@ def summary(p: np.ndarray, y: np.ndarray, row: np.ndarray) -> dict:
     per_row = [{"row": int(k), "rows": int((row == k).sum()), "brier": float(((p - y) ** 2)[row == k].mean()),
                 "mean_p": float(p[row == k].mean()), "accepted": float(y[row == k].mean())}
                for k in sorted(set(row.tolist()))]
-    return {"rows": int(len(p)), "brier": float(((p - y) ** 2).mean()), "brier_base_rate": base * (1 - base),
-            "mean_p": float(p.mean()), "acceptance_rate": base, "reliability": reliability, "per_row": per_row}
+    out = {"rows": int(len(p)), "brier": float(((p - y) ** 2).mean()), "brier_base_rate": base * (1 - base),
+           "skill": _skill(p, y), "mean_p": float(p.mean()), "acceptance_rate": base, "reliability": reliability,
+           "per_row": per_row}
+    if prompt is not None:
+        out["prompts"] = int(len(np.unique(prompt)))
+        out["brier_ci"] = _bootstrap(prompt, lambda i: float(((p[i] - y[i]) ** 2).mean()))
+        out["skill_ci"] = _bootstrap(prompt, lambda i: _skill(p[i], y[i]))
+    return out
+
+
+def paired(a, b) -> dict:
+    """Brier(a) - Brier(b) with its 95 % bootstrap interval over prompts, for two predictors
+    recorded on the same rows (``record``'s tuples of one decode's drafts)."""
+    (pa, y, row, prompt), (pb, yb, rowb, promptb) = a, b
+    if not (np.array_equal(y, yb) and np.array_equal(row, rowb) and np.array_equal(prompt, promptb)):
+        raise ValueError("paired: the two records are not of the same rows")
+    diff = (pa - y) ** 2 - (pb - y) ** 2
+    return {"brier_difference": float(diff.mean()), "ci": _bootstrap(prompt, lambda i: float(diff[i].mean()))}
+
+
+def plot(report: dict, path: str) -> None:
+    """The reliability diagram (mean predicted chance vs observed acceptance per bin, the
+    diagonal perfect) and the Brier score per block row, one line per predictor."""
+    from dflash_jax.reporting import new_figure
+
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 4.5))
+    ax1.plot([0, 1], [0, 1], color="0.6", linestyle=":", label="perfectly calibrated")
+    for name, s in report["drafters"].items():
+        bins = s["reliability"]
+        ax1.plot([b["mean_p"] for b in bins], [b["accepted"] for b in bins], marker="o",
+                 label=f"{name}: Brier {s['brier']:.3f} [{s['brier_ci'][0]:.3f}, {s['brier_ci'][1]:.3f}]")
+        ax2.plot([r["row"] + 1 for r in s["per_row"]], [r["brier"] for r in s["per_row"]], marker="o", label=name)
+    ax1.set_xlabel("predicted chance the row is accepted (bin mean)")
+    ax1.set_ylabel("observed acceptance")
+    ax1.set_title(f"reliability, {report['dataset']} x {report['prompts']} prompts (Brier with 95% CI)")
+    ax1.legend(fontsize=7)
+    ax2.set_xlabel("block row (draft k)")
+    ax2.set_ylabel("Brier score (no interval)")
+    ax2.set_title("Brier per block row (lower is better)")
+    ax2.legend(fontsize=7)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def main(argv=None) -> dict:
@@ -96,15 +171,23 @@ def main(argv=None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="embedded")
-    ap.add_argument("--drafter", action="append", required=True, help="a drafter (repeat to compare several)")
+    ap.add_argument("--drafter", action="append", required=True,
+                    help="a drafter, as LABEL=CHECKPOINT or CHECKPOINT (repeat to compare several)")
+    ap.add_argument("--no-heuristic", dest="heuristic_too", action="store_false",
+                    help="measure a DSpark drafter's confidence head only (not also the heuristic on its drafts)")
     ap.add_argument("--dataset", default="gsm8k")
     ap.add_argument("--max-samples", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", required=True, help="the directory for calibration.json")
+    ap.add_argument("--out", required=True, help="the directory for calibration.json and calibration.png")
     args = ap.parse_args(argv)
-    if args.max_samples < 1 or args.max_new_tokens < 2:
-        raise SystemExit("--max-samples must be >= 1 and --max-new-tokens >= 2")
+    if args.max_samples < 2 or args.max_new_tokens < 2:
+        raise SystemExit("--max-samples must be >= 2 (the intervals resample prompts) and --max-new-tokens >= 2")
+    named = [d.split("=", 1) if "=" in d else [d, d] for d in args.drafter]
+    if len({n for n, _ in named}) != len(named):
+        raise SystemExit(f"--drafter: two drafters have the same label ({', '.join(n for n, _ in named)}); "
+                         "name them LABEL=CHECKPOINT")
     import dflash_jax as dj
+    from dflash_jax import methods
 
     target = dj.load_target(args.target)
     prompts = [encode_prompt(s.turns[0], target.tokenizer)
@@ -112,14 +195,25 @@ def main(argv=None) -> dict:
     report = {"benchmark": "calibration", "dataset": args.dataset, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "drafters": {}, "env": environment(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for name in args.drafter:
-        drafter = dj.load_drafter(name, target)
-        report["drafters"][name] = summary(*record(target, drafter, prompts, args.max_new_tokens))
-        s = report["drafters"][name]
-        print(f"{name}: Brier {s['brier']:.4f} (base rate {s['brier_base_rate']:.4f}) over {s['rows']} rows; "
-              f"mean p {s['mean_p']:.3f}, accepted {s['acceptance_rate']:.3f}")
+    report["paired"] = {}
+    for name, path in named:
+        drafter = dj.load_drafter(path, target)
+        runs = {name: record(target, drafter, prompts, args.max_new_tokens)}
+        if (args.heuristic_too and methods.method_of(drafter).name == "dspark"
+                and drafter.config.enable_confidence_head):
+            runs[f"{name} (heuristic)"] = record(target, drafter, prompts, args.max_new_tokens,
+                                                 use_confidence_head=False)
+            report["paired"][f"{name} - {name} (heuristic)"] = paired(*runs.values())
+        for label, rec in runs.items():
+            s = report["drafters"][label] = summary(*rec) | {"checkpoint": path}
+            print(f"{label}: Brier {s['brier']:.4f} {s['brier_ci']} (base rate {s['brier_base_rate']:.4f}, skill "
+                  f"{s['skill']:.3f} {s['skill_ci']}) over {s['rows']} rows; mean p {s['mean_p']:.3f}, "
+                  f"accepted {s['acceptance_rate']:.3f}")
+    for label, d in report["paired"].items():
+        print(f"{label}: Brier difference {d['brier_difference']:+.4f}, 95% CI {d['ci']}")
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "calibration.json"), report)
+    plot(report, os.path.join(args.out, "calibration.png"))
     return report
 
 

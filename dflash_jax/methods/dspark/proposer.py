@@ -28,9 +28,12 @@ from dflash_jax.verification.sampling import process_logits
 @dataclasses.dataclass(frozen=True)
 class DSparkProposer(DFlashProposer):
     """config: the DSpark drafter. sample: draw each row from its corrected distribution (at the
-    target's temperature, top-k, top-p) instead of its argmax."""
+    target's temperature, top-k, top-p) instead of its argmax. use_confidence_head: False gives
+    the adaptive verify the heuristic a drafter without the head gets (the draft's probability;
+    sampled, the backbone's self-agreement), to measure the head against it."""
 
     config: DSparkConfig
+    use_confidence_head: bool = True
 
     def model(self, spec) -> DSparkModel:
         return DSparkModel(self.config, attention_impl=spec.attention_impl, model_axis=spec.tp_axis)
@@ -65,7 +68,8 @@ class DSparkProposer(DFlashProposer):
     def confidence(self, spec, params, h, base, prev, logits, tokens) -> jax.Array:
         """``Proposal.logp`` float32[B, T] (module docstring)."""
         cfg = self.config
-        head = cfg.enable_confidence_head and not (self.sample and cfg.confidence_head_with_markov)
+        head = (cfg.enable_confidence_head and self.use_confidence_head
+                and not (self.sample and cfg.confidence_head_with_markov))
         if head:
             c = self.model(spec).apply({"params": params}, h, prev, method=DSparkModel.confidence)
             return jax.nn.log_sigmoid(c)
