@@ -1,5 +1,5 @@
 """Roofline of the DFlash family (``roofline --family``): one iteration's predicted draft and
-verify time, and the speedup over autoregressive decoding, for DFlash, DFlash2 and DSpark on
+verify time, and the speedup over autoregressive decoding, for DFlash, DFlash2, DSpark and Domino on
 Qwen3-8B's shapes (or ``--target`` with its DFlash ``--drafter``) on an H100 and a B200, bf16.
 
 Each method's draft is its own size model (``DraftingMethod.draft_costs``; ``docs/methods.md``):
@@ -12,6 +12,9 @@ Each method's draft is its own size model (``DraftingMethod.draft_costs``; ``doc
              Markov head row after row (each step reads w2 [r, V] again: its rows wait for the token
              before them) and the confidence head; SpecForge's released shape (block 7: a verify of
              8) and one with DFlash's verify width (block 15)
+  Domino     DFlash's pass, then draft after draft the GRU step and the correction (W1 [D + H, E],
+             W2 [E, V], read again each step); SpecForge's released shape (GRU 1024, E 256, one
+             uncorrected draft)
 
 The verify is the target on the verify block (the dense roofline's ``target_forward``), each
 component's time max(bytes / bandwidth, FLOPs / peak), summed:
@@ -20,7 +23,7 @@ component's time max(bytes / bandwidth, FLOPs / peak), summed:
 
 at the published tau: DFlash's paper, 6.49 (Qwen3-8B, T = 0, average); the DSpark paper's GSM8K
 at T = 1, DSpark 6.17 against its DFlash baseline's 5.33 (each method's own numbers on its own
-engine). DFlash2 publishes no tau we know of; its row gives the tau it needs to match DFlash's
+engine). DFlash2 and Domino publish no Qwen3-8B tau we know of; their rows give the tau each needs to match DFlash's
 predicted speedup.
 
     python -m dflash_jax roofline --family --out results/roofline/methods
@@ -34,6 +37,8 @@ import time
 from dflash_jax.methods.dflash import DFLASH
 from dflash_jax.methods.dflash2 import DFLASH2
 from dflash_jax.methods.dflash2.config import DFlash2Config
+from dflash_jax.methods.domino import DOMINO
+from dflash_jax.methods.domino.config import DominoConfig
 from dflash_jax.methods.dspark import DSPARK
 from dflash_jax.methods.dspark.config import DSparkConfig
 from dflash_jax.reporting import command_line, environment, new_figure, publish_report
@@ -56,7 +61,10 @@ def drafters(dflash) -> dict:
     return {"dflash": (DFLASH, dflash, b),
             "dflash2": (DFLASH2, DFlash2Config.from_backbone(dflash, selector_top_k=min(8, dflash.vocab_size)), b),
             "dspark b7": (DSPARK, dspark(7), 8),
-            f"dspark b{b - 1}": (DSPARK, dspark(b - 1), b)}
+            f"dspark b{b - 1}": (DSPARK, dspark(b - 1), b),
+            "domino": (DOMINO, DominoConfig.from_backbone(dflash, emb_dim=min(256, dflash.vocab_size),
+                                                          gru_hidden_dim=1024, shift_label=True,
+                                                          pure_draft_prefix_len=1), b)}
 
 
 def analyse(target, dflash, context: int, devices, *, batch: int = 1, weight_bytes: int = 2) -> dict:

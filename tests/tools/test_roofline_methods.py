@@ -30,6 +30,14 @@ def test_the_report_by_hand(tmp_path):
         for label, drafted in (("dspark b7", 7), ("dspark b15", 15)):
             assert rows[label]["components_ms"]["Markov head"] == pytest.approx(
                 drafted * 256 * target.vocab_size * 2 / device.bandwidth * 1e3, rel=0.02)
+        # Domino's correction: 14 corrected drafts (15 drafts, one uncorrected), each reading W1
+        # [D + 1024, 256] and W2 [256, V] in bf16; the GRU: 15 steps reading [D + 1024, 3072]
+        D, V = target.hidden_size, target.vocab_size
+        assert rows["domino"]["components_ms"]["Domino correction"] == pytest.approx(
+            14 * ((D + 1024) * 256 + 256 * V) * 2 / device.bandwidth * 1e3, rel=0.02)
+        assert rows["domino"]["components_ms"]["Domino GRU"] == pytest.approx(
+            15 * (D + 1024) * 3072 * 2 / device.bandwidth * 1e3, rel=0.02)
+        assert rows["domino"]["t_verify_ms"] == rows["dflash"]["t_verify_ms"]
         # the same backbone: DFlash2 and DSpark add to DFlash's draft, the verify of 16 rows is one
         assert rows["dflash"]["t_draft_ms"] < rows["dflash2"]["t_draft_ms"] < rows["dspark b15"]["t_draft_ms"]
         assert rows["dflash"]["t_verify_ms"] == rows["dspark b15"]["t_verify_ms"] == rows["dflash2"]["t_verify_ms"]
