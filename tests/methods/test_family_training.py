@@ -138,3 +138,28 @@ def test_the_train_command_refuses_before_loading(argv, match, tmp_path):
                     "--run", str(tmp_path / "run")] + argv)
     assert match in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("method,fields", [
+    ("dspark", ["--markov-rank", "8"]),
+    ("domino", ["--gru-hidden-dim", "6", "--emb-dim", "5"]),
+])
+def test_the_train_command_starts_on_a_dflash_drafter_and_from_scratch(setup, tmp_path, method, fields):
+    """``train --method M``: --init-from a DFlash drafter gives the method's drafter on its backbone
+    (DSpark one row shorter; Domino with DFlash's rows), without it the released shape (DSpark
+    block 7; Domino block 16, shifted rows), each run recording its method and drafter."""
+    root, target, data, dflash, _ = setup
+    common = ["--target", str(root / "target"), "--data", str(root / "data"), "--steps", "1", "--batch-size", "4",
+              "--num-anchors", "2", "--checkpoint-every", "1", "--method", method] + fields
+    train.main(common + ["--run", str(tmp_path / "on"), "--init-from", str(root / "dflash")])
+    train.main(common + ["--run", str(tmp_path / "fresh"), "--drafter-layers", "1", "--mask-token-id", "63"])
+    on, fresh = (json.loads((tmp_path / r / "run.json").read_text()) for r in ("on", "fresh"))
+    assert on["method"] == fresh["method"] == method
+    assert on["init_from"] and "init_from" not in fresh
+    if method == "dspark":
+        assert (on["drafter"]["block_size"], fresh["drafter"]["block_size"]) == (4, 7)
+        assert on["drafter"]["dflash_config"]["markov_rank"] == 8
+    else:
+        assert (on["drafter"]["block_size"], fresh["drafter"]["block_size"]) == (5, 16)
+        assert [r["drafter"]["dflash_config"]["shift_label"] for r in (on, fresh)] == [False, True]
+        assert on["drafter"]["dflash_config"]["gru_hidden_dim"] == 6

@@ -13,6 +13,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from dflash_jax import methods
+from dflash_jax.config import read_config_json
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
 from dflash_jax.methods.dflash.config import DrafterConfig
@@ -115,6 +117,72 @@ class DFlashTrainer(Trainer):
         # on a mesh the drafter is placed by the rules next to the target, as generate needs
         return Drafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params),
                        mesh=self.target.mesh)
+
+
+class BackboneTrainer(DFlashTrainer):
+    """The trainer of a method whose drafter is DFlash's plus heads (DSpark, Domino): DFlash's
+    anchors and block pass, on one device, target features online, and ``--init-from`` either
+    a drafter of the method of the same config or a DFlash drafter, whose backbone it then
+    starts on (:meth:`start_from`). A subclass gives ``method``, ``handle`` (the drafter handle
+    class), ``init_params``, ``loss``, ``start_from`` and ``fields``."""
+
+    record_added: dict = {}
+    record_names_method = True
+    supports_mesh = False
+    ignored_settings = ("uniform_weights",)
+    handle: type = Drafter
+
+    def start_from(self, dflash, **fields):
+        """The method's drafter on the DFlash drafter ``dflash``'s backbone (``handle.from_dflash``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement start_from")
+
+    def fields(self) -> dict:
+        """The method's own fields of ``self.dcfg`` (what ``start_from`` takes)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement fields")
+
+    def _from_dflash(self, init_from: str) -> bool:
+        return methods.method_for_hf(read_config_json(init_from)).name == "dflash"
+
+    def _check_init_from(self, init_from: str) -> None:
+        if self._from_dflash(init_from):
+            start = self.start_from(methods.method("dflash").load(init_from, self.target), **self.fields())
+            if start.config != self.dcfg:
+                raise ValueError(f"{init_from} holds a DFlash drafter whose {self.handle.label} start "
+                                 f"({start.config}) is not the drafter trained here ({self.dcfg})")
+            return
+        super()._check_init_from(init_from)
+
+    def load_params(self, init_from: str):
+        if self._from_dflash(init_from):
+            dflash = methods.method("dflash").load(init_from, self.target, dtype=jnp.float32)
+            return self.start_from(dflash, seed=self.cfg.seed, **self.fields()).params
+        return Trainer.load_params(self, init_from)
+
+    def _loss_weights(self):
+        return None
+
+    def drafter(self, params):
+        return self.handle(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
+
+
+def backbone_run(args, target, config_class, start_from, fields_of, default_block_size: int):
+    """What `train --method M` of a :class:`BackboneTrainer` method trains: (init_from, the
+    drafter config, the data, the held-out prompts). ``--init-from`` a DFlash drafter: the
+    method's drafter on its backbone (``start_from(dflash, **fields_of(True))``); a drafter of
+    the method: its config; none: ``config_class.for_target`` from the options and
+    ``fields_of(False)``."""
+    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
+    on_dflash = bool(init_from) and methods.method_for_hf(read_config_json(init_from)).name == "dflash"
+    if on_dflash:
+        dcfg = start_from(methods.method("dflash").load(init_from, target), **fields_of(True)).config
+    elif init_from:
+        dcfg = config_class.from_pretrained(init_from)
+    else:
+        dcfg = config_class.for_target(target.config, args.drafter_layers, args.block_size or default_block_size,
+                                       mask_token(args, target), tuple(args.taps) if args.taps else None,
+                                       **fields_of(False))
+    data = TokenDataset(args.data)
+    return init_from, dcfg, data, data.hold_out(args.eval_prompts) if args.eval_prompts else None
 
 
 TRAINER = DFlashTrainer  # DraftingMethod.trainer

@@ -10,17 +10,11 @@ drafter's."""
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 
-from dflash_jax import methods
-from dflash_jax.config import read_config_json
-from dflash_jax.hub import resolve_checkpoint
-from dflash_jax.methods.dflash.training import DFlashTrainer, mask_token
-from dflash_jax.methods.domino.checkpoint import load_domino_params
+from dflash_jax.methods.dflash.training import BackboneTrainer, backbone_run
 from dflash_jax.methods.domino.config import DominoConfig
 from dflash_jax.methods.domino.handle import DominoDrafter, from_dflash, start_fields
 from dflash_jax.methods.domino.loss import LAMBDA_DECAY_RATIO, LAMBDA_START, domino_loss, lambda_base
@@ -38,17 +32,15 @@ def check_schedule(start: float, decay_ratio: float) -> None:
                          f"base loss's weight falls to 0), got {decay_ratio}")
 
 
-class DominoTrainer(DFlashTrainer):
+class DominoTrainer(BackboneTrainer):
     """Trains a Domino drafter (``DominoConfig``) in the shared loop, on one device, target
-    features online. The base loss's weight at step s is ``lambda_base(s, steps, start,
-    decay_ratio)`` (SpecForge's defaults 1 and 0.5). ``cfg.gamma``: the rows' decay, none when
-    None (SpecForge's default); ``uniform_weights`` is not read."""
+    features online (``BackboneTrainer``). The base loss's weight at step s is
+    ``lambda_base(s, steps, start, decay_ratio)`` (SpecForge's defaults 1 and 0.5).
+    ``cfg.gamma``: the rows' decay, none when None (SpecForge's default); ``uniform_weights`` is
+    not read."""
 
     method = "domino"
-    record_added: dict = {}
-    record_names_method = True
-    supports_mesh = False
-    ignored_settings = ("uniform_weights",)
+    handle = DominoDrafter
 
     def __init__(self, target, drafter_config: DominoConfig, data: TokenDataset, run_dir: str, cfg: TrainConfig,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
@@ -57,34 +49,16 @@ class DominoTrainer(DFlashTrainer):
         self.lambda_start, self.decay_ratio = float(lambda_base_start), float(lambda_base_decay_ratio)
         super().__init__(target, drafter_config, data, run_dir, cfg, None, eval_prompts, init_from=init_from)
 
-    def _from_dflash(self, init_from: str) -> bool:
-        return methods.method_for_hf(read_config_json(init_from)).name == "dflash"
+    def start_from(self, dflash, **fields):
+        return from_dflash(dflash, **fields)
 
-    def _check_init_from(self, init_from: str) -> None:
-        if self._from_dflash(init_from):
-            start = from_dflash(methods.method("dflash").load(init_from, self.target), **self._fields())
-            if start.config != self.dcfg:
-                raise ValueError(f"{init_from} holds a DFlash drafter whose Domino start ({start.config}) is not "
-                                 f"the drafter trained here ({self.dcfg})")
-            return
-        super()._check_init_from(init_from)
-
-    def _fields(self) -> dict:
+    def fields(self) -> dict:
         c = self.dcfg
         return {"emb_dim": c.emb_dim, "gru_hidden_dim": c.gru_hidden_dim, "shift_label": c.shift_label,
                 "pure_draft_prefix_len": c.pure_draft_prefix_len}
 
     def init_params(self, key):
         return init_domino_params(self.dcfg, key, jnp.float32)
-
-    def load_params(self, init_from: str):
-        if self._from_dflash(init_from):
-            dflash = methods.method("dflash").load(init_from, self.target, dtype=jnp.float32)
-            return from_dflash(dflash, seed=self.cfg.seed, **self._fields()).params
-        return load_domino_params(init_from, self.dcfg, dtype=jnp.float32)
-
-    def _loss_weights(self):
-        return None
 
     def record_settings(self) -> dict:
         return {"domino_loss": {"lambda_base_start": self.lambda_start, "lambda_base_decay_ratio": self.decay_ratio}}
@@ -99,9 +73,6 @@ class DominoTrainer(DFlashTrainer):
         return domino_loss(params, tparams, tokens, loss_mask, taps, anchors, valid, lam, dcfg=self.dcfg,
                            tcfg=self.target.config, gamma=self.cfg.gamma, anchor_chunk=self.cfg.anchor_chunk,
                            context_chunk=self.cfg.context_chunk)
-
-    def drafter(self, params) -> DominoDrafter:
-        return DominoDrafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
 
 
 TRAINER = DominoTrainer  # DraftingMethod.trainer
@@ -158,17 +129,8 @@ def train_from_args(args, cfg: TrainConfig) -> None:
     schedule = {k: v for k, v in (("lambda_base_start", args.lambda_base_start),
                                   ("lambda_base_decay_ratio", args.lambda_base_decay_ratio)) if v is not None}
     target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None)
-    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
-    start_dflash = bool(init_from) and methods.method_for_hf(read_config_json(init_from)).name == "dflash"
-    fields = fields_from_args(args, target.config.hidden_size, start_dflash)
-    if start_dflash:
-        dcfg = from_dflash(methods.method("dflash").load(init_from, target), **fields).config
-    elif init_from:
-        dcfg = DominoConfig.from_pretrained(init_from)
-    else:
-        dcfg = DominoConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE,
-                                       mask_token(args, target), tuple(args.taps) if args.taps else None, **fields)
-    data = TokenDataset(args.data)
-    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
+    init_from, dcfg, data, eval_prompts = backbone_run(
+        args, target, DominoConfig, from_dflash, lambda on_dflash: fields_from_args(args, target.config.hidden_size,
+                                                                                   on_dflash), DEFAULT_BLOCK_SIZE)
     DominoTrainer(target, dcfg, data, args.run, cfg, eval_prompts, init_from=init_from,
                   **schedule).run(stop_after=args.stop_after)

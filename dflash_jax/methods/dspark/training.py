@@ -10,17 +10,11 @@ verify width stays the DFlash drafter's)."""
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 
-from dflash_jax import methods
-from dflash_jax.config import read_config_json
-from dflash_jax.hub import resolve_checkpoint
-from dflash_jax.methods.dflash.training import DFlashTrainer, mask_token
-from dflash_jax.methods.dspark.checkpoint import load_dspark_params
+from dflash_jax.methods.dflash.training import BackboneTrainer, backbone_run
 from dflash_jax.methods.dspark.config import DSparkConfig
 from dflash_jax.methods.dspark.handle import DSparkDrafter, from_dflash
 from dflash_jax.methods.dspark.loss import DEFAULT_ALPHAS, dspark_loss
@@ -31,17 +25,15 @@ from dflash_jax.training.features import target_features
 from dflash_jax.training.trainer import TrainConfig
 
 
-class DSparkTrainer(DFlashTrainer):
+class DSparkTrainer(BackboneTrainer):
     """Trains a DSpark drafter (``DSparkConfig``) in the shared loop, on one device, target
-    features online. ``alphas``: the loss terms' weights (``ce_alpha``, ``l1_alpha``,
-    ``confidence_alpha``; SpecForge's defaults 0.1, 0.9, 1). ``cfg.gamma``: the rows' decay
-    exp(-k / gamma), none when None (SpecForge's default); ``uniform_weights`` is not read."""
+    features online (``BackboneTrainer``). ``alphas``: the loss terms' weights (``ce_alpha``,
+    ``l1_alpha``, ``confidence_alpha``; SpecForge's defaults 0.1, 0.9, 1). ``cfg.gamma``: the
+    rows' decay exp(-k / gamma), none when None (SpecForge's default); ``uniform_weights`` is
+    not read."""
 
     method = "dspark"
-    record_added: dict = {}
-    record_names_method = True
-    supports_mesh = False
-    ignored_settings = ("uniform_weights",)
+    handle = DSparkDrafter
 
     def __init__(self, target, drafter_config: DSparkConfig, data: TokenDataset, run_dir: str, cfg: TrainConfig,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
@@ -55,19 +47,10 @@ class DSparkTrainer(DFlashTrainer):
                 raise ValueError(f"DSpark's loss weight {name} must be >= 0, got {value}")
         super().__init__(target, drafter_config, data, run_dir, cfg, None, eval_prompts, init_from=init_from)
 
-    def _from_dflash(self, init_from: str) -> bool:
-        return methods.method_for_hf(read_config_json(init_from)).name == "dflash"
+    def start_from(self, dflash, **fields):
+        return from_dflash(dflash, **fields)
 
-    def _check_init_from(self, init_from: str) -> None:
-        if self._from_dflash(init_from):
-            start = from_dflash(methods.method("dflash").load(init_from, self.target), **self._fields())
-            if start.config != self.dcfg:
-                raise ValueError(f"{init_from} holds a DFlash drafter whose DSpark start ({start.config}) is not "
-                                 f"the drafter trained here ({self.dcfg})")
-            return
-        super()._check_init_from(init_from)
-
-    def _fields(self) -> dict:
+    def fields(self) -> dict:
         c = self.dcfg
         return {"markov_rank": c.markov_rank, "markov_head_type": c.markov_head_type,
                 "enable_confidence_head": c.enable_confidence_head,
@@ -75,15 +58,6 @@ class DSparkTrainer(DFlashTrainer):
 
     def init_params(self, key):
         return init_dspark_params(self.dcfg, key, jnp.float32)
-
-    def load_params(self, init_from: str):
-        if self._from_dflash(init_from):
-            dflash = methods.method("dflash").load(init_from, self.target, dtype=jnp.float32)
-            return from_dflash(dflash, seed=self.cfg.seed, **self._fields()).params
-        return load_dspark_params(init_from, self.dcfg, dtype=jnp.float32)
-
-    def _loss_weights(self):
-        return None
 
     def record_settings(self) -> dict:
         return {"dspark_loss": dict(self.alphas)}
@@ -98,9 +72,6 @@ class DSparkTrainer(DFlashTrainer):
         return dspark_loss(params, tparams, tokens, loss_mask, taps, last, anchors, valid, dcfg=self.dcfg,
                            tcfg=self.target.config, gamma=self.cfg.gamma, anchor_chunk=self.cfg.anchor_chunk,
                            context_chunk=self.cfg.context_chunk, **self.alphas)
-
-    def drafter(self, params) -> DSparkDrafter:
-        return DSparkDrafter(self.dcfg, jax.tree.map(lambda x: x.astype(self.target.dtype), params))
 
 
 TRAINER = DSparkTrainer  # DraftingMethod.trainer
@@ -143,15 +114,7 @@ def train_from_args(args, cfg: TrainConfig) -> None:
         raise ValueError(f"--markov-rank {args.markov_rank}: the Markov head's rank must be >= 1")
     target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None)
     fields = fields_from_args(args, target.config.vocab_size)
-    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
-    if init_from and methods.method_for_hf(read_config_json(init_from)).name == "dflash":
-        dcfg = from_dflash(methods.method("dflash").load(init_from, target), **fields).config
-    elif init_from:
-        dcfg = DSparkConfig.from_pretrained(init_from)
-    else:
-        dcfg = DSparkConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE,
-                                       mask_token(args, target), tuple(args.taps) if args.taps else None, **fields)
-    data = TokenDataset(args.data)
-    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
+    init_from, dcfg, data, eval_prompts = backbone_run(args, target, DSparkConfig, from_dflash, lambda _: fields,
+                                                       DEFAULT_BLOCK_SIZE)
     DSparkTrainer(target, dcfg, data, args.run, cfg, eval_prompts, init_from=init_from,
                   **alphas).run(stop_after=args.stop_after)
