@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
     from dflash_jax.bench.prompt_sets import load_prompt_set
     from dflash_jax.files import write_json
     from dflash_jax.prompts import encode_prompt
-    from dflash_jax.reporting import environment
+    from dflash_jax.reporting import environment, machine_fields, portable_path, start_measurement
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="embedded")
@@ -192,6 +192,7 @@ def main(argv=None) -> dict:
     target = dj.load_target(args.target)
     prompts = [encode_prompt(s.turns[0], target.tokenizer)
                for s in load_prompt_set(args.dataset, max_samples=args.max_samples)]
+    load_before, cpu, warning = start_measurement()
     report = {"benchmark": "calibration", "dataset": args.dataset, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "drafters": {}, "env": environment(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -205,12 +206,13 @@ def main(argv=None) -> dict:
                                                  use_confidence_head=False)
             report["paired"][f"{name} - {name} (heuristic)"] = paired(*runs.values())
         for label, rec in runs.items():
-            s = report["drafters"][label] = summary(*rec) | {"checkpoint": path}
+            s = report["drafters"][label] = summary(*rec) | {"checkpoint": portable_path(path)}
             print(f"{label}: Brier {s['brier']:.4f} {s['brier_ci']} (base rate {s['brier_base_rate']:.4f}, skill "
                   f"{s['skill']:.3f} {s['skill_ci']}) over {s['rows']} rows; mean p {s['mean_p']:.3f}, "
                   f"accepted {s['acceptance_rate']:.3f}")
     for label, d in report["paired"].items():
         print(f"{label}: Brier difference {d['brier_difference']:+.4f}, 95% CI {d['ci']}")
+    report["machine"] = machine_fields(cpu, load_before, warning)  # the numbers do not depend on it
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "calibration.json"), report)
     plot(report, os.path.join(args.out, "calibration.png"))
