@@ -27,6 +27,7 @@ from dflash_jax.methods.dflash2.handle import DFlash2Drafter
 from dflash_jax.methods.domino.handle import DominoDrafter
 from dflash_jax.methods.dspark.handle import DSparkDrafter
 from support.drafter_reference import recording
+from support.tiers import tiered
 
 pytestmark = pytest.mark.xdist_group("test_family_accepted_lengths")
 
@@ -81,7 +82,7 @@ def target():
     return dj.Target.random(CFG, seed=3, init_scale=0.3, dtype=jnp.float32)
 
 
-@pytest.mark.parametrize("name", ["dflash", "dflash2", "dspark", "domino"])
+@pytest.mark.parametrize("name", tiered(["dflash", "dflash2", "dspark", "domino"], fast=["dspark"]))
 def test_proposals_after_every_accepted_length_equal_a_fresh_prefill(target, name):
     drafter = drafters(target)[name]
     prompts = [list(p) for p in PROMPTS]

@@ -70,6 +70,7 @@ def test_a_dspark_run_from_a_dflash_drafter(setup):
                       init_from=str(root / "dflash"))
 
 
+@pytest.mark.slow
 def test_a_domino_run_from_a_dflash_drafter(setup):
     """Its start drafts exactly what the DFlash drafter drafts (DFlash's rows, the correction
     zero); the base loss's weight falls 1 -> 0 over the first half of the run (SpecForge's
@@ -140,6 +141,7 @@ def test_the_train_command_refuses_before_loading(argv, match, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,fields", [
     ("dspark", ["--markov-rank", "8"]),
     ("domino", ["--gru-hidden-dim", "6", "--emb-dim", "5"]),
