@@ -1290,6 +1290,13 @@ def _cpu_text(env: dict) -> str:
     return f"{env.get('cpu_model') or ''} {env['cpu_count']} cores"
 
 
+def _temperatures_text(table: Table) -> str:
+    """The evaluation temperature, or the cells' temperatures where they set their own."""
+    temps = sorted({r["label"]["temperature"] for r in table.rows}) if table.rows and all(
+        "temperature" in r["label"] for r in table.rows) else [table.settings["temperature"]]
+    return str(temps[0]) if len(temps) == 1 else " and ".join(map(str, temps)) + " (the temperature column)"
+
+
 def readme(table: Table, md: str) -> str:
     e, b, env = table.experiment, table.budget, table.environment
     s = table.settings
@@ -1308,6 +1315,8 @@ def readme(table: Table, md: str) -> str:
                 f"each drafter really trained on); lr {b['learning_rate']}, seeds {b['seeds']}"]
                if b["steps"] else ["- training: none, no training data (every cell measures the starting drafter "
                                    "below as it is)"]),
+             *([f"- {b['untrained_cells']} of the cells train nothing (steps 0): they measure the starting "
+                "drafter below as it is"] if b.get("untrained_cells") else []),
              *([f"- starting weights: every cell's drafter is `{s['init_from']}`"
                 + (", fine-tuned from there (an ablation in the trained regime)" if b["steps"] else ", as it is")]
                if s.get("init_from") else []),
@@ -1319,7 +1328,7 @@ def readme(table: Table, md: str) -> str:
              f"- compute: {training_minutes(table.rows):.0f} minutes of training steps in all ({len(drafters_of(table.rows))} "
              "drafters, each counted once however many rows it serves)",
              f"- evaluation: {', '.join(s['datasets'])}, {s['max_samples']} prompts each, {s['max_new_tokens']} new "
-             f"tokens, T = {s['temperature']}, batch 1, AR and DFlash interleaved per prompt",
+             f"tokens, T = {_temperatures_text(table)}, batch 1, AR and DFlash interleaved per prompt",
              "", "## Results", "",
              "tau: per response the mean acceptance length, then the mean over responses; speedup: mean AR "
              "time per output token / mean DFlash time per output token, decode phase only (docs/method.md section 6); "
@@ -1441,10 +1450,13 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
                 records.append(evaluate_cell(wk, cell, training, command, ebar, remeasure, experiment.measure)
                                | {"training": training})
             cbar.update(1)
-    first = records[0]["training"]
+    trained = [r["training"] for r in records if r["training"]["steps"]]  # the budget is theirs
+    first = trained[0] if trained else records[0]["training"]
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
               "anchors_per_sequence": first["anchors_per_sequence"], "blocks": first["blocks"],
               "learning_rate": train["learning_rate"], "seeds": list(range(settings.seed, settings.seed + settings.seeds))}
+    if trained and len(trained) < len(records):
+        budget["untrained_cells"] = len(records) - len(trained)
     env = environment() | {"cpu_model": cpu_model(), "cpu": cpu_info()}
     table = Table(experiment, preset, recorded_settings(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)

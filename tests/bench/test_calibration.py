@@ -66,3 +66,27 @@ def test_intervals_resample_prompts():
     assert s["brier"] == pytest.approx(0.25) and s["brier_ci"] == pytest.approx([0.25, 0.25])
     s = calibration.summary(np.where(prompt == 0, 0.9, 0.2), y, np.zeros(20, int), prompt)
     assert s["brier_ci"][0] == pytest.approx(0.01) and s["brier_ci"][1] == pytest.approx(0.04)
+
+
+@pytest.mark.slow
+def test_the_command_compares_drafters_and_pairs_the_head(tmp_path):
+    """``python -m dflash_jax.bench.calibration``: labelled drafters, a DSpark drafter measured
+    with its head and with the heuristic on the same rows, the report and its plot; a label
+    given twice is refused before anything loads."""
+    from dflash_jax.methods.dspark.handle import from_dflash
+
+    target = dj.load_target("embedded")
+    dspark = tmp_path / "dspark"
+    dj.save_drafter(from_dflash(dj.load_drafter("embedded", target)), dspark)
+    out = tmp_path / "out"
+    report = calibration.main(["--drafter", "dflash=embedded", "--drafter", f"dspark={dspark}", "--max-samples", "2",
+                               "--max-new-tokens", "12", "--out", str(out)])
+    assert set(report["drafters"]) == {"dflash", "dspark", "dspark (heuristic)"}
+    assert report["drafters"]["dflash"]["checkpoint"] == "embedded" and report["machine"]["cpu"]
+    # from_dflash's confidence head is zero: it says 1/2 for every row
+    assert report["drafters"]["dspark"]["mean_p"] == pytest.approx(0.5)
+    assert report["drafters"]["dspark"]["rows"] == report["drafters"]["dspark (heuristic)"]["rows"]
+    assert set(report["paired"]) == {"dspark - dspark (heuristic)"}
+    assert (out / "calibration.json").stat().st_size > 0 and (out / "calibration.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="the same label"):
+        calibration.main(["--drafter", "embedded", "--drafter", "embedded", "--out", str(tmp_path / "x")])
