@@ -98,6 +98,8 @@ def _bootstrap(prompt: np.ndarray, stat, seed: int = 0) -> list[float]:
         v = stat(pick)
         if np.isfinite(v):
             values.append(v)
+    if not values:  # e.g. the skill where every resample has one outcome only
+        return [float("nan"), float("nan")]
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
 
