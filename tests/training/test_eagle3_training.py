@@ -272,7 +272,7 @@ def test_each_methods_options_are_refused_with_the_other(tmp_path):
     from dflash_jax.training.cli.train import main
 
     base = ["--target", "embedded", "--data", str(tmp_path), "--run", str(tmp_path / "r")]
-    with pytest.raises(ValueError, match="--block-size, --num-anchors are DFlash / DSpark-only: drop them with "
+    with pytest.raises(ValueError, match="--block-size, --num-anchors are DFlash / DSpark / Domino-only: drop them with "
                                          "--method eagle3"):
         main(["--method", "eagle3", *base, "--block-size", "8", "--num-anchors", "8"])
     with pytest.raises(ValueError, match="--ttt-steps is EAGLE-3-only: drop it with --method dflash"):
