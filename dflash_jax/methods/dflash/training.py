@@ -119,6 +119,11 @@ class DFlashTrainer(Trainer):
                        mesh=self.target.mesh)
 
 
+def holds_dflash_drafter(path: str) -> bool:
+    """Whether the drafter directory ``path`` is a DFlash drafter (by its config's method)."""
+    return methods.method_for_hf(read_config_json(path)).name == "dflash"
+
+
 class BackboneTrainer(DFlashTrainer):
     """The trainer of a method whose drafter is DFlash's plus heads (DSpark, Domino): DFlash's
     anchors and block pass, on one device, target features online, and ``--init-from`` either
@@ -140,11 +145,8 @@ class BackboneTrainer(DFlashTrainer):
         """The method's own fields of ``self.dcfg`` (what ``start_from`` takes)."""
         raise NotImplementedError(f"{type(self).__name__} must implement fields")
 
-    def _from_dflash(self, init_from: str) -> bool:
-        return methods.method_for_hf(read_config_json(init_from)).name == "dflash"
-
     def _check_init_from(self, init_from: str) -> None:
-        if self._from_dflash(init_from):
+        if holds_dflash_drafter(init_from):
             start = self.start_from(methods.method("dflash").load(init_from, self.target), **self.fields())
             if start.config != self.dcfg:
                 raise ValueError(f"{init_from} holds a DFlash drafter whose {self.handle.label} start "
@@ -153,7 +155,7 @@ class BackboneTrainer(DFlashTrainer):
         super()._check_init_from(init_from)
 
     def load_params(self, init_from: str):
-        if self._from_dflash(init_from):
+        if holds_dflash_drafter(init_from):
             dflash = methods.method("dflash").load(init_from, self.target, dtype=jnp.float32)
             return self.start_from(dflash, seed=self.cfg.seed, **self.fields()).params
         return Trainer.load_params(self, init_from)
@@ -172,7 +174,7 @@ def backbone_run(args, target, config_class, start_from, fields_of, default_bloc
     the method: its config; none: ``config_class.for_target`` from the options and
     ``fields_of(False)``."""
     init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
-    on_dflash = bool(init_from) and methods.method_for_hf(read_config_json(init_from)).name == "dflash"
+    on_dflash = bool(init_from) and holds_dflash_drafter(init_from)
     if on_dflash:
         dcfg = start_from(methods.method("dflash").load(init_from, target), **fields_of(True)).config
     elif init_from:
