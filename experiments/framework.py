@@ -847,6 +847,10 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
                                 init_from=init_from, loss=d.get("loss", "dflash"),
                                 dpace_alpha=d.get("dpace_alpha", 0.5))
+    start_path = os.path.join(root, START_TAU_FILE)
+    if held_out and s.curve_every and trainer.manager.latest_step() is None and not os.path.exists(start_path):
+        # the curve's step 0: the starting drafter on the held-out prompts (a resume keeps the file)
+        write_json(start_path, {"tau": trainer.evaluate_tau(trainer.restore_or_init()["params"])})
     state = trainer.run()  # the final training state (restored when the run had already finished)
     drafter_dir = os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):
@@ -864,11 +868,23 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
               "final_loss": rows[-1]["loss"] if rows else None,
               "final_accuracy_per_pos": rows[-1].get("accuracy_per_pos") if rows else None,
               "training_sequences": len(data), "drafter_params": _count(state["params"]),
-              "curve": training_curve(rows), "held_out_prompts": s.curve_prompts,
+              "curve": start_point(start_path) + training_curve(rows), "held_out_prompts": s.curve_prompts,
               "offline_features": FEATURE_DTYPE if features is not None else None}
     if s.init_from is not None:
         record["init_from"] = drafter_identity(s.init_from)
     write_json(record_path, record)
+
+
+START_TAU_FILE = "start_tau.json"
+
+
+def start_point(path: str) -> list[dict]:
+    """The curve's step-0 point, the starting drafter's held-out tau (no training loss yet), when
+    it was measured (``path``: the drafter's start_tau.json); else none."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [{"step": 0, "tau": float(json.load(f)["tau"]), "loss": None}]
 
 
 def training_curve(rows: list[dict], window: int = 50) -> list[dict]:

@@ -113,15 +113,16 @@ def test_the_curve_is_the_held_out_tau_of_the_drafter_and_the_readme_shows_it(ru
     held = [data.prompt(i) for i in range(len(data) - HELD_OUT, len(data))]
     for row in table.rows:
         (t,) = row["training"]
-        assert [p["step"] for p in t["curve"]] == [4, 8] and t["training_sequences"] == 16 - HELD_OUT
+        assert [p["step"] for p in t["curve"]] == [0, 4, 8] and t["training_sequences"] == 16 - HELD_OUT
+        assert t["curve"][0]["loss"] is None  # the starting drafter: no training loss yet
         d = os.path.join(work, "drafters", row["cells"][0], "drafter")
         r = generate(target, held, 64, drafter=load_drafter(d, target, dtype=target.dtype))
         assert t["curve"][-1]["tau"] == pytest.approx(r.tau, rel=1e-6), row["label"]
         assert t["curve"][-1]["loss"] is not None
     text = open(os.path.join(out, "README.md")).read()
-    assert "## Training curves" in text and "| 4 | " in text and "| 8 | " in text
+    assert "## Training curves" in text and "| 0 | " in text and "| 4 | " in text and "| 8 | " in text
     assert "target features: offline" in text and os.path.getsize(os.path.join(out, "curves.png")) > 0
-    assert framework.curves_markdown(table.rows).count("\n") == 3  # header, rule, steps 4 and 8
+    assert framework.curves_markdown(table.rows).count("\n") == 4  # header, rule, steps 0, 4 and 8
 
 
 def test_the_full_cpu_preset_has_the_cpu_grids_a_larger_budget_and_checks_its_curve():
@@ -234,6 +235,16 @@ def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(run,
         losses["init_from" in key] = first["loss"]
     assert sorted(losses) == [False, True]
     assert losses[True] < 3.0 < np.log(8192) - 1 < losses[False], losses
+    # the fine-tune's curve starts at the shipped drafter's own held-out tau (measured here again)
+    from dflash_jax.api import generate
+    from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR
+
+    target = load_target(EMBEDDED_TARGET_DIR, dtype=jnp.float32)
+    data = TokenDataset(glob.glob(os.path.join(work, "data", "*", "metadata.json"))[0].rsplit(os.sep, 1)[0])
+    held = [data.prompt(i) for i in range(len(data) - HELD_OUT, len(data))]
+    shipped = generate(target, held, 64, drafter=load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=target.dtype))
+    (start,) = [t["curve"][0] for t in tuned.rows[0]["training"]]
+    assert start["step"] == 0 and start["loss"] is None and start["tau"] == pytest.approx(shipped.tau, rel=1e-6)
     assert fresh.rows[0]["average"]["tau"] < tuned.rows[0]["average"]["tau"]
     assert fresh.rows[0]["cells"] == fixture.rows[0]["cells"] != tuned.rows[0]["cells"]
     with pytest.raises(ValueError, match=r"num_layers 1 \(the cell: 2\)"):
