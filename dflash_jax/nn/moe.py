@@ -74,6 +74,36 @@ def route_topk_softmax(logits: jax.Array, k: int):
     return jax.nn.softmax(top, axis=-1), ids.astype(jnp.int32)
 
 
+def route_sigmoid_group_topk(logits: jax.Array, bias: jax.Array, k: int, n_group: int,
+                             topk_group: int, normalize: bool, scaling: float = 1.0):
+    """DeepSeek-V3's router (``topk_method`` ``noaux_tc``, ``scoring_func`` ``sigmoid``;
+    Kimi-K2.x): sigmoid scores; the choice is made on the scores plus the load-balancing
+    ``bias`` float32[E] (``e_score_correction_bias``), which never enters the weights.
+
+    Group-limited: the E experts form ``n_group`` equal groups, each scored by the sum of its two
+    best biased scores; only the ``topk_group`` best groups stay eligible, and the ``k`` best
+    eligible experts are chosen. Weights: the chosen experts' unbiased scores, divided by their sum
+    (+1e-20) when ``normalize`` (``norm_topk_prob``), times ``scaling``
+    (``routed_scaling_factor``).
+
+    logits: float[N, E] (computed in float32). Returns ``(weights float32[N, k], expert_ids
+    int32[N, k])``, best (by biased score) first."""
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores + bias.astype(jnp.float32)
+    n, e = choice.shape
+    if n_group > 1:
+        grouped = choice.reshape(n, n_group, e // n_group)
+        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, n_group]
+        _, best = jax.lax.top_k(group_scores, topk_group)
+        keep = jnp.zeros((n, n_group), bool).at[jnp.arange(n)[:, None], best].set(True)
+        choice = jnp.where(jnp.repeat(keep, e // n_group, axis=-1), choice, -jnp.inf)
+    _, ids = jax.lax.top_k(choice, k)
+    weights = jnp.take_along_axis(scores, ids, axis=-1)
+    if normalize:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * scaling, ids.astype(jnp.int32)
+
+
 # ---------------------------------------------------------------------------------- activations
 def swiglu(h: jax.Array) -> jax.Array:
     """``silu(gate) * up`` of ``h[..., 2F] = [gate | up]`` (halves; Qwen's fused

@@ -8,6 +8,7 @@ from dflash_jax.targets.moe import qwen3_moe
 from dflash_jax.targets.moe import gpt_oss
 from dflash_jax.targets.hybrid import qwen3_5
 from dflash_jax.targets.hybrid import qwen3_next
+from dflash_jax.targets.mla import deepseek_v3
 
 register(dense.QWEN3)
 register(dense.LLAMA)
@@ -16,3 +17,4 @@ register(gpt_oss.GPT_OSS)
 register(qwen3_5.QWEN3_5)
 register(qwen3_5.QWEN3_5_MOE)
 register(qwen3_next.QWEN3_NEXT)
+register(deepseek_v3.DEEPSEEK_V3)

@@ -145,8 +145,19 @@ def qwen3_moe_target():
     return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=2, init_scale=0.3)
 
 
+def deepseek_v3_target():
+    from transformers import DeepseekV3Config
+
+    hf = DeepseekV3Config(vocab_size=32, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                          kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                          v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+                          topk_group=1, first_k_dense_replace=1, max_position_embeddings=256).to_dict()
+    return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=5, init_scale=0.3)
+
+
 FAMILIES = {"qwen3": lambda: dj.Target.random(DENSE, seed=1, init_scale=0.35),
-            "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target}
+            "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target, "deepseek_v3": deepseek_v3_target}
 
 
 # A hand-made tree (node: parent) for the third row: node 7 at depth 4 under the rank-1 depth-1

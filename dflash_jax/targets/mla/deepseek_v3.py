@@ -1,0 +1,387 @@
+"""The DeepSeek-V3 target family (``model_type`` ``deepseek_v3``: DeepSeek-V3 / R1, and the
+decoder of Kimi-K2.x; transformers' ``DeepseekV3ForCausalLM``).
+
+Multi-head latent attention in every layer (``mla.model``), a dense SwiGLU MLP in the first
+``first_k_dense_replace`` layers and DeepSeek's MoE block in the others: sigmoid router with a
+selection-only bias, group-limited top-k, renormalised and scaled weights
+(``nn.moe.route_sigmoid_group_topk``), plus shared experts. YaRN RoPE on the rope dims, with
+DeepSeek's ``mscale_all_dim`` attention scale (:attr:`DeepseekV3Config.attention_scale`).
+
+Checkpoints: transformers' ``save_pretrained`` layout (experts per expert,
+``model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight``, shared experts
+``mlp.shared_experts.*``, the router ``mlp.gate.weight`` and ``mlp.gate.e_score_correction_bias``),
+and transformers' fused in-memory layout (``mlp.experts.gate_up_proj`` / ``down_proj``). The
+released checkpoints' multi-token-prediction layers (``model.layers.{N}...``, counted by
+``num_nextn_predict_layers``) are ignored by name with one log line. FP8 block-quantized
+weights (``quantization_config``) are refused with a one-line error for now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.checkpoints import CheckpointError, TensorSpec
+from dflash_jax.config import decoder_fields_from_hf, decoder_fields_to_hf, refuse, unsupported_decoder_features
+from dflash_jax.config import TargetConfig
+from dflash_jax.nn.cache import KVCache
+from dflash_jax.nn.layers import random_init
+from dflash_jax.targets.base import TargetFamily
+from dflash_jax.targets.mla import model
+from dflash_jax.targets.moe import qwen3_moe
+
+MODEL_TYPE = "deepseek_v3"
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepseekV3Config(TargetConfig):
+    """A DeepSeek-V3 target's config: :class:`TargetConfig` (``head_dim`` = the rope dim dr,
+    ``num_kv_heads`` = ``num_heads``, ``intermediate_size`` = the dense layers' MLP width) plus
+    MLA's and the MoE's fields.
+
+    MLA: ``q_lora_rank`` (0: a plain ``q_proj``), ``kv_lora_rank`` = r (the cached latent),
+    ``qk_nope_head_dim`` = dn, ``qk_rope_head_dim`` = dr, ``v_head_dim`` = dv,
+    ``rope_interleave`` (rope dims stored as interleaved pairs).
+    MoE: ``num_experts`` = E routed experts (``n_routed_experts``), ``num_experts_per_tok`` = k,
+    ``moe_intermediate_size`` = Fm, ``n_shared_experts``, ``n_group`` / ``topk_group``
+    (group-limited routing), ``norm_topk_prob``, ``routed_scaling_factor``,
+    ``first_k_dense_replace`` (the first layers are dense).
+    ``num_nextn_predict_layers``: the checkpoint's multi-token-prediction layers (not run; kept
+    for the round trip)."""
+
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 1
+    qk_nope_head_dim: int = 1
+    qk_rope_head_dim: int = 2
+    v_head_dim: int = 1
+    rope_interleave: bool = True
+    num_experts: int = 1
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 1
+    n_shared_experts: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    num_nextn_predict_layers: int = 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """transformers' rule: layer i is MoE iff ``i >= first_k_dense_replace``."""
+        return i >= self.first_k_dense_replace
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if not self.is_moe_layer(i))
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        """``qk_head_dim ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2`` under YaRN with
+        ``mscale_all_dim`` (transformers' ``yarn_apply_mscale``; DeepSeek-V3: 1.707**2 at factor 40)."""
+        scale = self.qk_head_dim ** -0.5
+        rope = self.rope
+        if rope.rope_type != "default" and rope.mscale_all_dim:
+            m = model.yarn_mscale(float(rope.factor), float(rope.mscale_all_dim))
+            scale *= m * m
+        return scale
+
+
+_NONE = lambda v: not v
+_OPTIONS = (
+    # (field, value that is fine, why it is refused otherwise)
+    ("scoring_func", lambda v: v in (None, "sigmoid"), "only DeepSeek-V3's sigmoid router is implemented"),
+    ("topk_method", lambda v: v in (None, "noaux_tc"),
+     "only DeepSeek-V3's bias-corrected group-limited top-k (noaux_tc) is implemented"),
+    ("moe_layer_freq", lambda v: v in (None, 1), "MoE in every layer from first_k_dense_replace on only"),
+    ("attention_bias", _NONE, "MLA projection biases are not implemented (DeepSeek-V3 has none)"),
+    ("quantization_config", _NONE,
+     "FP8 block-quantized weights are not dequantized on load yet: convert the checkpoint to bf16 first"),
+)
+
+
+def _int(d: Mapping[str, Any], field: str, default=None, minimum: int = 1) -> int:
+    v = d.get(field, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or int(v) < minimum:
+        raise ValueError(f"target config.json ({MODEL_TYPE}): {field} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+class DeepseekV3Family(TargetFamily):
+    """The ``deepseek_v3`` family (module docstring)."""
+
+    model_types = (MODEL_TYPE,)
+    name = MODEL_TYPE
+    architecture = "DeepseekV3ForCausalLM"
+    tree_refusal = None  # the state is a KVCache (compact) and the mask takes a tree
+
+    # ------------------------------------------------------------------ config
+    def config_from_hf(self, d: Mapping[str, Any]) -> DeepseekV3Config:
+        """Reads a ``DeepseekV3ForCausalLM`` config.json; unimplemented options (:data:`_OPTIONS`)
+        are refused, naming the field."""
+        what = f"target config.json ({MODEL_TYPE})"
+        missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                               "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+                   if d.get(k) is None]
+        if missing:
+            raise ValueError(f"{what} is missing the MLA / MoE fields: {', '.join(missing)}")
+        problems = unsupported_decoder_features(d, qwen3_attention=False)
+        problems += [f"{f}={d[f]!r}: {why}" for f, fine, why in _OPTIONS if f in d and not fine(d[f])]
+        refuse(problems, what)
+        fields = decoder_fields_from_hf(d, "config.json")
+        dr = _int(d, "qk_rope_head_dim")
+        fields.update(head_dim=dr, num_kv_heads=fields["num_heads"])
+        if d.get("head_dim") not in (None, dr):
+            raise ValueError(f"{what}: head_dim {d['head_dim']} must equal qk_rope_head_dim {dr} "
+                             "(transformers sets it so; it sizes the rotary embedding)")
+        eos = d.get("eos_token_id")
+        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        interleave = d.get("rope_interleave", True)
+        if not isinstance(interleave, bool):
+            raise ValueError(f"{what}: rope_interleave must be true or false, got {interleave!r}")
+        nextn = d.get("num_nextn_predict_layers", d.get("num_mtp_layers", 0)) or 0
+        return DeepseekV3Config(
+            model_type=MODEL_TYPE, **fields,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id"), eos_token_id=eos_ids,
+            q_lora_rank=int(d.get("q_lora_rank") or 0), kv_lora_rank=_int(d, "kv_lora_rank"),
+            qk_nope_head_dim=_int(d, "qk_nope_head_dim"), qk_rope_head_dim=dr,
+            v_head_dim=_int(d, "v_head_dim"), rope_interleave=interleave,
+            num_experts=_int(d, "n_routed_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
+            moe_intermediate_size=_int(d, "moe_intermediate_size"),
+            n_shared_experts=_int(d, "n_shared_experts", 0, minimum=0),
+            n_group=_int(d, "n_group", 1), topk_group=_int(d, "topk_group", 1),
+            norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+            routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
+            first_k_dense_replace=_int(d, "first_k_dense_replace", 0, minimum=0),
+            num_nextn_predict_layers=int(nextn))
+
+    def check_config(self, cfg) -> None:
+        if not isinstance(cfg, DeepseekV3Config):
+            raise ValueError("a deepseek_v3 target needs a DeepseekV3Config (dflash_jax.targets.mla), "
+                             "with the MLA and MoE fields")
+        if cfg.num_kv_heads != cfg.num_heads:
+            raise ValueError(f"num_key_value_heads {cfg.num_kv_heads} must equal num_attention_heads "
+                             f"{cfg.num_heads}: MLA has no key/value head groups")
+        if cfg.head_dim != cfg.qk_rope_head_dim:
+            raise ValueError(f"head_dim {cfg.head_dim} must equal qk_rope_head_dim {cfg.qk_rope_head_dim}")
+        if cfg.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even for rotary embeddings, got {cfg.qk_rope_head_dim}")
+        E, G = cfg.num_experts, cfg.n_group
+        if cfg.moe_layers:
+            if not 1 <= cfg.num_experts_per_tok <= E:
+                raise ValueError(f"num_experts_per_tok must be in 1..n_routed_experts={E}, got {cfg.num_experts_per_tok}")
+            if E % G or (G > 1 and E // G < 2):
+                raise ValueError(f"n_group {G} must divide n_routed_experts {E} into groups of at least 2 "
+                                 "experts (a group is scored by its two best experts)")
+            if not 1 <= cfg.topk_group <= G:
+                raise ValueError(f"topk_group must be in 1..n_group={G}, got {cfg.topk_group}")
+            if cfg.topk_group * (E // G) < cfg.num_experts_per_tok:
+                raise ValueError(f"topk_group {cfg.topk_group} groups of {E // G} experts cannot hold "
+                                 f"num_experts_per_tok {cfg.num_experts_per_tok} experts")
+
+    def config_to_hf(self, cfg: DeepseekV3Config) -> dict:
+        """transformers' ``DeepseekV3Config`` fields (RoPE in both spellings)."""
+        eos: Any = list(cfg.eos_token_id)
+        eos = eos[0] if len(eos) == 1 else (eos or None)
+        return {"architectures": [self.architecture], "model_type": MODEL_TYPE,
+                **decoder_fields_to_hf(cfg), "tie_word_embeddings": cfg.tie_word_embeddings,
+                "attention_bias": False, "q_lora_rank": cfg.q_lora_rank or None,
+                "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
+                "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
+                "rope_interleave": cfg.rope_interleave, "n_routed_experts": cfg.num_experts,
+                "num_experts_per_tok": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.moe_intermediate_size,
+                "n_shared_experts": cfg.n_shared_experts, "n_group": cfg.n_group,
+                "topk_group": cfg.topk_group, "norm_topk_prob": cfg.norm_topk_prob,
+                "routed_scaling_factor": cfg.routed_scaling_factor,
+                "first_k_dense_replace": cfg.first_k_dense_replace,
+                "num_nextn_predict_layers": cfg.num_nextn_predict_layers,
+                "bos_token_id": cfg.bos_token_id, "eos_token_id": eos}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _attention_shapes(self, cfg) -> dict[str, tuple[tuple[str, ...], bool, tuple[int, ...]]]:
+        """{tensor suffix: (parameter path under layers/self_attn, transpose, shape on disk)}."""
+        D, H = cfg.hidden_size, cfg.num_heads
+        r, dr, qk, dv, rq = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+        out = {}
+        if rq:
+            out["q_a_proj.weight"] = (("q_a_proj", "kernel"), True, (rq, D))
+            out["q_a_layernorm.weight"] = (("q_a_layernorm", "weight"), False, (rq,))
+            out["q_b_proj.weight"] = (("q_b_proj", "kernel"), True, (H * qk, rq))
+        else:
+            out["q_proj.weight"] = (("q_proj", "kernel"), True, (H * qk, D))
+        out["kv_a_proj_with_mqa.weight"] = (("kv_a_proj_with_mqa", "kernel"), True, (r + dr, D))
+        out["kv_a_layernorm.weight"] = (("kv_a_layernorm", "weight"), False, (r,))
+        out["kv_b_proj.weight"] = (("kv_b_proj", "kernel"), True, (H * (cfg.qk_nope_head_dim + dv), r))
+        out["o_proj.weight"] = (("o_proj", "kernel"), True, (D, H * dv))
+        return out
+
+    def tensor_specs(self, cfg: DeepseekV3Config) -> dict[str, TensorSpec]:
+        """All tensors of the per-expert layout (module docstring)."""
+        D, V, E, Fm, F = (cfg.hidden_size, cfg.vocab_size, cfg.num_experts, cfg.moe_intermediate_size,
+                          cfg.intermediate_size)
+        Fs = cfg.n_shared_experts * Fm
+        specs = {"model.embed_tokens.weight": TensorSpec(("embed_tokens", "embedding"), None, False, (V, D))}
+        for i in range(cfg.num_layers):
+            pre = f"model.layers.{i}."
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                specs[pre + norm + ".weight"] = TensorSpec(("layers", norm, "weight"), i, False, (D,))
+            for suffix, (path, t, shape) in self._attention_shapes(cfg).items():
+                specs[pre + "self_attn." + suffix] = TensorSpec(("layers", "self_attn") + path, i, t, shape)
+        mlp = (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F)))
+        for j, i in enumerate(cfg.dense_layers):
+            for proj, shape in mlp:
+                specs[f"model.layers.{i}.mlp.{proj}.weight"] = TensorSpec(("layers", "mlp", proj, "kernel"), j, True, shape)
+        for m, i in enumerate(cfg.moe_layers):
+            pre = f"model.layers.{i}.mlp."
+            specs[pre + "gate.weight"] = TensorSpec(("layers", "moe", "gate", "kernel"), m, True, (E, D))
+            specs[pre + "gate.e_score_correction_bias"] = TensorSpec(
+                ("layers", "moe", "gate", "e_score_correction_bias"), m, False, (E,))
+            for e in range(E):
+                for proj, shape in (("gate_proj", (Fm, D)), ("up_proj", (Fm, D)), ("down_proj", (D, Fm))):
+                    specs[f"{pre}experts.{e}.{proj}.weight"] = TensorSpec(
+                        ("layers", "moe", "experts", proj), m, True, shape, expert=e)
+            # always there, as transformers builds them (zero-width without shared experts)
+            for proj, shape in (("gate_proj", (Fs, D)), ("up_proj", (Fs, D)), ("down_proj", (D, Fs))):
+                specs[f"{pre}shared_experts.{proj}.weight"] = TensorSpec(
+                    ("layers", "moe", "shared", proj, "kernel"), m, True, shape)
+        specs["model.norm.weight"] = TensorSpec(("norm", "weight"), None, False, (D,))
+        if not cfg.tie_word_embeddings:
+            specs["lm_head.weight"] = TensorSpec(("lm_head", "kernel"), None, True, (V, D))
+        return specs
+
+    _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+    _FUSED = qwen3_moe.Qwen3MoeFamily._FUSED  # the fused-expert names qwen3_moe's conversion reads
+
+    def convert_checkpoint_tensors(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray],
+                                   what: str = "checkpoint") -> dict[str, np.ndarray]:
+        """The multi-token-prediction layers (``model.layers.{i}`` for i >= N, when
+        ``num_nextn_predict_layers`` > 0) dropped with one log line; fused experts split
+        (``qwen3_moe``'s conversion, the same names). A layer beyond N that the config does not
+        announce is a CheckpointError."""
+        out, dropped = {}, set()
+        for name, arr in tensors.items():
+            hit = self._LAYER.match(name)
+            if hit and int(hit.group(1)) >= cfg.num_layers:
+                i = int(hit.group(1))
+                if i >= cfg.num_layers + cfg.num_nextn_predict_layers:
+                    raise CheckpointError(f"{what}: {name} belongs to layer {i}, but the config has "
+                                          f"{cfg.num_layers} layers and {cfg.num_nextn_predict_layers} "
+                                          "multi-token-prediction layers (num_nextn_predict_layers)")
+                dropped.add(i)
+                continue
+            out[name] = arr
+        if dropped:
+            log.warning("%s: ignored the multi-token-prediction layers %s (not run by the %s target)",
+                        what, sorted(dropped), self.name)
+        return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
+
+    # ------------------------------------------------------------------ the model
+    def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
+        """Random parameters (``mla.model`` tree): matrices normal(``init_scale``), norms 1,
+        the routers' correction bias 0."""
+        shapes: dict[str, Any] = {"embed_tokens": {"embedding": (cfg.vocab_size, cfg.hidden_size)},
+                                  "norm": {"weight": (cfg.hidden_size,)}, "layers": {}}
+        if not cfg.tie_word_embeddings:
+            shapes["lm_head"] = {"kernel": (cfg.hidden_size, cfg.vocab_size)}
+        for name, spec in self.tensor_specs(cfg).items():
+            if spec.layer is None:
+                continue
+            stack = (len(cfg.moe_layers) if spec.path[1] == "moe" else len(cfg.dense_layers)
+                     if spec.path[1] == "mlp" else cfg.num_layers)
+            shape = tuple(reversed(spec.shape)) if spec.transpose else spec.shape
+            if spec.expert is not None:
+                shape = (stack, cfg.num_experts) + shape
+            else:
+                shape = (stack,) + shape
+            node = shapes
+            for k in spec.path[:-1]:
+                node = node.setdefault(k, {})
+            node[spec.path[-1]] = shape
+        is_shape = lambda x: isinstance(x, tuple)
+
+        def init(k):
+            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s, dtype), shapes, is_leaf=is_shape)
+            return random_init(zeros, k, init_scale, dtype)
+
+        return jax.jit(init)(key)
+
+    def init_state(self, cfg, batch: int, max_len: int, dtype) -> KVCache:
+        """The latent decode state (``mla.model.init_state``)."""
+        return model.init_state(cfg, batch, max_len, dtype)
+
+    def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
+                logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
+                mla_form=None, moe_impl="auto", tree=None):
+        """``mla.model.target_forward`` (``mla_form``: absorbed / expanded; ``moe_impl``:
+        ``nn.moe.moe_ffn``'s). One device only for now: a ``model_axis`` is refused."""
+        if model_axis is not None:
+            raise ValueError(f"the {self.name} target does not run tensor-parallel yet (model_axis={model_axis!r})")
+        return model.target_forward(cfg, params, tokens, positions, state, tap_layer_ids=tap_layer_ids,
+                                    logit_index=logit_index, compute_logits=compute_logits,
+                                    attention_impl=attention_impl, mla_form=mla_form, moe_impl=moe_impl,
+                                    tree=tree)
+
+    split_layers = staticmethod(model.split_layer_params)  # TargetFamily.loop_params, on CPU
+
+    # ------------------------------------------------------------------ size model
+    def attention_matrix_params(self, cfg) -> int:
+        """One layer's MLA matrices (q path, kv_a, kv_b, o)."""
+        return sum(int(np.prod(s)) for _, t, s in self._attention_shapes(cfg).values() if t)
+
+    def expert_params(self, cfg) -> int:
+        """One routed expert's matrices: ``3 * D * Fm``."""
+        return 3 * cfg.hidden_size * cfg.moe_intermediate_size
+
+    def layer_vector_params(self, cfg) -> int:
+        """Norm vectors per layer (input, post-attention, q and kv latent norms)."""
+        return 2 * cfg.hidden_size + cfg.kv_lora_rank + cfg.q_lora_rank
+
+    def _matrices(self, cfg, experts_per_moe_layer: float) -> float:
+        D = cfg.hidden_size
+        Nm, Nd = len(cfg.moe_layers), len(cfg.dense_layers)
+        tables = 1 if cfg.tie_word_embeddings else 2
+        shared = 3 * D * cfg.n_shared_experts * cfg.moe_intermediate_size
+        return (cfg.num_layers * self.attention_matrix_params(cfg) + Nd * 3 * D * cfg.intermediate_size
+                + Nm * (D * cfg.num_experts + shared + experts_per_moe_layer * self.expert_params(cfg))
+                + tables * cfg.vocab_size * D)
+
+    def num_params(self, cfg) -> int:
+        """Every parameter transformers counts (the routers' correction biases included)."""
+        return int(self.matrix_params(cfg) + cfg.num_layers * self.layer_vector_params(cfg)
+                   + len(cfg.moe_layers) * cfg.num_experts + cfg.hidden_size)
+
+    def matrix_params(self, cfg) -> int:
+        return int(self._matrices(cfg, cfg.num_experts))
+
+    def matrix_params_read(self, cfg, rows: int) -> float:
+        """The shared matrices plus, per MoE layer, the experts ``rows`` tokens route to under
+        uniform routing: ``E * (1 - (1 - k/E) ** rows)``."""
+        E, k = cfg.num_experts, cfg.num_experts_per_tok
+        return float(self._matrices(cfg, E * (1 - (1 - k / E) ** rows)))
+
+    def matrix_params_per_token(self, cfg) -> int:
+        return int(self._matrices(cfg, cfg.num_experts_per_tok))
+
+    def state_bytes_per_token(self, cfg, itemsize: int) -> float:
+        """The latent and the rope key of every layer: ``L * (r + dr) * itemsize`` (576 numbers
+        per layer for DeepSeek-V3, against ``2 * H * (dn + dr)`` were the keys and values cached)."""
+        return cfg.num_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
+
+
+DEEPSEEK_V3 = DeepseekV3Family()

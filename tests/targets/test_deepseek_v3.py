@@ -1,0 +1,394 @@
+"""The ``deepseek_v3`` target family (multi-head latent attention, DeepSeek's MoE) against
+transformers' ``DeepseekV3ForCausalLM`` (float32, tiny random checkpoints written by
+``save_pretrained``, routers with well-separated scores and a nonzero correction bias):
+
+* the router (sigmoid, selection-only bias, group-limited top-k, renormalised and scaled) against
+  transformers' own router module, and the routing of every MoE layer inside the model (hooked);
+* logits and taps, in both MLA forms (absorbed: the queries multiplied into the latent space;
+  expanded: transformers' form), on the full pass and through the latent decode state in
+  blocks, on the split per-layer layout; the state holds exactly ``r + dr`` numbers per token
+  and layer, what the size model says;
+* greedy ``generate`` equals transformers' greedy generate on a ragged batch; greedy DFlash with
+  a proposer wrong at a chosen position equals autoregressive decoding for every acceptance
+  length;
+* checkpoints: fused experts load the same, ``Target.save`` writes back transformers' tensors bit
+  for bit, multi-token-prediction layers are ignored by name, and bad fields and tensors are
+  one-line errors naming them.
+
+Variants: ``v3`` (DeepSeek-V3's shape: q and kv latents, YaRN with ``mscale_all_dim``,
+interleaved rope dims, a layer-norm eps unlike the latent norms' fixed 1e-6, 4 groups of 2 experts, a shared expert, the first layer dense) and
+``plain`` (no q latent, plain RoPE in halves, no groups, no shared expert, tied embeddings, every
+layer MoE).
+"""
+
+import functools
+import json
+import logging
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+import dflash_jax as dj
+from dflash_jax import targets
+from dflash_jax.checkpoints import CheckpointError
+from dflash_jax.nn import moe
+from dflash_jax.targets.mla import deepseek_v3, model as mla
+
+from support.moe_oracles import separated_router
+from support.oracle_proposers import ReferenceProposer
+
+pytestmark = [pytest.mark.xdist_group("deepseek_v3"), pytest.mark.torch]
+
+TOL = 1e-4
+HF_DIMS = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+               qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10, n_routed_experts=8,
+               num_experts_per_tok=3, routed_scaling_factor=2.5, max_position_embeddings=256,
+               initializer_range=0.1)
+VARIANTS = {
+    # rms_norm_eps far from the latent norms' fixed 1e-6, so that mixing them up shows
+    "v3": dict(q_lora_rank=24, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+               rope_interleave=True, rms_norm_eps=1e-2,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.7}),
+    "plain": dict(q_lora_rank=None, n_group=1, topk_group=1, n_shared_experts=0, first_k_dense_replace=0,
+                  rope_interleave=False, tie_word_embeddings=True, norm_topk_prob=False,
+                  routed_scaling_factor=1.0),
+}
+
+
+def make_hf(seed: int = 0, **overrides):
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(**{**HF_DIMS, **overrides})
+    cfg._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM(cfg).eval()
+    rng = np.random.default_rng(seed)
+    E = cfg.n_routed_experts
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.from_numpy(separated_router(rng, E, cfg.hidden_size, 2.0)))
+            elif "experts" in name:
+                p.normal_(0.0, 0.15)
+        for layer in model.model.layers[cfg.first_k_dense_replace:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.from_numpy(rng.normal(0, 0.1, E).astype(np.float32)))
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def checkpoint(variant: str):
+    """(torch model, checkpoint directory written by its save_pretrained)."""
+    import tempfile
+
+    model = make_hf(**VARIANTS[variant])
+    path = tempfile.mkdtemp(prefix=f"deepseek-v3-{variant}-")
+    model.save_pretrained(path)
+    return model, path
+
+
+@functools.lru_cache(maxsize=None)
+def target(variant: str = "v3"):
+    return dj.load_target(checkpoint(variant)[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup():
+    yield
+    for variant in list(VARIANTS):
+        if checkpoint.cache_info().currsize:
+            shutil.rmtree(checkpoint(variant)[1], ignore_errors=True)
+    checkpoint.cache_clear()
+    target.cache_clear()
+    reference.cache_clear()
+
+
+def torch_forward(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_hidden_states=True)
+    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
+
+
+def sorted_routing(weights, ids):
+    """(weights, ids) per row in expert-id order (transformers' top-k is unsorted)."""
+    order = np.argsort(ids, axis=-1)
+    return np.take_along_axis(np.asarray(weights), order, -1), np.take_along_axis(np.asarray(ids), order, -1)
+
+
+# ---------------------------------------------------------------------------- the router
+@pytest.mark.parametrize("groups", [(4, 2), (1, 1), (2, 1)])
+def test_router_equals_transformers(groups):
+    """Group-limited choice on the biased scores, weights from the unbiased ones; the biased
+    scores' margin between the k-th expert and the next is checked, so float32 differences cannot
+    flip a choice. With 2 groups of 4, keeping 1: only experts of the better group are chosen."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    n_group, topk_group = groups
+    rng = np.random.default_rng(1)
+    E, D, k = 8, 32, 3
+    x = rng.standard_normal((64, D)).astype(np.float32)
+    w = separated_router(rng, E, D, 1.5)
+    bias = rng.normal(0, 0.2, E).astype(np.float32)
+    for norm, scale in ((True, 2.5), (False, 1.0)):
+        router = DeepseekV3TopkRouter(DeepseekV3Config(hidden_size=D, n_routed_experts=E, num_experts_per_tok=k,
+                                                       n_group=n_group, topk_group=topk_group,
+                                                       norm_topk_prob=norm, routed_scaling_factor=scale))
+        with torch.no_grad():
+            router.weight.copy_(torch.from_numpy(w))
+            router.e_score_correction_bias.copy_(torch.from_numpy(bias))
+            _, ref_w, ref_ids = router(torch.from_numpy(x))
+        got_w, got_ids = moe.route_sigmoid_group_topk(jnp.asarray(x @ w.T), jnp.asarray(bias), k,
+                                                      n_group, topk_group, norm, scale)
+        rw, ri = sorted_routing(ref_w.numpy(), ref_ids.numpy())
+        gw, gi = sorted_routing(got_w, got_ids)
+        np.testing.assert_array_equal(gi, ri)
+        np.testing.assert_allclose(gw, rw, atol=1e-6)
+    if groups == (2, 1):  # every choice inside one group of 4
+        assert np.all(np.asarray(got_ids) // 4 == np.asarray(got_ids)[:, :1] // 4)
+    assert len(np.unique(ri)) == E or groups == (2, 1)
+
+
+def test_routing_inside_the_model_equals_transformers():
+    model, _ = checkpoint("v3")
+    cfg, params = target("v3").config, target("v3").params
+    captured = {}
+    hooks = [model.model.layers[i].mlp.gate.register_forward_hook(
+        lambda mod, inp, out, i=i: captured.__setitem__(i, (inp[0].numpy(), out[1].numpy(), out[2].numpy())))
+        for i in cfg.moe_layers]
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, size=(2, 24))
+    torch_forward(model, ids)
+    for h in hooks:
+        h.remove()
+    route = jax.jit(functools.partial(mla.route, cfg))
+    for m, i in enumerate(cfg.moe_layers):
+        x, ref_w, ref_ids = captured[i]
+        lp = jax.tree_util.tree_map(lambda a: a[m], params["layers"]["moe"])
+        w, got = route(lp, jnp.asarray(x).reshape(-1, cfg.hidden_size))
+        gw, gi = sorted_routing(w, got)
+        rw, ri = sorted_routing(ref_w, ref_ids)
+        np.testing.assert_array_equal(gi, ri)
+        np.testing.assert_allclose(gw, rw, atol=1e-5)
+        assert len(np.unique(ri)) >= cfg.num_experts - 1  # not one expert for everything
+
+
+# ---------------------------------------------------------------------------- parity
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_and_taps_equal_transformers_in_both_mla_forms(variant):
+    model, _ = checkpoint(variant)
+    t = target(variant)
+    cfg, D = t.config, t.config.hidden_size
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 30))
+    ref_logits, ref_hidden = torch_forward(model, ids)
+    tap_ids = tuple(range(cfg.num_layers))
+    forward = jax.jit(functools.partial(targets.target_forward, cfg), static_argnames=("tap_layer_ids", "mla_form"))
+    pos = jnp.broadcast_to(jnp.arange(30), (2, 30))
+    for form in mla.MLA_FORMS:
+        logits, taps, _ = forward(t.params, jnp.asarray(ids), pos, tap_layer_ids=tap_ids, mla_form=form)
+        np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=TOL, rtol=0, err_msg=form)
+        for j, i in enumerate(tap_ids):  # tap of layer i == hidden_states[i + 1] (the last one normed)
+            np.testing.assert_allclose(np.asarray(taps[..., j * D:(j + 1) * D]), ref_hidden[i + 1],
+                                       atol=TOL, rtol=0)
+    # through the latent state in blocks (absorbed, the default with a state), on the split layout
+    fam = targets.family_of(cfg)
+    split = fam.loop_params(t.params)
+    assert "layers" not in split
+    state = fam.init_state(cfg, 2, 48, jnp.float32)
+    for lo, hi in [(0, 11), (11, 12), (12, 30)]:
+        logits, taps, state = forward(split, jnp.asarray(ids[:, lo:hi]),
+                                      jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo)), state,
+                                      tap_layer_ids=(1,))
+        np.testing.assert_allclose(np.asarray(logits), ref_logits[:, lo:hi], atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(taps), ref_hidden[2][:, lo:hi], atol=TOL, rtol=0)
+
+
+def test_the_state_holds_latents_and_rope_keys_only_and_rolls_back():
+    """The state is [layers, B, S, 1, r] latents and [layers, B, S, 1, dr] rotated rope keys:
+    ``state_bytes_per_token`` of them, against ``2 H (dn + dr)`` for expanded keys and values.
+    A block run then rolled back continues exactly as the shorter prefix did."""
+    t = target("v3")
+    cfg, fam = t.config, targets.family_of(t.config)
+    state = fam.init_state(cfg, 2, 40, jnp.float32)
+    assert state.k.shape == (3, 2, 40, 1, 16) and state.v.shape == (3, 2, 40, 1, 8)
+    per_token = sum(x.size // (2 * 40) for x in (state.k, state.v)) * 4
+    assert fam.state_bytes_per_token(cfg, 4) == per_token == 3 * (16 + 8) * 4
+    ds = deepseek_v3.DeepseekV3Config  # the released shape: 576 numbers per token and layer
+    assert fam.state_bytes_per_token(dataclasses_replace(cfg, kv_lora_rank=512, qk_rope_head_dim=64,
+                                                         head_dim=64, num_layers=61), 2) == 61 * 576 * 2
+    assert issubclass(type(cfg), ds)
+    ids = jnp.asarray(np.random.default_rng(5).integers(0, 96, size=(2, 20)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(20), (2, 20))
+    f = jax.jit(functools.partial(targets.target_forward, cfg))
+    _, _, full = f(t.params, ids[:, :12], pos[:, :12], fam.init_state(cfg, 2, 40, jnp.float32))
+    rolled = full.rollback(jnp.array([7, 9], jnp.int32))
+    want, _, _ = f(t.params, ids, pos)
+    a, _, _ = f(t.params, jnp.stack([ids[0, 7:15], ids[1, 9:17]]), jnp.stack([pos[0, 7:15], pos[1, 9:17]]), rolled)
+    np.testing.assert_allclose(np.asarray(a[0]), np.asarray(want[0, 7:15]), atol=TOL)
+    np.testing.assert_allclose(np.asarray(a[1]), np.asarray(want[1, 9:17]), atol=TOL)
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **kw)
+
+
+def test_parameter_count():
+    for variant in VARIANTS:
+        model = checkpoint(variant)[0]
+        cfg = target(variant).config
+        fam = targets.family_of(cfg)
+        biases = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+        assert fam.num_params(cfg) == sum(p.numel() for p in model.parameters()) + biases
+        assert fam.num_params(cfg) == sum(x.size for x in jax.tree_util.tree_leaves(target(variant).params))
+        Nm, E, k = len(cfg.moe_layers), cfg.num_experts, cfg.num_experts_per_tok
+        assert fam.matrix_params(cfg) - fam.matrix_params_per_token(cfg) == Nm * (E - k) * fam.expert_params(cfg)
+
+
+def hf_greedy(model, prompt, max_new):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+PROMPTS = [[3, 17, 4, 40, 9], [11, 2, 30, 5, 5, 8, 21, 1, 44, 60, 7], [90]]
+MAX_NEW = 24
+BS = 5
+
+
+@functools.lru_cache(maxsize=None)
+def reference():
+    return dj.generate(target(), PROMPTS, MAX_NEW).sequences
+
+
+@pytest.mark.slow
+def test_greedy_generate_equals_transformers_on_a_ragged_batch():
+    model, _ = checkpoint("v3")
+    ref = reference()
+    for p, seq in zip(PROMPTS, ref):
+        assert seq == hf_greedy(model, p, MAX_NEW)
+    assert len({tok for seq in ref for tok in seq}) > 10, "a degenerate model would not test much"
+
+
+def wrong_at(start, bs: int = BS):
+    """The draft index the proposer gets wrong in the iteration starting at ``start``
+    (bs - 1: none): every acceptance length 1..bs occurs (asserted)."""
+    return (start // 3) % bs
+
+
+def test_dflash_equals_autoregressive_for_every_acceptance_length():
+    ref = reference()
+    t = target()
+    width = max(len(p) + len(r) for p, r in zip(PROMPTS, ref)) + BS
+    rows = np.zeros((len(PROMPTS), width), np.int32)
+    for b, (p, r) in enumerate(zip(PROMPTS, ref)):
+        rows[b, :len(p) + len(r)] = p + r
+    drafter = dj.Drafter.random(t, num_layers=1, block_size=BS, seed=6)
+    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, proposer=ReferenceProposer(rows, wrong_at))
+    assert r.sequences == ref
+    seen = set()
+    for prompt, lens in zip(PROMPTS, r.acceptance_lengths):
+        start = len(prompt)
+        for a in lens[:-1]:  # the last iteration may be cut by the budget
+            assert a == wrong_at(start) + 1
+            seen.add(a)
+            start += a
+    assert seen == set(range(1, BS + 1)), f"acceptance lengths seen: {sorted(seen)}"
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def fuse_experts(src: str, dst: str, cfg, extra: dict | None = None) -> None:
+    """A copy of the per-expert checkpoint ``src`` with each MoE layer's experts fused
+    (transformers' in-memory layout), plus ``extra`` tensors."""
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for i in cfg.moe_layers:
+        name = lambda e, p: f"model.layers.{i}.mlp.experts.{e}.{p}.weight"
+        E = range(cfg.num_experts)
+        tensors[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
+            [np.concatenate([tensors.pop(name(e, "gate_proj")), tensors.pop(name(e, "up_proj"))]) for e in E])
+        tensors[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([tensors.pop(name(e, "down_proj")) for e in E])
+    tensors.update(extra or {})
+    os.makedirs(dst, exist_ok=True)
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), dst)
+
+
+def test_layouts_load_the_same_mtp_layers_are_ignored_and_save_round_trips_bit_exact(tmp_path, caplog):
+    _, path = checkpoint("v3")
+    t = target("v3")
+    assert t.config.num_nextn_predict_layers == 1  # transformers writes one (it builds none)
+    mtp = {"model.layers.3.eh_proj.weight": np.zeros((32, 64), np.float32),
+           "model.layers.3.self_attn.kv_b_proj.weight": np.zeros((88, 16), np.float32)}
+    fused = str(tmp_path / "fused")
+    fuse_experts(path, fused, t.config, extra=mtp)
+    with caplog.at_level(logging.WARNING):
+        f = dj.load_target(fused)
+    assert "ignored the multi-token-prediction layers [3]" in caplog.text
+    jax.tree_util.tree_map(np.testing.assert_array_equal, t.params, f.params)
+    f.save(str(tmp_path / "saved"))
+    ours = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    theirs = load_file(os.path.join(path, "model.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name], theirs[name])
+        assert ours[name].dtype == theirs[name].dtype
+    again = dj.load_target(str(tmp_path / "saved"))
+    assert again.config == t.config
+    # transformers reads our config.json as the same model
+    from transformers import DeepseekV3ForCausalLM
+
+    hf = DeepseekV3ForCausalLM.from_pretrained(str(tmp_path / "saved"), attn_implementation="eager").eval()
+    ids = np.arange(12)[None] % 96
+    np.testing.assert_allclose(torch_forward(hf, ids)[0], torch_forward(checkpoint("v3")[0], ids)[0], atol=1e-5)
+    # a layer past the announced multi-token-prediction layers is an error, not silently dropped
+    bad = str(tmp_path / "bad")
+    fuse_experts(path, bad, t.config, extra={"model.layers.4.eh_proj.weight": np.zeros((32, 64), np.float32)})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.4\.eh_proj\.weight belongs to layer 4"):
+        dj.load_target(bad)
+
+
+def test_a_latent_projection_of_the_wrong_rank_is_named(tmp_path):
+    _, path = checkpoint("v3")
+    dst = str(tmp_path / "bad")
+    shutil.copytree(path, dst)
+    file = os.path.join(dst, "model.safetensors")
+    tensors = load_file(file)
+    tensors["model.layers.1.self_attn.kv_b_proj.weight"] = tensors["model.layers.1.self_attn.kv_b_proj.weight"][:, :12]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.kv_b_proj\.weight: expected \[88, 16\], found \[88, 12\]"):
+        dj.load_target(dst)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("scoring_func", "softmax", r"scoring_func='softmax': only DeepSeek-V3's sigmoid router"),
+    ("topk_method", "greedy", r"topk_method='greedy': only DeepSeek-V3's"),
+    ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]},
+     r"quantization_config=.*FP8 block-quantized weights are not dequantized"),
+    ("n_group", 3, r"n_group 3 must divide n_routed_experts 8"),
+    ("topk_group", 5, r"topk_group must be in 1\.\.n_group=4, got 5"),
+    ("num_experts_per_tok", 9, r"num_experts_per_tok must be in 1\.\.n_routed_experts=8, got 9"),
+    ("kv_lora_rank", None, r"missing the MLA / MoE fields: kv_lora_rank"),
+    ("head_dim", 12, r"head_dim 12 must equal qk_rope_head_dim 8"),
+    ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, r"rope"),
+])
+def test_unimplemented_or_inconsistent_fields_are_refused(field, value, match):
+    d = deepseek_v3.DEEPSEEK_V3.config_to_hf(target("v3").config)
+    d[field] = value
+    if field == "rope_parameters":
+        d.pop("rope_scaling", None)
+    with pytest.raises(ValueError, match=match):
+        dj.TargetConfig.from_hf_dict(d)
+    # transformers' own config.json round-trips
+    with open(os.path.join(checkpoint("v3")[1], "config.json")) as fh:
+        assert dj.TargetConfig.from_hf_dict(json.load(fh)) == target("v3").config
