@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any, Iterable, NamedTuple
 
 import jax
@@ -111,11 +112,34 @@ def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) ->
         with open_safetensors(file) as f:
             for name in file_names:
                 try:
+                    if f.get_slice(name).get_dtype() in RAW_DTYPES:  # numpy's reader lacks them
+                        out[name] = read_raw_tensor(file, name)
+                        continue
                     out[name] = f.get_tensor(name)
                 except SafetensorError as e:
                     raise CheckpointError(f"{file}: tensor {name!r} cannot be read ({e}); the file is "
                                           "damaged: download or export it again") from None
     return out
+
+
+RAW_DTYPES = ("F8_E4M3", "F8_E5M2")
+"""safetensors dtypes read by :func:`read_raw_tensor` (FP8 weights, e.g. DeepSeek-V3's released
+files): the ``safetensors`` numpy reader has no numpy dtype for them."""
+
+
+def read_raw_tensor(file: str, name: str) -> np.ndarray:
+    """One tensor of a safetensors file read from its header and bytes, as an ``ml_dtypes``
+    array (FP8: ``float8_e4m3fn`` / ``float8_e5m2``)."""
+    import ml_dtypes
+
+    dtypes = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        info = json.loads(fh.read(n))[name]
+        lo, hi = info["data_offsets"]
+        fh.seek(8 + n + lo)
+        data = fh.read(hi - lo)
+    return np.frombuffer(data, dtypes[info["dtype"]]).reshape(info["shape"])
 
 
 def stored_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:

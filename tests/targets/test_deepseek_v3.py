@@ -373,8 +373,10 @@ def test_a_latent_projection_of_the_wrong_rank_is_named(tmp_path):
 @pytest.mark.parametrize("field, value, match", [
     ("scoring_func", "softmax", r"scoring_func='softmax': only DeepSeek-V3's sigmoid router"),
     ("topk_method", "greedy", r"topk_method='greedy': only DeepSeek-V3's"),
-    ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]},
-     r"quantization_config=.*FP8 block-quantized weights are not dequantized"),
+    ("quantization_config", {"quant_method": "compressed-tensors"},
+     r"quant_method='compressed-tensors' is not read \(only DeepSeek's block FP8"),
+    ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128]},
+     r"weight_block_size must be two positive integers, got \[128\]"),
     ("n_group", 3, r"n_group 3 must divide n_routed_experts 8"),
     ("topk_group", 5, r"topk_group must be in 1\.\.n_group=4, got 5"),
     ("num_experts_per_tok", 9, r"num_experts_per_tok must be in 1\.\.n_routed_experts=8, got 9"),
@@ -392,3 +394,160 @@ def test_unimplemented_or_inconsistent_fields_are_refused(field, value, match):
     # transformers' own config.json round-trips
     with open(os.path.join(checkpoint("v3")[1], "config.json")) as fh:
         assert dj.TargetConfig.from_hf_dict(json.load(fh)) == target("v3").config
+
+
+# ---------------------------------------------------------------------------- FP8 block-quantized
+FP8_BLOCK = (16, 8)  # not square, and partial edge blocks: kv_a_proj_with_mqa is [24, 32]
+
+
+def quantize_fp8(w: np.ndarray, block=FP8_BLOCK):
+    """DeepSeek's block FP8 by hand: per block the scale max|w| / 448 (e4m3's largest value), the
+    weight divided by it and rounded to float8_e4m3fn. Returns (torch fp8 weight, float32 scale)."""
+    b0, b1 = block
+    rows, cols = -(-w.shape[0] // b0), -(-w.shape[1] // b1)
+    scale = np.zeros((rows, cols), np.float32)
+    q = np.zeros_like(w)
+    for i in range(rows):
+        for j in range(cols):
+            blk = w[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1]
+            scale[i, j] = max(float(np.abs(blk).max()), 1e-12) / 448.0
+            q[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1] = blk / scale[i, j]
+    return torch.from_numpy(q).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_by_blocks(q, scale, block=FP8_BLOCK):
+    """The oracle: block by block, ``q * scale``."""
+    w = q.float().numpy().copy()
+    b0, b1 = block
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            w[i * b0:(i + 1) * b0, j * b1:(j + 1) * b1] *= scale[i, j]
+    return w
+
+
+def fp8_checkpoint(dst, edit=None, quantization=True):
+    """The v3 checkpoint with every projection of the attention, MLPs and experts stored as FP8
+    blocks plus its ``weight_scale_inv`` (the router, norms, embedding and head stay float32, as
+    in the released files); returns {name: dequantized oracle weight}."""
+    from safetensors.torch import save_file as save_torch
+
+    _, path = checkpoint("v3")
+    tensors = {n: torch.from_numpy(a) for n, a in load_file(os.path.join(path, "model.safetensors")).items()}
+    want = {}
+    for name in list(tensors):
+        quantized = name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
+        if quantized and (".self_attn." in name or ".mlp." in name):
+            q, scale = quantize_fp8(tensors[name].numpy())
+            tensors[name], tensors[name + "_scale_inv"] = q, torch.from_numpy(scale)
+            want[name] = dequantize_by_blocks(q, scale)
+    if edit:
+        edit(tensors)
+    os.makedirs(dst, exist_ok=True)
+    save_torch(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    if quantization:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(FP8_BLOCK)}
+    with open(os.path.join(dst, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    return want
+
+
+def test_fp8_block_quantized_weights_are_dequantized_on_load(tmp_path):
+    """Every FP8 weight loads as its blocks times their scales (the oracle dequantizes block by
+    block; edge blocks are partial); the model stays close to the float32 one (FP8 rounding)."""
+    want = fp8_checkpoint(str(tmp_path / "fp8"))
+    assert len(want) > 40
+    t = dj.load_target(str(tmp_path / "fp8"))
+    assert t.config == target("v3").config and t.config.fp8_weight_block_size == FP8_BLOCK
+    specs = targets.family_of(t.config).tensor_specs(t.config)
+    for name, w in want.items():
+        spec = specs[name]
+        got = t.params
+        for k in spec.path:
+            got = got[k]
+        got = np.asarray(got)[spec.layer]
+        if spec.expert is not None:
+            got = got[spec.expert]
+        np.testing.assert_array_equal(got.T, w, err_msg=name)
+        assert not np.array_equal(w, load_file(os.path.join(checkpoint("v3")[1], "model.safetensors"))[name])
+    ids = jnp.asarray(np.arange(16)[None] % 96)
+    pos = jnp.arange(16)[None]
+    a = targets.target_forward(t.config, t.params, ids, pos)[0]
+    b = targets.target_forward(target("v3").config, target("v3").params, ids, pos)[0]
+    rel = float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+    assert 0 < rel < 0.5, rel  # FP8 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("case, match", [
+    ("scale-shape", r"q_b_proj\.weight_scale_inv has shape \[4, 1\], but FP8 blocks of \[16, 8\] .* need \[5, 3\]"),
+    ("no-scale", r"model\.layers\.2\.self_attn\.o_proj\.weight is stored in FP8 .* without its"),
+    ("no-config", r"is FP8 block-quantized, but config\.json has no quantization_config"),
+])
+def test_bad_fp8_tensors_are_named(tmp_path, case, match):
+    def edit(t):
+        if case == "scale-shape":
+            t["model.layers.1.self_attn.q_b_proj.weight_scale_inv"] = torch.ones(4, 1)
+        elif case == "no-scale":
+            del t["model.layers.2.self_attn.o_proj.weight_scale_inv"]
+
+    fp8_checkpoint(str(tmp_path / "bad"), edit, quantization=case != "no-config")
+    with pytest.raises(CheckpointError, match=match):
+        dj.load_target(str(tmp_path / "bad"))
+
+
+# ---------------------------------------------------------------------------- Kimi-K2.x
+def test_kimi_k25_loads_its_text_model_and_kimi_k2_reads_as_deepseek_v3(tmp_path, caplog):
+    """transformers' ``Kimi_K25ForConditionalGeneration`` (a vision tower beside a DeepSeek-V3
+    text model) written by save_pretrained: the text model loads, its logits equal transformers'
+    on text input; the released layout (``language_model.model.layers``) loads the same; the
+    vision tensors are ignored by name; a ``kimi_k2`` text config is a deepseek_v3 config."""
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+
+    torch.manual_seed(1)
+    text = {**HF_DIMS, **VARIANTS["v3"], "model_type": "deepseek_v3", "num_hidden_layers": 2}
+    vision = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=32, num_attention_heads=2,
+                  pos_emb_height=4, pos_emb_width=4)
+    hf_cfg = Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=32,
+                            tie_word_embeddings=False)
+    hf_cfg._attn_implementation = "eager"
+    model = Kimi_K25ForConditionalGeneration(hf_cfg).eval()
+    rng = np.random.default_rng(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "language_model" in name and "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.from_numpy(separated_router(rng, 8, 32, 2.0)))
+            elif "experts" in name:
+                p.normal_(0.0, 0.15)
+    path = str(tmp_path / "kimi")
+    model.save_pretrained(path)
+    with caplog.at_level(logging.WARNING):
+        t = dj.load_target(path)
+    assert "vision-tower tensors" in caplog.text and "projector tensors" in caplog.text
+    assert t.config.model_type == "deepseek_v3" and t.config.num_layers == 2
+    ids = np.random.default_rng(0).integers(0, 96, size=(1, 20))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(ids)).logits.numpy()
+    got = targets.target_forward(t.config, t.params, jnp.asarray(ids), jnp.arange(20)[None])[0]
+    np.testing.assert_allclose(np.asarray(got), ref, atol=TOL, rtol=0)
+    # the released files name the layers "layers", not the "blocks" transformers writes
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    assert any(n.startswith("language_model.model.blocks.") for n in tensors)
+    released = str(tmp_path / "released")
+    os.makedirs(released)
+    save_file({n.replace("language_model.model.blocks.", "language_model.model.layers."): a for n, a in tensors.items()},
+              os.path.join(released, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(path, "config.json"), released)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, t.params, dj.load_target(released).params)
+    # kimi_k2: the text config's own model_type
+    d = deepseek_v3.DEEPSEEK_V3.config_to_hf(t.config)
+    assert dj.TargetConfig.from_hf_dict({**d, "model_type": "kimi_k2"}) == t.config
+    with open(os.path.join(path, "config.json")) as fh:
+        top = json.load(fh)
+    with pytest.raises(ValueError, match=r"kimi_k25\) has no text_config"):
+        dj.TargetConfig.from_hf_dict({k: v for k, v in top.items() if k != "text_config"})
+    with pytest.raises(ValueError, match=r"quant_method='compressed-tensors' is not read"):
+        dj.TargetConfig.from_hf_dict({**top, "quantization_config": {"quant_method": "compressed-tensors"}})

@@ -13,7 +13,17 @@ Checkpoints: transformers' ``save_pretrained`` layout (experts per expert,
 and transformers' fused in-memory layout (``mlp.experts.gate_up_proj`` / ``down_proj``). The
 released checkpoints' multi-token-prediction layers (``model.layers.{N}...``, counted by
 ``num_nextn_predict_layers``) are ignored by name with one log line. FP8 block-quantized
-weights (``quantization_config``) are refused with a one-line error for now.
+weights (``quantization_config`` ``{"quant_method": "fp8", "weight_block_size": [b0, b1]}``, the
+released DeepSeek-V3 / R1 files: ``float8_e4m3fn`` weights and a float32 ``weight_scale_inv`` per
+``b0 x b1`` block, edge blocks partial) are dequantized on load, ``w * scale_inv`` per block.
+
+Kimi-K2.x: a text config with ``model_type`` ``kimi_k2`` is read as ``deepseek_v3``; the
+multimodal ``kimi_k25`` (``Kimi_K25ForConditionalGeneration``) has its text model read from
+``text_config`` and ``language_model.model.layers.*`` (the released files; transformers'
+``save_pretrained`` writes ``language_model.model.blocks.*``) and ``language_model.lm_head``;
+the vision tower and projector are ignored by name with one log line. What is loaded is the
+text model, saved back in the ``deepseek_v3`` layout. Kimi-K2.5's released weights are
+INT4-quantized (``compressed-tensors``): refused by name until that format is read.
 """
 
 from __future__ import annotations
@@ -37,7 +47,18 @@ from dflash_jax.targets.mla import model
 from dflash_jax.targets.moe import qwen3_moe
 
 MODEL_TYPE = "deepseek_v3"
+KIMI_TEXT, KIMI_MULTIMODAL = "kimi_k2", "kimi_k25"
 log = logging.getLogger(__name__)
+
+TEXT_PREFIXES = {"language_model.model.layers.": "model.layers.",
+                 "language_model.model.blocks.": "model.layers.",
+                 "language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
+                 "model.language_model.": "model."}
+"""The multimodal (``kimi_k25``) layouts' text-model prefixes -> the ``deepseek_v3`` names."""
+IGNORED_PREFIXES = {"vision_tower.": "vision-tower", "mm_projector.": "projector",
+                    "model.vision_tower.": "vision-tower", "model.mm_projector.": "projector"}
+"""Tensors of a multimodal checkpoint that the text target does not use, ignored by name."""
+SCALE_SUFFIX = "_scale_inv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +93,9 @@ class DeepseekV3Config(TargetConfig):
     routed_scaling_factor: float = 1.0
     first_k_dense_replace: int = 0
     num_nextn_predict_layers: int = 0
+    fp8_weight_block_size: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
+    """The stored weights' FP8 block size (``quantization_config``), used to dequantize them on
+    load; not part of the model (a dequantized copy is the same model), so not compared."""
 
     def is_moe_layer(self, i: int) -> bool:
         """transformers' rule: layer i is MoE iff ``i >= first_k_dense_replace``."""
@@ -109,9 +133,40 @@ _OPTIONS = (
      "only DeepSeek-V3's bias-corrected group-limited top-k (noaux_tc) is implemented"),
     ("moe_layer_freq", lambda v: v in (None, 1), "MoE in every layer from first_k_dense_replace on only"),
     ("attention_bias", _NONE, "MLA projection biases are not implemented (DeepSeek-V3 has none)"),
-    ("quantization_config", _NONE,
-     "FP8 block-quantized weights are not dequantized on load yet: convert the checkpoint to bf16 first"),
 )
+
+
+def fp8_block_size(q: Any, what: str) -> tuple[int, int] | None:
+    """The ``weight_block_size`` of a ``quantization_config`` this family dequantizes (FP8 e4m3
+    weights in blocks); any other quantization is a one-line ValueError naming it."""
+    if not q:
+        return None
+    if not isinstance(q, Mapping) or q.get("quant_method") != "fp8":
+        method = q.get("quant_method") if isinstance(q, Mapping) else q
+        raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read (only DeepSeek's "
+                         "block FP8, quant_method 'fp8'): dequantize the checkpoint to bf16 first")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"{what}: quantization_config fmt={q.get('fmt')!r}: only e4m3 FP8 weights are read")
+    block = q.get("weight_block_size")
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
+        raise ValueError(f"{what}: quantization_config weight_block_size must be two positive integers, "
+                         f"got {block!r}")
+    return int(block[0]), int(block[1])
+
+
+def dequantize_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str,
+                   what: str) -> np.ndarray:
+    """float32 ``w * scale_inv`` per ``block`` (the last block of each dimension may be partial:
+    ``scale_inv`` is [ceil(out / b0), ceil(in / b1)]); a scale of another shape is a
+    CheckpointError naming the tensor."""
+    out_dim, in_dim = w.shape
+    want = (-(-out_dim // block[0]), -(-in_dim // block[1]))
+    if tuple(scale_inv.shape) != want:
+        raise CheckpointError(f"{what}: {name}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, but FP8 blocks "
+                              f"of {list(block)} (weight_block_size) over {name} {list(w.shape)} need {list(want)}")
+    scale = np.repeat(np.repeat(scale_inv.astype(np.float32), block[0], 0), block[1], 1)[:out_dim, :in_dim]
+    return w.astype(np.float32) * scale
 
 
 def _int(d: Mapping[str, Any], field: str, default=None, minimum: int = 1) -> int:
@@ -124,7 +179,7 @@ def _int(d: Mapping[str, Any], field: str, default=None, minimum: int = 1) -> in
 class DeepseekV3Family(TargetFamily):
     """The ``deepseek_v3`` family (module docstring)."""
 
-    model_types = (MODEL_TYPE,)
+    model_types = (MODEL_TYPE, KIMI_TEXT, KIMI_MULTIMODAL)
     name = MODEL_TYPE
     architecture = "DeepseekV3ForCausalLM"
     tree_refusal = None  # the state is a KVCache (compact) and the mask takes a tree
@@ -133,7 +188,18 @@ class DeepseekV3Family(TargetFamily):
     def config_from_hf(self, d: Mapping[str, Any]) -> DeepseekV3Config:
         """Reads a ``DeepseekV3ForCausalLM`` config.json; unimplemented options (:data:`_OPTIONS`)
         are refused, naming the field."""
-        what = f"target config.json ({MODEL_TYPE})"
+        what = f"target config.json ({d.get('model_type')})"
+        top = d
+        if d.get("model_type") == KIMI_MULTIMODAL:
+            tc = d.get("text_config")
+            if not isinstance(tc, Mapping):
+                raise ValueError(f"{what} has no text_config: a multimodal {KIMI_MULTIMODAL} checkpoint keeps "
+                                 f"the text model's fields there (or give a text-only {MODEL_TYPE} config)")
+            d = {**tc, "tie_word_embeddings": top.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))}
+            for k in ("eos_token_id", "bos_token_id", "quantization_config"):
+                if d.get(k) is None and top.get(k) is not None:
+                    d[k] = top[k]
+        block = fp8_block_size(d.get("quantization_config"), what)
         missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
                    if d.get(k) is None]
@@ -168,7 +234,7 @@ class DeepseekV3Family(TargetFamily):
             norm_topk_prob=bool(d.get("norm_topk_prob", True)),
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
             first_k_dense_replace=_int(d, "first_k_dense_replace", 0, minimum=0),
-            num_nextn_predict_layers=int(nextn))
+            num_nextn_predict_layers=int(nextn), fp8_weight_block_size=block)
 
     def check_config(self, cfg) -> None:
         if not isinstance(cfg, DeepseekV3Config):
@@ -270,10 +336,29 @@ class DeepseekV3Family(TargetFamily):
 
     def convert_checkpoint_tensors(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray],
                                    what: str = "checkpoint") -> dict[str, np.ndarray]:
-        """The multi-token-prediction layers (``model.layers.{i}`` for i >= N, when
-        ``num_nextn_predict_layers`` > 0) dropped with one log line; fused experts split
-        (``qwen3_moe``'s conversion, the same names). A layer beyond N that the config does not
-        announce is a CheckpointError."""
+        """The tensors as read -> the :meth:`tensor_specs` names: a multimodal layout's text
+        prefixes renamed (:data:`TEXT_PREFIXES`) and its vision tensors dropped
+        (:data:`IGNORED_PREFIXES`); FP8 weights dequantized with their ``weight_scale_inv``
+        (:func:`dequantize_fp8`); the multi-token-prediction layers (``model.layers.{i}`` for
+        i >= N, when ``num_nextn_predict_layers`` > 0) dropped; one log line for what was dropped;
+        fused experts split (``qwen3_moe``'s conversion, the same names). A layer beyond N that
+        the config does not announce, an FP8 weight without its scale or a scale without its
+        weight is a CheckpointError naming the tensor."""
+        renamed, ignored = {}, {}
+        for name, arr in tensors.items():
+            kind = next((k for p, k in IGNORED_PREFIXES.items() if name.startswith(p)), None)
+            if kind is not None:
+                ignored[kind] = ignored.get(kind, 0) + 1
+                continue
+            prefix = next((p for p in TEXT_PREFIXES if name.startswith(p)), None)
+            new = name if prefix is None else TEXT_PREFIXES[prefix] + name[len(prefix):]
+            if new in renamed:
+                raise CheckpointError(f"{what}: {new} is stored twice (as {name} too): keep one layout")
+            renamed[new] = arr
+        if ignored:
+            log.warning("%s: ignored %s (not part of the %s text model)", what,
+                        " and ".join(f"{n} {k} tensors" for k, n in ignored.items()), self.name)
+        tensors = self._dequantize(cfg, renamed, what)
         out, dropped = {}, set()
         for name, arr in tensors.items():
             hit = self._LAYER.match(name)
@@ -290,6 +375,30 @@ class DeepseekV3Family(TargetFamily):
             log.warning("%s: ignored the multi-token-prediction layers %s (not run by the %s target)",
                         what, sorted(dropped), self.name)
         return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
+
+    def _dequantize(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
+        """Every ``{name}_scale_inv`` applied to its FP8 ``{name}`` (float32 out) and dropped."""
+        scales = {n[:-len(SCALE_SUFFIX)]: n for n in tensors if n.endswith(SCALE_SUFFIX)}
+        fp8 = {n for n, a in tensors.items() if "float8" in str(a.dtype)}
+        if (scales or fp8) and cfg.fp8_weight_block_size is None:
+            name = next(iter(sorted(scales.values()) or sorted(fp8)))
+            raise CheckpointError(f"{what}: {name} is FP8 block-quantized, but config.json has no "
+                                  "quantization_config with its weight_block_size")
+        out = {}
+        for name, arr in tensors.items():
+            if name.endswith(SCALE_SUFFIX):
+                if name[:-len(SCALE_SUFFIX)] not in tensors:
+                    raise CheckpointError(f"{what}: {name} has no weight {name[:-len(SCALE_SUFFIX)]} to scale")
+                continue
+            if name in scales:
+                if arr.ndim != 2:
+                    raise CheckpointError(f"{what}: {name} has a block scale but {arr.ndim} dimensions (2 expected)")
+                arr = dequantize_fp8(arr, tensors[scales[name]], cfg.fp8_weight_block_size, name, what)
+            elif name in fp8:
+                raise CheckpointError(f"{what}: {name} is stored in FP8 ({arr.dtype}) without its "
+                                      f"{name}{SCALE_SUFFIX}")
+            out[name] = arr
+        return out
 
     # ------------------------------------------------------------------ the model
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
