@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +39,7 @@ import dflash_jax as dj
 from dflash_jax import targets
 from dflash_jax.checkpoints import CheckpointError
 from dflash_jax.nn import moe
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets.mla import deepseek_v3, model as mla
 
 from support.moe_oracles import separated_router
@@ -551,3 +553,100 @@ def test_kimi_k25_loads_its_text_model_and_kimi_k2_reads_as_deepseek_v3(tmp_path
         dj.TargetConfig.from_hf_dict({k: v for k, v in top.items() if k != "text_config"})
     with pytest.raises(ValueError, match=r"quant_method='compressed-tensors' is not read"):
         dj.TargetConfig.from_hf_dict({**top, "quantization_config": {"quant_method": "compressed-tensors"}})
+
+
+def test_a_gqa_drafter_of_its_own_shapes_drafts_for_the_mla_target(tmp_path):
+    """Kimi-K2.5-DFlash's setup scaled down: a Qwen3-layout drafter with its own attention
+    (GQA heads and head dim unlike the target's MLA, YaRN RoPE), saved and loaded against the
+    MLA target; only hidden size, vocabulary, target layers, mask id and taps must match.
+    Greedy DFlash with it equals autoregressive decoding."""
+    import dataclasses
+
+    from dflash_jax.config import RopeConfig
+    from dflash_jax.methods.dflash.config import DrafterConfig
+    from dflash_jax.methods.dflash.model import init_drafter_params
+
+    t = target("v3")
+    cfg = dataclasses.replace(DrafterConfig.for_target(t.config, 2, BS, 95, (0, 2)), num_heads=4, num_kv_heads=2,
+                              head_dim=16, intermediate_size=40,
+                              rope=RopeConfig(theta=5e4, rope_type="yarn", factor=4.0,
+                                              original_max_position_embeddings=64))
+    cfg.check_target(t.config)
+    drafter = dj.Drafter(cfg, init_drafter_params(cfg, jax.random.key(3)))
+    dj.save_drafter(drafter, str(tmp_path / "drafter"))
+    loaded = dj.load_drafter(str(tmp_path / "drafter"), t)
+    assert loaded.config == cfg and loaded.config.head_dim != t.config.head_dim
+    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=loaded)
+    assert r.sequences == reference()
+    with pytest.raises(ValueError, match=r"hidden_size: drafter 48, target 32"):
+        dataclasses.replace(cfg, hidden_size=48).check_target(t.config)
+
+
+# ---------------------------------------------------------------------------- sampling
+# As the hybrid families' sampling test: ROWS rows of one prompt, the first DEPTH emitted tokens
+# against the exact distribution (prefixes enumerated over a vocabulary of 8), drafts sampled
+# from the exact next-token law at another temperature (every partial acceptance occurs).
+DEPTH, BLOCK, ROWS, ALPHA, Q_TEMPERATURE = 5, 4, 8192, 1e-4, 1.3
+SAMPLING_PROMPT = [1, 2, 3]
+NO_ROLLBACK = "test_deepseek_v3_no_rollback"
+
+
+@flax.struct.dataclass
+class NoRollbackState(KVCache):
+    """The negative control's bug: after a verified block the state keeps the whole block (its
+    lengths are not cut back), so the next block is written and attends from the wrong place."""
+
+    def rollback(self, lengths):
+        return self.replace(lengths=jnp.maximum(self.lengths, jnp.asarray(lengths, jnp.int32)))
+
+
+class NoRollbackFamily(deepseek_v3.DeepseekV3Family):
+    model_types = (NO_ROLLBACK,)
+    name = NO_ROLLBACK
+
+    def init_state(self, cfg, batch, max_len, dtype):
+        s = super().init_state(cfg, batch, max_len, dtype)
+        return NoRollbackState(k=s.k, v=s.v, lengths=s.lengths)
+
+
+if NO_ROLLBACK not in targets.supported_model_types():
+    targets.register(NoRollbackFamily())  # the negative control's registry line
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    """(target, the same weights under the no-rollback state, exact prefix logits)."""
+    from support import exact_sampling
+
+    hf = {**deepseek_v3.DEEPSEEK_V3.config_to_hf(target("v3").config), "vocab_size": 8,
+          "max_position_embeddings": 64}
+    cfg = dj.TargetConfig.from_hf_dict(hf)
+    good = dj.Target.random(cfg, seed=7, init_scale=0.5, max_len=16)
+    bad = dj.Target(dataclasses_replace(cfg, model_type=NO_ROLLBACK), good.params, max_len=16)
+    return good, bad, exact_sampling.PrefixLogits.compute(good, SAMPLING_PROMPT, DEPTH)
+
+
+def sample(t, prefix_logits):
+    from support.oracle_proposers import TableProposer
+
+    drafter = dj.Drafter.random(t, num_layers=1, block_size=BLOCK, seed=8)
+    proposer = TableProposer(prefix_logits, q_temperature=Q_TEMPERATURE)
+    return dj.generate(t, [SAMPLING_PROMPT] * ROWS, DEPTH, drafter=drafter, proposer=proposer,
+                       sampled_draft=True, temperature=1.0, seed=3)
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_target_distribution_and_a_state_that_keeps_the_block_does_not(sampling_setup):
+    from support import exact_sampling
+
+    good, bad, prefix_logits = sampling_setup
+    joint, _ = prefix_logits.joint(1.0)
+    r = sample(good, prefix_logits)
+    report = exact_sampling.fit(r.sequences, joint, ALPHA)
+    print(f"deepseek_v3 sampling: tau {r.tau:.2f}, histogram {r.acceptance_histogram.tolist()}, {report}")
+    assert not report.rejected, report
+    first = np.array([lens[0] for lens in r.acceptance_lengths])  # every first-iteration length
+    assert all(np.mean(first == a) > 0.05 for a in range(1, BLOCK + 1)), np.bincount(first)
+    wrong = exact_sampling.fit(sample(bad, prefix_logits).sequences, joint, ALPHA)
+    print(f"deepseek_v3 sampling, no rollback: {wrong}")
+    assert wrong.rejected, wrong
