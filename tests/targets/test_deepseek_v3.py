@@ -44,6 +44,7 @@ from dflash_jax.targets.mla import deepseek_v3, model as mla
 
 from support.moe_oracles import separated_router
 from support.oracle_proposers import ReferenceProposer
+from support.tiers import tiered
 
 pytestmark = [pytest.mark.xdist_group("deepseek_v3"), pytest.mark.torch]
 
@@ -128,7 +129,7 @@ def sorted_routing(weights, ids):
 
 
 # ---------------------------------------------------------------------------- the router
-@pytest.mark.parametrize("groups", [(4, 2), (1, 1), (2, 1)])
+@pytest.mark.parametrize("groups", tiered([(4, 2), (1, 1), (2, 1)], fast=[(4, 2)], ids=lambda g: f"{g[0]}-groups-keep-{g[1]}"))
 def test_router_equals_transformers(groups):
     """Group-limited choice on the biased scores, weights from the unbiased ones; the biased
     scores' margin between the k-th expert and the next is checked, so float32 differences cannot
@@ -185,7 +186,7 @@ def test_routing_inside_the_model_equals_transformers():
 
 
 # ---------------------------------------------------------------------------- parity
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", tiered(sorted(VARIANTS), fast=["v3"]))
 def test_logits_and_taps_equal_transformers_in_both_mla_forms(variant):
     model, _ = checkpoint(variant)
     t = target(variant)
@@ -555,6 +556,7 @@ def test_kimi_k25_loads_its_text_model_and_kimi_k2_reads_as_deepseek_v3(tmp_path
         dj.TargetConfig.from_hf_dict({**top, "quantization_config": {"quant_method": "compressed-tensors"}})
 
 
+@pytest.mark.slow
 def test_a_gqa_drafter_of_its_own_shapes_drafts_for_the_mla_target(tmp_path):
     """Kimi-K2.5-DFlash's setup scaled down: a Qwen3-layout drafter with its own attention
     (GQA heads and head dim unlike the target's MLA, YaRN RoPE), saved and loaded against the
