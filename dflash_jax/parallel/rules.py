@@ -63,6 +63,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("head_dim", None),
     ("taps", None),
     ("time", None),
+    ("latent", None),
 )
 """logical axis -> mesh axis (None = replicated). Change a mapping here, nowhere else."""
 

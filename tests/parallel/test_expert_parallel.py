@@ -7,7 +7,9 @@ Oracle: the single-device engine on the same weights (itself checked against tra
 against AR decoding in ``tests/targets/test_moe_qwen3.py`` and ``tests/targets/test_gpt_oss.py``). A tiny
 Qwen3-MoE (two MoE layers around a dense one, 8 experts, top 2) on meshes (data, expert, model)
 = (2, 2, 2), (1, 4, 2) and (1, 8, 1), and a tiny gpt-oss (biases nonzero, so the experts' down
-bias must be added once) on (2, 2, 2), must give greedy DFlash tokens and acceptance lengths
+bias must be added once) on (2, 2, 2), and a tiny DeepSeek-V3 (latent attention split by heads
+with its latent state replicated, a shared expert added once, group-limited routing) on (2, 2, 2)
+and (1, 2, 4), must give greedy DFlash tokens and acceptance lengths
 equal to one device (and greedy AR on (2, 2, 2)), logits within float32 tolerance, and expert
 weights held E / e per device with F / m of each expert's width. The compiled decode loop's
 collectives over the expert axis must be exactly the stated pattern: one all-reduce per MoE
@@ -56,6 +58,17 @@ gpt = targets.family("gpt_oss").config_from_hf(dict(
     tie_word_embeddings=False, rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0,
     beta_slow=1.0, truncate=False, original_max_position_embeddings=4096, rope_theta=150000.0)))
 
+deepseek = targets.family("deepseek_v3").config_from_hf(dict(
+    model_type="deepseek_v3", vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+    qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+    n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1, routed_scaling_factor=2.5,
+    max_position_embeddings=128))
+
+def deepseek_params(params):
+    params["layers"]["moe"]["gate"]["kernel"] *= 6.0
+    return params
+
 def qwen_params(params):
     # routers with well separated logits: a near tie would let float32 rounding (a psum's
     # order) flip a top-k choice between meshes, which is not what this test is about
@@ -71,13 +84,16 @@ def gpt_params(params):
 
 # random drafters whose greedy runs accept drafts (a small vocabulary makes that likely; these
 # seeds give 16 and 3 accepted tokens): a run that accepts nothing would not test the rollback
-DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9}
+DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9, "deepseek_v3": 2}
 # model -> (config, parameter edit, its MoE layers, the scans over runs of them when stacked,
 #           {mesh (data, expert, model): runs})
 MODELS = {
     "qwen3_moe": (qwen, qwen_params, len(qwen.moe_layers), 2,  # MoE, dense, MoE
                   {(2, 2, 2): ("ar", "dflash"), (1, 4, 2): ("dflash",), (1, 8, 1): ("dflash",)}),
     "gpt_oss": (gpt, gpt_params, gpt.num_layers, 1, {(2, 2, 2): ("dflash",)}),  # all MoE
+    # latent attention (heads over model, the latent state replicated), shared experts
+    "deepseek_v3": (deepseek, deepseek_params, len(deepseek.moe_layers), 1,  # dense, MoE, MoE
+                    {(2, 2, 2): ("ar", "dflash"), (1, 2, 4): ("dflash",)}),
 }
 
 COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|"
@@ -142,13 +158,13 @@ for name, (cfg, edit, moe_layers, moe_scans, meshes) in MODELS.items():
     dparams = host_random(jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0))),
                           DRAFTER_SEED[name])
     ref_logits = np.asarray(parallel.target_logits(single, [p[:2] for p in prompts]))
-    which = sorted({r for rs in meshes.values() for r in rs} | ({"ar"} if name == "qwen3_moe" else set()))
+    which = sorted({r for rs in meshes.values() for r in rs} | ({"ar"} if name != "gpt_oss" else set()))
     result[name] = {"single": runs(single, which, dparams), "moe_layers": moe_layers, "moe_scans": moe_scans,
                     "meshes": {}}
     for (data, expert, model), which in meshes.items():
         mesh = parallel.make_mesh(data=data, expert=expert, model=model)
         target = dj.Target(cfg, params, mesh=mesh)
-        experts = target.params["layers"]["moe" if name == "qwen3_moe" else "mlp"]["experts"]
+        experts = target.params["layers"]["mlp" if name == "gpt_oss" else "moe"]["experts"]
         down = experts["down_proj"]
         res = {**runs(target, which, dparams, mesh), "down_shard": shard(down), "down_full": list(down.shape),
                # the decode loop's layout: one tree per layer (an instruction per MoE layer in
@@ -185,7 +201,9 @@ def ep(tmp_path_factory):
 
 CASES = [("qwen3_moe", "2x2x2", "ar"), ("qwen3_moe", "2x2x2", "dflash"),
          ("qwen3_moe", "1x4x2", "dflash"), ("qwen3_moe", "1x8x1", "dflash"),
-         ("gpt_oss", "2x2x2", "dflash")]
+         ("gpt_oss", "2x2x2", "dflash"), ("deepseek_v3", "2x2x2", "ar"), ("deepseek_v3", "2x2x2", "dflash"),
+         ("deepseek_v3", "1x2x4", "dflash")]
+MODELS = ("qwen3_moe", "gpt_oss", "deepseek_v3")
 
 
 @pytest.mark.parametrize("model,mesh,run", CASES)
@@ -196,19 +214,20 @@ def test_greedy_equal_to_one_device(ep, model, mesh, run):
 
 
 def test_cases_cover_every_mesh_run(ep):
-    ran = {(m, mesh, run) for m in ep if m in ("qwen3_moe", "gpt_oss")
+    ran = {(m, mesh, run) for m in ep if m in MODELS
            for mesh, res in ep[m]["meshes"].items() for run in ("ar", "dflash") if run in res}
     assert ran == set(CASES)
 
 
 def test_dflash_is_ar_and_accepts_drafts(ep):
-    single = ep["qwen3_moe"]["single"]
-    assert single["dflash"][0] == single["ar"][0]
-    for model in ("qwen3_moe", "gpt_oss"):  # a run that accepts nothing would test little
+    for model in ("qwen3_moe", "deepseek_v3"):
+        single = ep[model]["single"]
+        assert single["dflash"][0] == single["ar"][0], model
+    for model in MODELS:  # a run that accepts nothing would test little
         assert any(a > 1 for row in ep[model]["single"]["dflash"][1] for a in row), model
 
 
-@pytest.mark.parametrize("model", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("model", MODELS)
 def test_logits_and_expert_layout(ep, model):
     assert "logits_err" in ep[model]["meshes"]["2x2x2"]
     for mesh, res in ep[model]["meshes"].items():

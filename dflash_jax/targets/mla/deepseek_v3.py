@@ -40,6 +40,7 @@ import numpy as np
 from dflash_jax.checkpoints import CheckpointError, TensorSpec
 from dflash_jax.config import decoder_fields_from_hf, decoder_fields_to_hf, refuse, unsupported_decoder_features
 from dflash_jax.config import TargetConfig
+from dflash_jax.nn import partitioning
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.layers import random_init
 from dflash_jax.targets.base import TargetFamily
@@ -436,17 +437,71 @@ class DeepseekV3Family(TargetFamily):
 
     def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
                 logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
-                mla_form=None, moe_impl="auto", tree=None):
+                expert_axis=None, mla_form=None, moe_impl="auto", tree=None):
         """``mla.model.target_forward`` (``mla_form``: absorbed / expanded; ``moe_impl``:
-        ``nn.moe.moe_ffn``'s). One device only for now: a ``model_axis`` is refused."""
-        if model_axis is not None:
-            raise ValueError(f"the {self.name} target does not run tensor-parallel yet (model_axis={model_axis!r})")
+        ``nn.moe.moe_ffn``'s; ``model_axis`` / ``expert_axis``: the mesh axes under
+        ``shard_map``)."""
         return model.target_forward(cfg, params, tokens, positions, state, tap_layer_ids=tap_layer_ids,
                                     logit_index=logit_index, compute_logits=compute_logits,
                                     attention_impl=attention_impl, mla_form=mla_form, moe_impl=moe_impl,
-                                    tree=tree)
+                                    tree=tree, model_axis=model_axis, expert_axis=expert_axis)
 
     split_layers = staticmethod(model.split_layer_params)  # TargetFamily.loop_params, on CPU
+
+    # ------------------------------------------------------------------ partitioning
+    def param_axes(self, cfg) -> Mapping[tuple[str, str], tuple[str, ...]]:
+        """Megatron over ``model`` by heads: the columns of ``q_b_proj`` / ``q_proj`` and of
+        ``kv_b_proj`` (both head-major: each head's ``dn + dr`` query and ``dn + dv`` key / value
+        columns are contiguous) and the rows of ``o_proj``. The latent path (``q_a_proj``,
+        ``kv_a_proj_with_mqa``, their norms) is replicated: every head reads the whole latent, so
+        splitting it would need an all-gather per layer, and it is small (``D (rq + r + dr)``).
+        The MoE block as ``qwen3_moe``'s (experts over ``expert``, each one's width over
+        ``model``; router and correction bias replicated), the shared experts' width over
+        ``model`` as a dense MLP's."""
+        return {**partitioning.PARAM_AXES,
+                ("q_a_proj", "kernel"): ("embed", "latent"),
+                ("q_a_layernorm", "weight"): ("latent",),
+                ("q_b_proj", "kernel"): ("latent", "heads"),
+                ("kv_a_proj_with_mqa", "kernel"): ("embed", "latent"),
+                ("kv_a_layernorm", "weight"): ("latent",),
+                ("kv_b_proj", "kernel"): ("latent", "heads"),
+                ("gate", "kernel"): ("embed", "router"),
+                ("gate", "e_score_correction_bias"): ("router",),
+                ("experts", "gate_proj"): ("expert", "embed", "mlp"),
+                ("experts", "up_proj"): ("expert", "embed", "mlp"),
+                ("experts", "down_proj"): ("expert", "mlp", "embed")}
+
+    def state_axes(self, cfg) -> KVCache:
+        """The latent state replicated over ``model`` (every head shard reads all of it), the
+        rows over ``data``."""
+        axes = ("layers", "batch", "slots", "latent", "latent")
+        return KVCache(k=axes, v=axes, lengths=("batch",))
+
+    def split_dims(self, cfg) -> list[tuple[str, int, str]]:
+        dims = [("num_attention_heads", cfg.num_heads, "query heads (each with its latent key / value expansion)")]
+        if cfg.dense_layers:
+            dims.append(("intermediate_size", cfg.intermediate_size, "dense layers' MLP width"))
+        if cfg.moe_layers:
+            dims.append(("moe_intermediate_size", cfg.moe_intermediate_size,
+                         "each routed and shared expert's MLP width"))
+        dims.append(("vocab_size", cfg.vocab_size, "vocabulary (embedding and LM head)"))
+        return dims
+
+    def local_config(self, cfg, model: int):
+        return dataclasses.replace(
+            cfg, num_heads=cfg.num_heads // model, num_kv_heads=cfg.num_kv_heads // model,
+            intermediate_size=cfg.intermediate_size // model if cfg.dense_layers else cfg.intermediate_size,
+            moe_intermediate_size=(cfg.moe_intermediate_size // model if cfg.moe_layers
+                                   else cfg.moe_intermediate_size),
+            vocab_size=cfg.vocab_size // model)
+
+    def expert_dims(self, cfg) -> list[tuple[str, int, str]]:
+        return [("n_routed_experts", cfg.num_experts, "routed experts")] if cfg.moe_layers else []
+
+    def expert_local_config(self, cfg, expert: int):
+        """Unchanged: the router scores all experts on every shard; the forward takes the local
+        expert count from the expert weights."""
+        return cfg
 
     # ------------------------------------------------------------------ size model
     def attention_matrix_params(self, cfg) -> int:

@@ -96,11 +96,14 @@ def init_state(cfg, batch: int, max_len: int, dtype) -> KVCache:
 
 
 def mla_attention(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None, layer,
-                  form: str = "absorbed"):
+                  form: str = "absorbed", model_axis: str | None = None):
     """One layer's MLA on x [B, T, D] (already normed) with its parameters ``p``
     (``self_attn``); ``mask`` bool[B, T, S] over the state's slots (or the block's rows without a
     state). Writes the block's latents and rope keys at ``positions`` and attends over the
-    state. Returns (out [B, T, D], state)."""
+    state. Returns (out [B, T, D], state).
+
+    ``model_axis``: inside ``shard_map`` with the heads split over that axis (``cfg`` the shard's:
+    H / m heads; the latent path, replicated, runs on every shard): one psum after o_proj."""
     B, T, _ = x.shape
     H, dn, dr, dv, r = (cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                         cfg.v_head_dim, cfg.kv_lora_rank)
@@ -145,8 +148,8 @@ def mla_attention(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None, l
     else:
         v = jnp.einsum("bsr,rhv->bshv", c_all, w_uv)
         out = jnp.einsum("bhts,bshv->bthv", probs, v)
-    out = out.reshape(B, T, H * dv).astype(x.dtype)
-    return out @ p["o_proj"]["kernel"].astype(x.dtype), cache
+    out = out.reshape(B, T, H * dv).astype(x.dtype) @ p["o_proj"]["kernel"].astype(x.dtype)
+    return (out if model_axis is None else jax.lax.psum(out, model_axis)), cache
 
 
 def _swiglu_mlp(p, x):
@@ -167,26 +170,43 @@ def route(cfg, p, x):
     return w.reshape(*lead, k), ids.reshape(*lead, k)
 
 
-def moe_block(cfg, p, x, *, impl: str = "auto", return_routing: bool = False):
+def moe_block(cfg, p, x, *, impl: str = "auto", return_routing: bool = False,
+              model_axis: str | None = None, expert_axis: str | None = None):
     """One MoE layer on x [..., D]: the routed experts (:func:`route`, ``nn.moe.moe_ffn``) plus
-    the shared experts (one SwiGLU MLP of width ``n_shared_experts * moe_intermediate_size``)."""
+    the shared experts (one SwiGLU MLP of width ``n_shared_experts * moe_intermediate_size``).
+
+    Under ``shard_map``: ``expert_axis`` splits the routed experts (local ids from
+    ``axis_index * E_local``), ``model_axis`` every expert's and the shared experts' width. The
+    shared experts' partial sum is added on expert shard 0 only, so ONE psum over both axes
+    gives the layer's output (the shared experts counted once)."""
     weights, ids = route(cfg, p, x)
     e = p["experts"]
-    y = moe.moe_ffn(x, weights, ids, gate=e["gate_proj"], up=e["up_proj"], down=e["down_proj"], impl=impl)
-    if "shared" in p:
-        y = y + _swiglu_mlp(p["shared"], x)
+    offset = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * e["down_proj"].shape[0]
+    y = moe.moe_ffn(x, weights, ids, gate=e["gate_proj"], up=e["up_proj"], down=e["down_proj"],
+                    expert_offset=offset, impl=impl)
+    shared = _swiglu_mlp(p["shared"], x).astype(y.dtype)
+    if expert_axis is not None:
+        shared = jnp.where(jax.lax.axis_index(expert_axis) == 0, shared, jnp.zeros_like(shared))
+    y = y + shared
+    axes = tuple(a for a in (expert_axis, model_axis) if a is not None)
+    if axes:
+        y = jax.lax.psum(y, axes)
     return (y, weights, ids) if return_routing else y
 
 
-def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, mla_form, moe_impl):
+def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, mla_form, moe_impl, model_axis, expert_axis):
     """One decoder layer on carry = (h [B, T, D], state, taps, layer index)."""
     h, cache, taps, layer = carry
     cos, sin, positions, mask = shared
     a, cache = mla_attention(cfg, lp["self_attn"], rms_norm(lp["input_layernorm"]["weight"], h, cfg.rms_norm_eps),
-                             cos, sin, positions, mask, cache, layer, mla_form)
+                             cos, sin, positions, mask, cache, layer, mla_form, model_axis)
     h = h + a
     x = rms_norm(lp["post_attention_layernorm"]["weight"], h, cfg.rms_norm_eps)
-    y = moe_block(cfg, lp["moe"], x, impl=moe_impl) if is_moe else _swiglu_mlp(lp["mlp"], x)
+    if is_moe:
+        y = moe_block(cfg, lp["moe"], x, impl=moe_impl, model_axis=model_axis, expert_axis=expert_axis)
+    else:
+        y = _swiglu_mlp(lp["mlp"], x)
+        y = y if model_axis is None else jax.lax.psum(y, model_axis)
     h = h + y.astype(h.dtype)
     if tap_layer_ids:
         hit = (jnp.asarray(tap_layer_ids) == layer)[:, None, None, None]
@@ -196,12 +216,15 @@ def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, mla_form, moe_im
 
 def target_forward(cfg, params, tokens, positions, cache=None, *, tap_layer_ids: Sequence[int] = (),
                    logit_index=None, compute_logits=True, attention_impl: str = "xla",
-                   mla_form: str | None = None, moe_impl: str = "auto", tree=None):
+                   mla_form: str | None = None, moe_impl: str = "auto", tree=None,
+                   model_axis: str | None = None, expert_axis: str | None = None):
     """One causal pass (``TargetFamily.forward``): tokens, positions int32[B, T]; returns
     ``(logits float32[B, T, V] | [B, 1, V] | None, taps [B, T, k*D] | None, state)``; taps are
     transformers' ``hidden_states[i + 1]`` (the last layer's after the final norm).
     ``mla_form``: ``"absorbed"`` or ``"expanded"`` (module docstring); None: absorbed through a
-    decode state, expanded without one. ``tree``: a tree block (``nn.tree_attention``)."""
+    decode state, expanded without one. ``tree``: a tree block (``nn.tree_attention``).
+    ``model_axis`` / ``expert_axis``: inside ``shard_map``, the mesh axes of tensor parallelism
+    (heads, MLP widths, vocabulary; ``cfg`` the shard's) and of expert parallelism."""
     check_attention_impl(attention_impl)
     if attention_impl != "xla":
         raise ValueError(f"the {cfg.model_type} target runs MLA with attention_impl='xla' only "
@@ -212,14 +235,14 @@ def target_forward(cfg, params, tokens, positions, cache=None, *, tap_layer_ids:
     tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
     check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
-    h = embed(params, tokens)
+    h = embed(params, tokens, model_axis)
     if cache is not None and cache.batch != B:
         raise ValueError(f"decode state batch {cache.batch} != tokens batch {B}")
     cos, sin, mask = rope_and_mask(cfg, positions, cache, tree)
     K = len(tap_layer_ids)
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
     shared = (cos, sin, positions, mask)
-    opts = (tap_layer_ids, form, moe_impl)
+    opts = (tap_layer_ids, form, moe_impl, model_axis, expert_axis)
     carry = (h, cache, taps, jnp.int32(0))
     if "layers" in params:
         for is_moe, first, end, sub in layer_runs(cfg):
