@@ -649,9 +649,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-xla-check", action="store_true", help="skip the XLA cross-check")
     p.add_argument("--moe", nargs="+", metavar="MODEL",
                    help="mixture-of-experts targets instead of the dense pair: named configs ("
-                        "gpt-oss-120b, gpt-oss-20b, qwen3-coder-30b-a3b: their scenarios, e.g. "
-                        "gpt-oss-120b on 8 x B200 with TP and EP) or qwen3_moe / gpt_oss "
-                        "config.json paths (tools/roofline_moe.py); writes moe.{json,md,png}")
+                        "gpt-oss-120b, gpt-oss-20b, qwen3-coder-30b-a3b, deepseek-v3, kimi-k2.5: "
+                        "their scenarios, e.g. gpt-oss-120b on 8 x B200 with TP and EP) or "
+                        "qwen3_moe / gpt_oss / deepseek_v3 (kimi_k2, kimi_k25) config.json paths "
+                        "(tools/roofline_moe.py); writes moe.{json,md,png}")
     p.add_argument("--moe-devices", nargs="+", choices=list(DEVICES),
                    help="with --moe: single-GPU profiles to predict on instead of the named scenarios")
     p.add_argument("--hybrid", nargs="+", metavar="MODEL",

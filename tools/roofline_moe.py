@@ -54,8 +54,15 @@ no target family; they equal the registered families' size models (``qwen3_moe``
 ``num_params``, ``matrix_params_read``, ``matrix_params_per_token``, tested).
 
 Named configurations (:data:`MODELS`, :data:`DRAFTERS`) hold the published ``config.json``
-values of the targets and of their released drafters; ``--moe PATH`` reads any qwen3_moe or
-gpt_oss ``config.json`` (a drafter: ``--drafter``, else one shaped like the target).
+values of the targets and of their released drafters; ``--moe PATH`` reads any qwen3_moe,
+gpt_oss or deepseek_v3 (kimi_k2, kimi_k25) ``config.json`` (a drafter: ``--drafter``, else one
+shaped like the target).
+
+Latent attention (DeepSeek-V3, Kimi-K2.x: ``MoeShape.mla``): the per-head matrices (q_b, kv_b,
+o) split by heads, the latent path (q_a, kv_a) read whole on every device; a cached position is
+the latent and the rope key (r + dr numbers per layer), replicated; a (query, key) pair costs a
+head 2 (2r + dr) FLOPs (the absorbed form, ``targets/mla/model.py``). Named scenarios on 8 x H200
+and 8 x B200 with the released expert formats (FP8 blocks, INT4 groups).
 
     python -m dflash_jax roofline --moe gpt-oss-120b qwen3-coder-30b-a3b --out results/roofline/moe
 """
@@ -81,6 +88,10 @@ from dflash_jax.tools.roofline import Cost, DEVICES
 
 MXFP4_BYTES = 17 / 32
 """Bytes per parameter of an MXFP4 tensor: 32 e2m1 values (16 bytes) and one u8 scale."""
+FP8_BLOCK_BYTES = 1 + 4 / (128 * 128)
+"""DeepSeek-V3's released FP8 weights: one byte each, one float32 scale per 128 x 128 block."""
+INT4_G32_BYTES = 0.5 + 2 / 32
+"""Kimi-K2.5's released INT4 experts: half a byte each, one bf16 scale per group of 32."""
 CONTEXT = 1024
 MOE_BLOCK_SIZES = (2, 4, 6, 8, 10, 12, 16, 24, 32)
 """Block sizes of the ratio curves and the best-block-size tables."""
@@ -118,6 +129,26 @@ MODELS: dict[str, dict] = {
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
         "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
         "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False},
+    # deepseek-ai/DeepSeek-V3 config.json: 61 layers (the first 3 dense, MLP 18432), 256 routed
+    # experts of 2048, 8 per token in 4 of 8 groups, one shared expert, MLA with 128 heads
+    # (q latent 1536, kv latent 512, rope 64, no-rope 128, value 128), vocab 129280; the MTP
+    # layer (num_nextn_predict_layers 1) is not run and not counted.
+    "deepseek-v3": {
+        "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+        "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+        "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1,
+        "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "tie_word_embeddings": False},
+    # moonshotai/Kimi-K2.5 text_config (Kimi-K2's decoder): 61 layers (the first dense), 384
+    # routed experts of 2048, 8 per token, one shared expert, MLA with 64 heads, vocab 163840.
+    "kimi-k2.5": {
+        "model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 7168,
+        "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+        "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "tie_word_embeddings": False},
 }
 """The published ``config.json`` fields the roofline reads (results/roofline/moe/README.md
 lists the sources)."""
@@ -141,6 +172,18 @@ DRAFTERS: dict[str, dict] = {
                                 block_size=16, num_target_layers=48,
                                 target_layer_ids=(1, 12, 23, 34, 45),
                                 mask_token_id=dense.QWEN3_MASK_TOKEN_ID),
+    # z-lab/Kimi-K2.5-DFlash: 6 Qwen3-style layers, D 7168, MLP 18432, 64 / 8 heads, YaRN (its
+    # published shapes); head dim 128, block 16 and the taps (the default rule for 61 layers)
+    # are assumptions here, not read from its config.
+    "kimi-k2.5": dict(num_layers=6, hidden_size=7168, intermediate_size=18432, num_heads=64,
+                      num_kv_heads=8, head_dim=128, vocab_size=163840, block_size=16,
+                      num_target_layers=61, target_layer_ids=(1, 12, 24, 35, 47, 58),
+                      mask_token_id=163838),
+    # no DFlash drafter is released for DeepSeek-V3: Kimi-K2.5-DFlash's shapes on its vocabulary
+    "deepseek-v3": dict(num_layers=6, hidden_size=7168, intermediate_size=18432, num_heads=64,
+                        num_kv_heads=8, head_dim=128, vocab_size=129280, block_size=16,
+                        num_target_layers=61, target_layer_ids=(1, 12, 24, 35, 47, 58),
+                        mask_token_id=128815),
 }
 """The released drafters' shapes (their ``config.json``; mask ids only label the config)."""
 
@@ -148,6 +191,8 @@ TAUS = {
     "gpt-oss-120b": {"gsm8k": 5.3, "mt-bench": 3.7},
     "gpt-oss-20b": {"tau 4": 4.0},
     "qwen3-coder-30b-a3b": {"tau 4": 4.0, "tau 6.49 (paper, Qwen3-8B)": 6.49},
+    "kimi-k2.5": {"tau 4": 4.0, "tau 6.49 (paper, Qwen3-8B)": 6.49},
+    "deepseek-v3": {"tau 4": 4.0, "tau 6.49 (paper, Qwen3-8B)": 6.49},
 }
 """Acceptance lengths to predict at: gpt-oss-120b's from its drafter's model card (block 10,
 H200: about 5.3 on gsm8k down to 3.7 on mt-bench); the others are illustrations."""
@@ -183,6 +228,18 @@ class MoeShape:
     sliding_window: int | None = None
     sliding_layers: int = 0
     tie_word_embeddings: bool = False
+    shared_gate: bool = True
+    """The shared expert has a sigmoid gate [D] (Qwen's); DeepSeek's has none."""
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    """> 0: multi-head latent attention (DeepSeek-V3, Kimi-K2.x; :func:`attention_params`),
+    ``head_dim`` then the rope dim and ``num_kv_heads`` = ``num_heads``."""
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -220,6 +277,8 @@ def shape_from_hf(d: Mapping[str, Any]) -> MoeShape:
     """The :class:`MoeShape` of a ``qwen3_moe`` or ``gpt_oss`` ``config.json`` dict; another
     model type, or a field the roofline does not model, is a ValueError naming it."""
     mt = d.get("model_type")
+    if mt == "kimi_k25":  # the multimodal Kimi-K2.5: its text model
+        return shape_from_hf({**_field(d, "text_config"), "model_type": "deepseek_v3"})
     D, L = int(_field(d, "hidden_size")), int(_field(d, "num_hidden_layers"))
     H = int(_field(d, "num_attention_heads"))
     common = dict(vocab_size=int(_field(d, "vocab_size")), hidden_size=D, num_layers=L,
@@ -252,18 +311,70 @@ def shape_from_hf(d: Mapping[str, Any]) -> MoeShape:
                         moe_layers=L, router_bias=True, expert_bias=True, attention_sinks=True,
                         sliding_window=int(_field(d, "sliding_window")) if sliding else None,
                         sliding_layers=sliding, **common)
-    raise ValueError(f"the MoE roofline reads model_type qwen3_moe or gpt_oss, not {mt!r}")
+    if mt in ("deepseek_v3", "kimi_k2"):
+        E = int(_field(d, "n_routed_experts"))
+        dense_k = int(d.get("first_k_dense_replace") or 0)
+        common.update(num_kv_heads=H, head_dim=int(_field(d, "qk_rope_head_dim")))
+        return MoeShape(model_type=mt, num_experts=E, experts_per_token=int(_field(d, "num_experts_per_tok")),
+                        expert_intermediate_size=int(_field(d, "moe_intermediate_size")),
+                        moe_layers=L - dense_k, dense_intermediate_size=int(_field(d, "intermediate_size")),
+                        shared_expert_size=int(d.get("n_shared_experts") or 0) * int(d["moe_intermediate_size"]),
+                        shared_gate=False, router_bias=True,  # e_score_correction_bias [E]
+                        q_lora_rank=int(d.get("q_lora_rank") or 0), kv_lora_rank=int(_field(d, "kv_lora_rank")),
+                        qk_nope_head_dim=int(_field(d, "qk_nope_head_dim")), v_head_dim=int(_field(d, "v_head_dim")),
+                        **common)
+    raise ValueError(f"the MoE roofline reads model_type qwen3_moe, gpt_oss or deepseek_v3 (kimi_k2, "
+                     f"kimi_k25), not {mt!r}")
 
 
 # ---------------------------------------------------------------------------- parameters
 def attention_params(s) -> int:
-    """q, k, v and o of one layer (``s``: an MoeShape or a DrafterConfig)."""
+    """q, k, v and o of one layer (``s``: an MoeShape or a DrafterConfig); MLA's matrices
+    (:func:`mla_split_params` + :func:`mla_latent_params`) for a latent-attention target."""
+    if getattr(s, "kv_lora_rank", 0):
+        return mla_split_params(s) + mla_latent_params(s)
     D, Dh = s.hidden_size, s.head_dim
     return 2 * D * s.num_heads * Dh + 2 * D * s.num_kv_heads * Dh
 
 
+def mla_split_params(s: MoeShape) -> int:
+    """MLA's per-head matrices, split by heads under tensor parallelism: the query's up
+    projection (or its one projection without a q latent), ``kv_b_proj`` (each head's no-rope key
+    and value from the latent; in the absorbed form the same matrix multiplies the queries and
+    the attention output) and ``o_proj``."""
+    D, H, r = s.hidden_size, s.num_heads, s.kv_lora_rank
+    qk = s.qk_nope_head_dim + s.head_dim
+    q = (s.q_lora_rank or D) * H * qk
+    return q + r * H * (s.qk_nope_head_dim + s.v_head_dim) + H * s.v_head_dim * D
+
+
+def mla_latent_params(s: MoeShape) -> int:
+    """MLA's latent path, replicated under tensor parallelism: ``q_a_proj`` and
+    ``kv_a_proj_with_mqa`` (the latent and the shared rope key)."""
+    D = s.hidden_size
+    return D * s.q_lora_rank + D * (s.kv_lora_rank + s.head_dim)
+
+
+def attention_params_per_device(s: MoeShape, p: int) -> float:
+    """One layer's attention matrices on one of ``p`` devices splitting the heads."""
+    if s.mla:
+        return mla_split_params(s) / p + mla_latent_params(s)
+    return attention_params(s) / p
+
+
+def kv_numbers_per_position(s: MoeShape, p: int) -> float:
+    """Decode-state numbers one cached position of one layer holds on one of ``p`` devices: K and
+    V of its KV heads, or MLA's latent and rope key (replicated: every head reads all of it)."""
+    if s.mla:
+        return s.kv_lora_rank + s.head_dim
+    return 2 * (s.num_kv_heads // p) * s.head_dim
+
+
 def layer_vectors(s: MoeShape) -> int:
-    """One layer's vectors: two norms, q/k norms, q/k/v/o biases, attention sinks."""
+    """One layer's vectors: two norms, q/k norms, q/k/v/o biases, attention sinks (MLA: the
+    two norms and the q and kv latent norms)."""
+    if s.mla:
+        return 2 * s.hidden_size + s.q_lora_rank + s.kv_lora_rank
     D, Dh = s.hidden_size, s.head_dim
     bias = (s.num_heads + 2 * s.num_kv_heads) * Dh + D if s.attention_bias else 0
     return 2 * D + (2 * Dh if s.qk_norm else 0) + bias + (s.num_heads if s.attention_sinks else 0)
@@ -284,8 +395,11 @@ def router_params(s: MoeShape) -> int:
 
 
 def shared_params(s: MoeShape) -> int:
-    """A shared expert (3 D F_s) and its sigmoid gate [D], where the model has one."""
-    return 3 * s.hidden_size * s.shared_expert_size + s.hidden_size if s.shared_expert_size else 0
+    """A shared expert (3 D F_s) and its sigmoid gate [D] (Qwen's; DeepSeek's has none), where
+    the model has one."""
+    if not s.shared_expert_size:
+        return 0
+    return 3 * s.hidden_size * s.shared_expert_size + (s.hidden_size if s.shared_gate else 0)
 
 
 def expected_experts(num_experts: int, k: int, tokens: float) -> float:
@@ -382,8 +496,8 @@ class Layout:
 
     @property
     def label(self) -> str:
-        fmt = "bf16" if self.expert_bytes == 2 else ("MXFP4" if self.expert_bytes == MXFP4_BYTES
-                                                     else f"{self.expert_bytes:g} B")
+        fmt = {2: "bf16", MXFP4_BYTES: "MXFP4", FP8_BLOCK_BYTES: "FP8 (128 x 128 blocks)",
+               INT4_G32_BYTES: "INT4 (groups of 32)"}.get(self.expert_bytes, f"{self.expert_bytes:g} B")
         par = "" if self.devices == 1 else f", {self.experts.upper()} {self.devices}"
         if self.replicate_attention:
             par += " (expert = 8, model = 1 mesh: attention replicated)".replace("8", str(self.devices))
@@ -393,7 +507,8 @@ class Layout:
 def check_layout(s: MoeShape, layout: Layout) -> None:
     """Refuses a device count that does not split the heads, KV heads and experts."""
     p, m = layout.devices, layout.model
-    for what, n, d in (("num_key_value_heads", s.num_kv_heads, m), ("num_attention_heads", s.num_heads, m),
+    kv = () if s.mla else (("num_key_value_heads", s.num_kv_heads, m),)
+    for what, n, d in kv + (("num_attention_heads", s.num_heads, m),
                        ("expert width", s.expert_intermediate_size, p), ("experts", s.num_experts, p)):
         if n % d:
             raise ValueError(f"{d} devices must divide {what} ({n})")
@@ -407,11 +522,11 @@ def moe_target_forward(s: MoeShape, rows: int, context: int, layout: Layout = La
     expert parallelism): linears, routed experts, attention, LM head (see the module doc)."""
     p, D, L = layout.model, s.hidden_size, s.num_layers
     t = rows * batch
-    shared_mats = (L * attention_params(s) // p + s.moe_layers * 3 * D * s.shared_expert_size // p
+    shared_mats = (L * attention_params_per_device(s, p) + s.moe_layers * 3 * D * s.shared_expert_size // p
                    + s.dense_layers * 3 * D * s.dense_intermediate_size // p)
     routers = s.moe_layers * D * s.num_experts
     vectors = L * layer_vectors(s) + s.moe_layers * (router_params(s) - D * s.num_experts
-                                                     + (D if s.shared_expert_size else 0))
+                                                     + (D if s.shared_expert_size and s.shared_gate else 0))
     linears = Cost("target linears", flops=2 * t * (shared_mats + routers),
                    weights=(shared_mats + routers + vectors) * weight_bytes,
                    activations=t * D * (1 + taps) * weight_bytes)
@@ -425,14 +540,18 @@ def moe_target_forward(s: MoeShape, rows: int, context: int, layout: Layout = La
         experts = Cost("target experts", flops=2 * load["max_assignments"] * s.moe_layers * em,
                        weights=s.moe_layers * load["max_experts"] * (em * layout.expert_bytes
                                                                      + ev * weight_bytes))
-    Hp, Hkvp = s.num_heads // p, s.num_kv_heads // p
-    per_pos = 2 * Hkvp * s.head_dim * kv_bytes  # K and V of one position in one layer
+    Hp = s.num_heads // p
+    per_pos = kv_numbers_per_position(s, p) * kv_bytes  # one position in one layer
     full_pairs = rows * context + rows * (rows + 1) / 2
     W = s.sliding_window or 1
     slide_pairs = sum(min(context + i + 1, W) for i in range(rows))
     pairs = s.full_layers * full_pairs + s.sliding_layers * slide_pairs
     kv_read = s.full_layers * context + s.sliding_layers * min(context, W - 1)
-    attention = Cost("target attention", flops=4 * batch * Hp * s.head_dim * pairs,
+    # FLOPs per (query, key) pair and head: scores and weighted values, 2 Dh each; MLA's
+    # absorbed form scores against the latent and the rope key (2 (r + dr)) and weighs the
+    # latents (2 r); its per-row absorption is kv_b_proj's, counted with the linears
+    per_pair = 2 * (2 * s.kv_lora_rank + s.head_dim) if s.mla else 4 * s.head_dim
+    attention = Cost("target attention", flops=batch * Hp * per_pair * pairs,
                      kv_read=batch * kv_read * per_pos, kv_write=batch * rows * L * per_pos)
     Vp = -(-s.vocab_size // p)
     head = Cost("target LM head", flops=2 * t * D * Vp, weights=(Vp * D + D) * weight_bytes,
@@ -552,6 +671,14 @@ SCENARIOS = (
              "this project's (expert = 8, model = 1) mesh"),
     Scenario("gpt-oss-120b", "b200", Layout(8, "tp", MXFP4_BYTES), TAUS["gpt-oss-120b"]),
     Scenario("gpt-oss-120b", "b200", Layout(8, "ep", MXFP4_BYTES), TAUS["gpt-oss-120b"]),
+    Scenario("deepseek-v3", "h200", Layout(8, "tp", FP8_BLOCK_BYTES), TAUS["deepseek-v3"],
+             "the released FP8 experts; illustrative drafter (none released)"),
+    Scenario("deepseek-v3", "h200", Layout(8, "ep", FP8_BLOCK_BYTES), TAUS["deepseek-v3"]),
+    Scenario("deepseek-v3", "b200", Layout(8, "ep", FP8_BLOCK_BYTES), TAUS["deepseek-v3"]),
+    Scenario("kimi-k2.5", "h200", Layout(8, "tp", INT4_G32_BYTES), TAUS["kimi-k2.5"],
+             "the released INT4 experts"),
+    Scenario("kimi-k2.5", "h200", Layout(8, "ep", INT4_G32_BYTES), TAUS["kimi-k2.5"]),
+    Scenario("kimi-k2.5", "b200", Layout(8, "ep", INT4_G32_BYTES), TAUS["kimi-k2.5"]),
 )
 """The predictions the committed report makes (results/roofline/moe)."""
 

@@ -97,9 +97,68 @@ def test_published_sizes():
     q = rm.shape_from_hf(rm.MODELS["qwen3-coder-30b-a3b"])
     assert rm.num_params(q) == pytest.approx(30.5e9, rel=2e-3)
     assert rm.active_params(q) + q.vocab_size * q.hidden_size == pytest.approx(3.35e9, rel=1e-2)
+    # DeepSeek-V3 671B (37B activated: here with the embedding row), Kimi-K2.5's text model 1.03T
+    # (the card: 1T total, 32B activated)
+    ds = rm.shape_from_hf(rm.MODELS["deepseek-v3"])
+    assert rm.num_params(ds) == pytest.approx(671.0e9, rel=1e-3)
+    assert rm.active_params(ds) + ds.vocab_size * ds.hidden_size == pytest.approx(37.5e9, rel=1e-2)
+    k = rm.shape_from_hf(rm.MODELS["kimi-k2.5"])
+    assert rm.num_params(k) == pytest.approx(1.03e12, rel=1e-2)
+    assert rm.active_params(k) + k.vocab_size * k.hidden_size == pytest.approx(32.9e9, rel=1e-2)
     # the released drafters: 0.78B and 0.47B without the shared embedding and head
     for name, n in (("gpt-oss-120b", 0.785e9), ("qwen3-coder-30b-a3b", 0.474e9)):
         assert roofline._drafter_params(rm.DrafterConfig(**rm.DRAFTERS[name])) == pytest.approx(n, rel=1e-2)
+
+
+# MLA: D 8, 2 heads, kv latent 4, rope 2, no-rope 2, value 2, no q latent; 1 MoE layer
+MLA = rm.MoeShape(model_type="deepseek_v3", vocab_size=32, hidden_size=8, num_layers=1, num_heads=2,
+                  num_kv_heads=2, head_dim=2, num_experts=4, experts_per_token=2, expert_intermediate_size=4,
+                  moe_layers=1, shared_expert_size=4, shared_gate=False, router_bias=True,
+                  kv_lora_rank=4, qk_nope_head_dim=2, v_head_dim=2)
+
+
+def test_latent_attention_by_hand():
+    """MLA per layer: q 8*2*4 = 64 and kv_b 4*2*4 = 32 and o 2*2*8 = 32 split by heads, kv_a
+    8*(4+2) = 48 replicated; a cached position holds r + dr = 6 numbers on every device (not
+    halved by 2 GPUs); each (query, key) pair costs a head 2 (2r + dr) = 20 FLOPs."""
+    assert rm.attention_params(MLA) == 64 + 32 + 32 + 48
+    one, two = (by_name(rm.moe_target_forward(MLA, 3, 10, rm.Layout(p))) for p in (1, 2))
+    pairs = 3 * 10 + 6
+    assert one["target attention"] == (2 * 20 * pairs, 0, 10 * 6 * 2, 3 * 6 * 2, 0)
+    assert two["target attention"] == (1 * 20 * pairs, 0, 10 * 6 * 2, 3 * 6 * 2, 0)
+    # linears' FLOPs on one of 2 GPUs: half the per-head matrices (128) and of the shared expert
+    # (3*8*4 = 96), all of the latent path and the router
+    lin1, lin2 = one["target linears"][0], two["target linears"][0]
+    assert lin1 - lin2 == 2 * 3 * (128 + 96) / 2
+
+
+def test_latent_attention_counts_equal_transformers_and_the_family():
+    """A DeepSeek-V3 config.json: the roofline's count equals transformers' model (its routers'
+    correction biases are buffers there) and the deepseek_v3 family's size model; the state
+    bytes per token are the family's; kimi_k25 reads its text_config."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from dflash_jax import targets
+
+    torch.manual_seed(0)
+    for q_lora in (24, None):
+        cfg = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                               kv_lora_rank=16, q_lora_rank=q_lora, qk_rope_head_dim=8, qk_nope_head_dim=12,
+                               v_head_dim=10, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                               topk_group=2, n_shared_experts=2, first_k_dense_replace=1)
+        model = DeepseekV3ForCausalLM(cfg)
+        n = sum(p.numel() for p in model.parameters()) + sum(
+            b.numel() for name, b in model.named_buffers() if name.endswith("e_score_correction_bias"))
+        d = cfg.to_dict()
+        shape = rm.shape_from_hf(d)
+        fam = targets.family("deepseek_v3")
+        assert rm.num_params(shape) == n == fam.num_params(fam.config_from_hf(d)), q_lora
+        assert (shape.moe_layers, shape.dense_layers, shape.shared_expert_size) == (2, 1, 32)
+        per_token = 3 * rm.kv_numbers_per_position(shape, 4) * 2
+        assert per_token == fam.state_bytes_per_token(fam.config_from_hf(d), 2)
+        assert rm.shape_from_hf({"model_type": "kimi_k25", "text_config": {**d, "model_type": "kimi_k2"}}) == shape
 
 
 def test_expert_parallel_busiest_device():
@@ -123,7 +182,7 @@ def test_more_rows_cost_more_than_dense():
 
 
 def test_refusals(tmp_path):
-    with pytest.raises(ValueError, match="qwen3_moe or gpt_oss"):
+    with pytest.raises(ValueError, match="qwen3_moe, gpt_oss or deepseek_v3"):
         rm.shape_from_hf({"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "vocab_size": 8})
     with pytest.raises(ValueError, match="num_experts_per_tok"):  # missing from the config
