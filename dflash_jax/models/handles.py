@@ -54,8 +54,13 @@ class Target:
             self.params = rules.shard_params(self.params, self.mesh,
                                              family_of(self.config).param_axes(self.config))
         limit = self.config.max_position_embeddings
+        exact = family_of(self.config).exact_positions(self.config)
         if self.max_len is None:
-            self.max_len = limit
+            self.max_len = limit if exact is None else min(limit, exact)
+        if exact is not None and not isinstance(self.max_len, bool) and isinstance(self.max_len, (int, np.integer)) \
+                and self.max_len > exact:
+            raise ValueError(f"max_len={self.max_len} is above the {self.config.model_type} target's exact "
+                             f"length {exact} (see its family's exact_positions): use max_len <= {exact}")
         if isinstance(self.max_len, bool) or not isinstance(self.max_len, (int, np.integer)):
             raise ValueError(f"max_len must be an integer, got {self.max_len!r}")
         if self.max_len < 2:

@@ -112,6 +112,13 @@ class TargetFamily:
         when that axis has more than one device, so a family without experts never sees it."""
         raise NotImplementedError(self._missing("forward"))
 
+    def exact_positions(self, cfg) -> int | None:
+        """The longest sequence (positions per row) the family computes exactly, when it is
+        shorter than any context the model allows (``glm_moe_dsa``: its sparse attention runs
+        dense, exact up to ``index_topk``); None: no such bound. ``Target`` caps its ``max_len``
+        at it (the default) and refuses a longer one."""
+        return None
+
     def embed(self, params, tokens, model_axis: str | None = None):
         """The token embedding [..., D] (drafters share it)."""
         return head.embed(params, tokens, model_axis)

@@ -9,6 +9,7 @@ from dflash_jax.targets.moe import gpt_oss
 from dflash_jax.targets.hybrid import qwen3_5
 from dflash_jax.targets.hybrid import qwen3_next
 from dflash_jax.targets.mla import deepseek_v3
+from dflash_jax.targets.mla import glm_moe_dsa
 
 register(dense.QWEN3)
 register(dense.LLAMA)
@@ -18,3 +19,4 @@ register(qwen3_5.QWEN3_5)
 register(qwen3_5.QWEN3_5_MOE)
 register(qwen3_next.QWEN3_NEXT)
 register(deepseek_v3.DEEPSEEK_V3)
+register(glm_moe_dsa.GLM_MOE_DSA)

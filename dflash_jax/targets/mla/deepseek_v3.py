@@ -412,8 +412,7 @@ class DeepseekV3Family(TargetFamily):
         for name, spec in self.tensor_specs(cfg).items():
             if spec.layer is None:
                 continue
-            stack = (len(cfg.moe_layers) if spec.path[1] == "moe" else len(cfg.dense_layers)
-                     if spec.path[1] == "mlp" else cfg.num_layers)
+            stack = self.stack_size(cfg, spec.path[1])
             shape = tuple(reversed(spec.shape)) if spec.transpose else spec.shape
             if spec.expert is not None:
                 shape = (stack, cfg.num_experts) + shape
@@ -430,6 +429,11 @@ class DeepseekV3Family(TargetFamily):
             return random_init(zeros, k, init_scale, dtype)
 
         return jax.jit(init)(key)
+
+    def stack_size(self, cfg, kind: str) -> int:
+        """How many layers the ``layers/{kind}`` parameters stack: the MoE layers' blocks, the
+        dense layers' MLPs, every layer's attention and norms."""
+        return {"moe": len(cfg.moe_layers), "mlp": len(cfg.dense_layers)}.get(kind, cfg.num_layers)
 
     def init_state(self, cfg, batch: int, max_len: int, dtype) -> KVCache:
         """The latent decode state (``mla.model.init_state``)."""
