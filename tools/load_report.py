@@ -1,5 +1,5 @@
 """Load time and peak host memory of mixture-of-experts checkpoints on this machine: for every
-MoE target family (``qwen3_moe``, ``gpt_oss``) and the Qwen3.5 MoE block on its own
+MoE target family (``qwen3_moe``, ``gpt_oss``, ``deepseek_v3``) and the Qwen3.5 MoE block on its own
 (``qwen3_5_moe_block``: the MoE half of a ``qwen3_5_moe_text`` checkpoint, until its hybrid
 family lands), a tiny and a mid-size (0.5-1B parameters) random checkpoint.
 
@@ -60,6 +60,20 @@ CONFIGS = {
         "mid": dict(vocab_size=32000, hidden_size=1024, intermediate_size=320, num_hidden_layers=8,
                     num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_local_experts=64,
                     num_experts_per_tok=4, sliding_window=128),
+    },
+    "deepseek_v3": {
+        "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48,
+                     qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                     num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                     moe_intermediate_size=32, first_k_dense_replace=1),
+        # DeepSeek-V3's layout scaled down: latent attention (16 heads, kv latent 256, q latent
+        # 384), 64 experts of width 320 in 8 groups, k 8, a shared expert, the first layer dense
+        "mid": dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                    num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=256, q_lora_rank=384,
+                    qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=64,
+                    num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1,
+                    moe_intermediate_size=320, first_k_dense_replace=1),
     },
     "qwen3_5_moe_block": {
         "tiny": dict(hidden_size=64, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
