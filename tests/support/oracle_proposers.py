@@ -159,3 +159,38 @@ class ReferenceProposer(Proposer):
         truth = jnp.take_along_axis(rows, jnp.minimum(idx, rows.shape[1] - 1), axis=1)
         bad = jnp.arange(bs - 1)[None] == self.wrong_at(start)[:, None]
         return Proposal(jnp.where(bad, (truth + 1) % spec.target.vocab_size, truth)), state
+
+
+def every_length_wrong_at(bs: int):
+    """The draft index a :class:`ReferenceProposer` gets wrong in the iteration starting at
+    ``start``: ``(start // 3) % bs`` (bs - 1: none), so every acceptance length 1..bs occurs on
+    prompts of a few dozen tokens."""
+    return lambda start: (start // 3) % bs
+
+
+def dflash_at_every_accepted_length(target, prompts, max_new: int, reference, bs: int, seed: int = 6):
+    """Greedy DFlash on ``target`` with a :class:`ReferenceProposer` over ``reference`` (the AR
+    outputs), wrong at :func:`every_length_wrong_at`: asserts the output equals ``reference``,
+    every iteration (but a last one cut by the budget) accepts exactly up to the wrong draft, and
+    every acceptance length 1..bs occurs. Returns the result."""
+    import numpy as np
+
+    import dflash_jax as dj
+
+    wrong_at = every_length_wrong_at(bs)
+    width = max(len(p) + len(r) for p, r in zip(prompts, reference)) + bs
+    rows = np.zeros((len(prompts), width), np.int32)
+    for b, (p, r) in enumerate(zip(prompts, reference)):
+        rows[b, :len(p) + len(r)] = p + r
+    drafter = dj.Drafter.random(target, num_layers=1, block_size=bs, seed=seed)
+    r = dj.generate(target, prompts, max_new, drafter=drafter, proposer=ReferenceProposer(rows, wrong_at))
+    assert r.sequences == reference
+    seen = set()
+    for prompt, lens in zip(prompts, r.acceptance_lengths):
+        start = len(prompt)
+        for a in lens[:-1]:  # the last iteration may be cut by the budget
+            assert a == wrong_at(start) + 1, (start, a)
+            seen.add(a)
+            start += a
+    assert seen == set(range(1, bs + 1)), f"acceptance lengths seen: {sorted(seen)}"
+    return r

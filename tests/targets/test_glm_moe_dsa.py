@@ -31,7 +31,7 @@ from dflash_jax import targets
 from dflash_jax.targets.mla import glm_moe_dsa
 
 from support.moe_oracles import separated_router
-from support.oracle_proposers import ReferenceProposer
+from support.oracle_proposers import dflash_at_every_accepted_length
 
 pytestmark = [pytest.mark.xdist_group("glm_moe_dsa"), pytest.mark.torch]
 
@@ -167,22 +167,8 @@ def test_greedy_generate_equals_transformers():
         assert seq == out[0, len(p):].tolist()
 
 
-def wrong_at(start, bs: int = BS):
-    return (start // 3) % bs
-
-
 def test_dflash_equals_autoregressive_for_every_acceptance_length():
-    ref = reference()
-    t = target()
-    width = max(len(p) + len(r) for p, r in zip(PROMPTS, ref)) + BS
-    rows = np.zeros((len(PROMPTS), width), np.int32)
-    for b, (p, r) in enumerate(zip(PROMPTS, ref)):
-        rows[b, :len(p) + len(r)] = p + r
-    drafter = dj.Drafter.random(t, num_layers=1, block_size=BS, seed=6)
-    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, proposer=ReferenceProposer(rows, wrong_at))
-    assert r.sequences == ref
-    seen = {a for lens in r.acceptance_lengths for a in lens[:-1]}
-    assert seen == set(range(1, BS + 1)), sorted(seen)
+    dflash_at_every_accepted_length(target(), PROMPTS, MAX_NEW, reference(), BS)
 
 
 def test_save_round_trips_bit_exact_and_bad_types_are_named(tmp_path):

@@ -36,7 +36,7 @@ from dflash_jax.parallel import rules
 from dflash_jax.targets.moe import qwen3_moe, qwen3_moe_model
 
 from support.moe_oracles import dense_moe_reference, separated_router
-from support.oracle_proposers import ReferenceProposer
+from support.oracle_proposers import dflash_at_every_accepted_length
 
 pytestmark = [pytest.mark.xdist_group("moe_qwen3"), pytest.mark.torch]
 
@@ -321,30 +321,8 @@ def test_greedy_generate_equals_transformers_on_a_ragged_batch():
     assert len({tok for seq in ref for tok in seq}) > 10, "a degenerate model would not test much"
 
 
-def wrong_at(start, bs: int = BS):
-    """The draft index the proposer gets wrong in the iteration starting at ``start``
-    (bs - 1: none): every acceptance length 1..bs occurs (asserted)."""
-    return (start // 3) % bs
-
-
 def test_dflash_equals_autoregressive_for_every_acceptance_length():
-    ref = reference()
-    t = target()
-    width = max(len(p) + len(r) for p, r in zip(PROMPTS, ref)) + BS
-    rows = np.zeros((len(PROMPTS), width), np.int32)
-    for b, (p, r) in enumerate(zip(PROMPTS, ref)):
-        rows[b, :len(p) + len(r)] = p + r
-    drafter = dj.Drafter.random(t, num_layers=1, block_size=BS, seed=6)
-    r = dj.generate(t, PROMPTS, MAX_NEW, drafter=drafter, proposer=ReferenceProposer(rows, wrong_at))
-    assert r.sequences == ref
-    seen = set()
-    for prompt, lens in zip(PROMPTS, r.acceptance_lengths):
-        start = len(prompt)
-        for a in lens[:-1]:  # the last iteration may be cut by the budget
-            assert a == wrong_at(start) + 1
-            seen.add(a)
-            start += a
-    assert seen == set(range(1, BS + 1)), f"acceptance lengths seen: {sorted(seen)}"
+    dflash_at_every_accepted_length(target(), PROMPTS, MAX_NEW, reference(), BS)
 
 
 # ---------------------------------------------------------------------------- checkpoints

@@ -64,7 +64,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.nn.layers import apply_rope
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps, rope_and_mask
-from dflash_jax.targets.moe.qwen3_moe_model import _run_params, _split_layer, layer_runs, split_layer_params
+from dflash_jax.targets.moe.qwen3_moe_model import run_layers, split_layer_params
 
 LATENT_NORM_EPS = 1e-6
 """eps of the q and kv latent norms (transformers' ``DeepseekV3RMSNorm(rank)`` default)."""
@@ -243,18 +243,8 @@ def target_forward(cfg, params, tokens, positions, cache=None, *, tap_layer_ids:
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
     shared = (cos, sin, positions, mask)
     opts = (tap_layer_ids, form, moe_impl, model_axis, expert_axis)
-    carry = (h, cache, taps, jnp.int32(0))
-    if "layers" in params:
-        for is_moe, first, end, sub in layer_runs(cfg):
-            lp = _run_params(params["layers"], is_moe, first, end, sub)
-
-            def step(c, p, is_moe=is_moe):
-                return _layer(cfg, p, is_moe, c, shared, *opts), None
-
-            carry, _ = jax.lax.scan(step, carry, lp)
-    else:
-        for i in range(cfg.num_layers):
-            carry = _layer(cfg, _split_layer(params, cfg, i), cfg.is_moe_layer(i), carry, shared, *opts)
+    carry = run_layers(cfg, params, (h, cache, taps, jnp.int32(0)),
+                       lambda p, is_moe, c: _layer(cfg, p, is_moe, c, shared, *opts))
     h, cache, taps, _ = carry
     if cache is not None:
         cache = cache.crop(positions[:, -1] + 1)

@@ -133,6 +133,22 @@ def split_layer_params(params):
     return out
 
 
+def run_layers(cfg, params, carry, layer):
+    """``carry`` through every decoder layer, ``layer(layer_params, is_moe, carry) -> carry``:
+    on the stacked layout one ``lax.scan`` per run of consecutive layers of one kind
+    (:func:`layer_runs`), on the split one (:func:`split_layer_params`) one call per layer. The
+    layer parameters are its attention and norms (``ATTENTION_KEYS``) and its ``moe`` or ``mlp``
+    block; other stacks under ``layers`` are not passed."""
+    if "layers" in params:
+        for is_moe, first, end, sub in layer_runs(cfg):
+            lp = _run_params(params["layers"], is_moe, first, end, sub)
+            carry, _ = jax.lax.scan(lambda c, p, is_moe=is_moe: (layer(p, is_moe, c), None), carry, lp)
+        return carry
+    for i in range(cfg.num_layers):
+        carry = layer(_split_layer(params, cfg, i), cfg.is_moe_layer(i), carry)
+    return carry
+
+
 def _split_layer(params, cfg, i: int):
     """Layer i's tree from the split layout (its attention and its block)."""
     is_moe = cfg.is_moe_layer(i)
@@ -163,18 +179,8 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
     shared = (cos, sin, positions, mask, None if tree is None else tree.visible)
     opts = (tap_layer_ids, attention_impl, model_axis, expert_axis, moe_impl)
-    carry = (h, cache, taps, jnp.int32(0))
-    if "layers" in params:
-        for is_moe, first, end, sub in layer_runs(cfg):
-            lp = _run_params(params["layers"], is_moe, first, end, sub)
-
-            def step(c, p, is_moe=is_moe):
-                return _layer(cfg, p, is_moe, c, shared, *opts), None
-
-            carry, _ = jax.lax.scan(step, carry, lp)
-    else:
-        for i in range(cfg.num_layers):
-            carry = _layer(cfg, _split_layer(params, cfg, i), cfg.is_moe_layer(i), carry, shared, *opts)
+    carry = run_layers(cfg, params, (h, cache, taps, jnp.int32(0)),
+                       lambda p, is_moe, c: _layer(cfg, p, is_moe, c, shared, *opts))
     h, cache, taps, _ = carry
     if cache is not None:
         cache = cache.crop(positions[:, -1] + 1)
