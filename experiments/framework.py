@@ -153,9 +153,16 @@ def default_work() -> str:
 
 def checkpoint_dir(name: str | None, kind: str = "target") -> str | None:
     """The directory a ``--target`` / ``--drafter`` value names: ``embedded`` is the model of
-    that ``kind`` shipped in the package; anything else is a directory as given."""
+    that ``kind`` shipped in the package, a drafting method's shipped name (``embedded-eagle3``)
+    its shipped drafter; anything else is a directory as given."""
     if name == EMBEDDED:
         return EMBEDDED_TARGET_DIR if kind == "target" else EMBEDDED_DRAFTER_DIR
+    if kind == "drafter" and name is not None:
+        from dflash_jax import methods
+
+        shipped = methods.method_of_shipped_name(name)
+        if shipped is not None:
+            return shipped.shipped_dir()
     return name
 
 
@@ -471,16 +478,19 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             d = {"layers": s.layers, "block_size": s.block_size, "taps": s.taps,
                  "mask_token_id": s.mask_token_id, "conditioning": "kv"} | spec.get("drafter", {})
             unknown_drafter = set(d) - {"layers", "block_size", "taps", "mask_token_id", "conditioning",
-                                        *METHOD_FIELDS}
+                                        "source", *METHOD_FIELDS}
             if unknown_drafter:
                 raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown drafter entries "
                                  f"{sorted(unknown_drafter)}")
-            method_fields = check_method_fields(spec["label"], d, s)
             unknown = set(spec) - {"label", "drafter", "train", "evaluation", "eval_block_size", "data"}
             unknown |= set(spec.get("data", {})) - {"regen_temperature"}
             unknown |= set(spec.get("evaluation", {})) - {"temperature", "num_denoise_steps", "sampled_draft"}
             if unknown:
                 raise ValueError(f"{experiment.name}: cell {spec['label']} has unknown entries {sorted(unknown)}")
+            if d.get("source") is not None:  # a drafter of any method, measured as it is
+                cells.append(source_cell(experiment, s, spec, d["source"], train, seed))
+                continue
+            method_fields = check_method_fields(spec["label"], d, s)
             ev_bs = spec.get("eval_block_size", s.eval_block_size) or d["block_size"]
             if isinstance(ev_bs, str) and ev_bs != ADAPTIVE:
                 raise ValueError(f"inference block size {ev_bs!r} of cell {spec['label']}: give an integer "
@@ -530,6 +540,27 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             cells.append(Cell(label=dict(spec["label"]) | {"seed": seed}, drafter=drafter, train=tr, evaluation=ev,
                               data=data))
     return cells
+
+
+def source_cell(experiment, s, spec: dict, source: str, train: dict, seed: int) -> "Cell":
+    """A cell measuring the drafter ``source`` (a directory or a shipped name, of any drafting
+    method: e.g. ``embedded-eagle3``) as it is, beside the cells that train: it trains nothing
+    (its ``train`` must say steps 0) and is evaluated at its ``eval_block_size``."""
+    path = checkpoint_dir(source, "drafter")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"cell {spec['label']}: source drafter {source!r}: no drafter there "
+                                f"(a directory with config.json and model.safetensors, or a shipped name)")
+    tr = train | spec.get("train", {}) | {"seed": seed}
+    if tr.get("steps") != 0:
+        raise ValueError(f"cell {spec['label']}: a source drafter is measured as it is: its train needs steps 0")
+    bs = spec.get("eval_block_size")
+    if not isinstance(bs, int) or bs < 2:
+        raise ValueError(f"cell {spec['label']}: a source drafter needs its eval_block_size (an integer >= 2)")
+    ev = {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
+          "temperature": s.temperature, "num_denoise_steps": 1, "subset": s.subset, "block_size": bs,
+          "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
+    return Cell(label=dict(spec["label"]) | {"seed": seed}, drafter={"source": source}, train=tr, evaluation=ev,
+                data={})
 
 
 METHOD_FIELDS = ("method", "loss", "dpace_alpha", "markov_rank")
@@ -597,8 +628,11 @@ def _config_difference(have: DrafterConfig, want: DrafterConfig) -> str:
 def drafter_identity(init_from: str) -> dict:
     """What keys a drafter started from ``init_from``: the starting weights' content (the
     shipped drafter as ``embedded``), not where they lie."""
+    from dflash_jax import methods
+
     path = checkpoint_dir(init_from, "drafter")
-    return {"init_from": recorded_path(path, "drafter"),
+    shipped = init_from != EMBEDDED and methods.method_of_shipped_name(init_from) is not None
+    return {"init_from": init_from if shipped else recorded_path(path, "drafter"),
             "sha256": "".join(_file_hash(os.path.join(path, n))[:16] for n in ("config.json", "model.safetensors"))}
 
 
@@ -635,6 +669,8 @@ class Work:
             key["held_out"] = self.settings.curve_prompts
             if self.settings.curve_every:  # the run record holds it: a resume must keep it
                 key["curve_every"] = self.settings.curve_every
+        if "source" in cell.drafter:  # a drafter measured as it is: its files alone decide it
+            return {"source": drafter_identity(cell.drafter["source"]), "steps": 0}
         if self.settings.init_from is not None:
             key["init_from"] = drafter_identity(self.settings.init_from)
             if cell.untrained:  # no training: the starting drafter alone decides it
@@ -773,12 +809,14 @@ def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
 
 
 def _starting_drafter(work: Work, cell: Cell, root: str, record_path: str) -> None:
-    """A ``steps 0`` cell's drafter: the ``init_from`` drafter itself, copied in (it is small)."""
+    """A ``steps 0`` cell's drafter: its ``source`` drafter, or else the ``init_from`` one,
+    copied in (it is small)."""
     if os.path.exists(record_path):
         return
     os.makedirs(root, exist_ok=True)
     write_json(os.path.join(root, "key.json"), work.drafter_key(cell))
-    src, drafter_dir = checkpoint_dir(work.settings.init_from, "drafter"), os.path.join(root, "drafter")
+    start = cell.drafter.get("source", work.settings.init_from)
+    src, drafter_dir = checkpoint_dir(start, "drafter"), os.path.join(root, "drafter")
     if not os.path.isdir(drafter_dir):
         tmp = drafter_dir + f".tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -791,7 +829,7 @@ def _starting_drafter(work: Work, cell: Cell, root: str, record_path: str) -> No
                              "blocks_seen": 0, "tokens": 0, "minutes": 0.0, "final_loss": None,
                              "final_accuracy_per_pos": None, "training_sequences": 0,
                              "drafter_params": _count(params), "curve": [], "held_out_prompts": 0,
-                             "offline_features": None, "init_from": drafter_identity(work.settings.init_from)})
+                             "offline_features": None, "init_from": drafter_identity(start)})
 
 
 def blocks_seen(cell: Cell, data_dir: str, steps: int, held_out: int = 0) -> int:
@@ -1333,7 +1371,10 @@ def readme(table: Table, md: str) -> str:
                                    "below as it is)"]),
              *([f"- {b['untrained_cells']} of the cells train nothing (steps 0): they measure the starting "
                 "drafter below as it is"] if b.get("untrained_cells") else []),
-             *([f"- starting weights: every cell's drafter is `{s['init_from']}`"
+             *([f"- {b['source_cells']} of the cells measure a drafter of their own as it is, trained "
+                f"elsewhere: {', '.join(f'`{x}`' for x in b['sources'])} (outside this budget)"]
+               if b.get("source_cells") else []),
+             *([f"- starting weights: every {'other ' if b.get('source_cells') else ''}cell's drafter is `{s['init_from']}`"
                 + (", fine-tuned from there (an ablation in the trained regime)" if b["steps"] else ", as it is")]
                if s.get("init_from") else []),
              *([f"- target features: offline, computed once per data and taps and shared by every cell "
@@ -1471,8 +1512,12 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     budget = {"steps": first["steps"], "sequences_per_step": first["sequences_per_step"],
               "anchors_per_sequence": first["anchors_per_sequence"], "blocks": first["blocks"],
               "learning_rate": train["learning_rate"], "seeds": list(range(settings.seed, settings.seed + settings.seeds))}
+    sources = sorted({c.drafter["source"] for c in cells if "source" in c.drafter})
     if trained and len(trained) < len(records):
-        budget["untrained_cells"] = len(records) - len(trained)
+        budget["untrained_cells"] = len(records) - len(trained) - sum("source" in c.drafter for c in cells)
+    if sources:
+        budget["source_cells"] = sum("source" in c.drafter for c in cells)
+        budget["sources"] = sources
     env = environment() | {"cpu_model": cpu_model(), "cpu": cpu_info()}
     table = Table(experiment, preset, recorded_settings(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
