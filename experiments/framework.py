@@ -522,9 +522,7 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
                                      "it is, or --steps N >= 1")
             else:
                 TrainConfig(**tr)  # its own checks
-            ev = {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
-                  "temperature": s.temperature, "num_denoise_steps": s.num_denoise_steps, "subset": s.subset,
-                  "block_size": ev_bs, "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
+            ev = cell_evaluation(s, spec, ev_bs, s.num_denoise_steps)
             if ev["temperature"] < 0:
                 raise ValueError(f"cell {spec['label']}: temperature must be >= 0, got {ev['temperature']}")
             if ev["num_denoise_steps"] < 1:
@@ -542,6 +540,15 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
     return cells
 
 
+def cell_evaluation(s, spec: dict, block_size, num_denoise_steps: int) -> dict:
+    """A cell's evaluation settings: the run's (prompt sets, samples, new tokens, temperature,
+    subset, seed; greedy drafts) at ``block_size`` and ``num_denoise_steps``, with the cell's own
+    ``evaluation`` entries over them."""
+    return {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
+            "temperature": s.temperature, "num_denoise_steps": num_denoise_steps, "subset": s.subset,
+            "block_size": block_size, "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
+
+
 def source_cell(experiment, s, spec: dict, source: str, train: dict, seed: int) -> "Cell":
     """A cell measuring the drafter ``source`` (a directory or a shipped name, of any drafting
     method: e.g. ``embedded-eagle3``) as it is, beside the cells that train: it trains nothing
@@ -556,9 +563,7 @@ def source_cell(experiment, s, spec: dict, source: str, train: dict, seed: int) 
     bs = spec.get("eval_block_size")
     if not isinstance(bs, int) or bs < 2:
         raise ValueError(f"cell {spec['label']}: a source drafter needs its eval_block_size (an integer >= 2)")
-    ev = {"datasets": list(s.datasets), "max_samples": s.max_samples, "max_new_tokens": s.max_new_tokens,
-          "temperature": s.temperature, "num_denoise_steps": 1, "subset": s.subset, "block_size": bs,
-          "seed": s.eval_seed, "sampled_draft": False} | spec.get("evaluation", {})
+    ev = cell_evaluation(s, spec, bs, 1)
     return Cell(label=dict(spec["label"]) | {"seed": seed}, drafter={"source": source}, train=tr, evaluation=ev,
                 data={})
 

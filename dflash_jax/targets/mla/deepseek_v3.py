@@ -491,21 +491,13 @@ class DeepseekV3Family(TargetFamily):
         dims.append(("vocab_size", cfg.vocab_size, "vocabulary (embedding and LM head)"))
         return dims
 
-    def local_config(self, cfg, model: int):
-        return dataclasses.replace(
-            cfg, num_heads=cfg.num_heads // model, num_kv_heads=cfg.num_kv_heads // model,
-            intermediate_size=cfg.intermediate_size // model if cfg.dense_layers else cfg.intermediate_size,
-            moe_intermediate_size=(cfg.moe_intermediate_size // model if cfg.moe_layers
-                                   else cfg.moe_intermediate_size),
-            vocab_size=cfg.vocab_size // model)
+    # the shard's config as qwen3_moe's (heads, dense and expert widths, vocabulary over model;
+    # unchanged over expert): the same fields, the same split
+    local_config = qwen3_moe.Qwen3MoeFamily.local_config
+    expert_local_config = qwen3_moe.Qwen3MoeFamily.expert_local_config
 
     def expert_dims(self, cfg) -> list[tuple[str, int, str]]:
         return [("n_routed_experts", cfg.num_experts, "routed experts")] if cfg.moe_layers else []
-
-    def expert_local_config(self, cfg, expert: int):
-        """Unchanged: the router scores all experts on every shard; the forward takes the local
-        expert count from the expert weights."""
-        return cfg
 
     # ------------------------------------------------------------------ size model
     def attention_matrix_params(self, cfg) -> int:

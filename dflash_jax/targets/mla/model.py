@@ -61,10 +61,8 @@ import numpy as np
 from dflash_jax.nn import moe
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.nn.layers import apply_rope
-from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps, rope_and_mask
-from dflash_jax.targets.moe.qwen3_moe_model import run_layers, split_layer_params
+from dflash_jax.targets.moe.qwen3_moe_model import decoder_forward, split_layer_params
 
 LATENT_NORM_EPS = 1e-6
 """eps of the q and kv latent norms (transformers' ``DeepseekV3RMSNorm(rank)`` default)."""
@@ -197,7 +195,7 @@ def moe_block(cfg, p, x, *, impl: str = "auto", return_routing: bool = False,
 def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, mla_form, moe_impl, model_axis, expert_axis):
     """One decoder layer on carry = (h [B, T, D], state, taps, layer index)."""
     h, cache, taps, layer = carry
-    cos, sin, positions, mask = shared
+    cos, sin, positions, mask, _ = shared  # a tree's visibility is in the mask already
     a, cache = mla_attention(cfg, lp["self_attn"], rms_norm(lp["input_layernorm"]["weight"], h, cfg.rms_norm_eps),
                              cos, sin, positions, mask, cache, layer, mla_form, model_axis)
     h = h + a
@@ -232,29 +230,12 @@ def target_forward(cfg, params, tokens, positions, cache=None, *, tap_layer_ids:
     form = mla_form or ("absorbed" if cache is not None else "expanded")
     if form not in MLA_FORMS:
         raise ValueError(f"mla_form must be one of {MLA_FORMS}, not {form!r}")
-    tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
-    check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
-    B, T = tokens.shape
-    h = embed(params, tokens, model_axis)
-    if cache is not None and cache.batch != B:
-        raise ValueError(f"decode state batch {cache.batch} != tokens batch {B}")
-    cos, sin, mask = rope_and_mask(cfg, positions, cache, tree)
-    K = len(tap_layer_ids)
-    taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
-    shared = (cos, sin, positions, mask)
     opts = (tap_layer_ids, form, moe_impl, model_axis, expert_axis)
-    carry = run_layers(cfg, params, (h, cache, taps, jnp.int32(0)),
-                       lambda p, is_moe, c: _layer(cfg, p, is_moe, c, shared, *opts))
-    h, cache, taps, _ = carry
-    if cache is not None:
-        cache = cache.crop(positions[:, -1] + 1)
-    final_norm = lambda x: rms_norm(params["norm"]["weight"], x, cfg.rms_norm_eps)
-    taps = collect_taps(taps, lambda: final_norm(h), tap_layer_ids, cfg.num_layers)
-    if not compute_logits:
-        return None, taps, cache
-    if logit_index is not None:
-        h = jnp.take_along_axis(h, logit_index.astype(jnp.int32)[:, None, None], axis=1)
-    return lm_head(cfg, params, final_norm(h)), taps, cache
+    return decoder_forward(cfg, params, tokens, positions, cache,
+                           lambda p, is_moe, c, shared: _layer(cfg, p, is_moe, c, shared, *opts),
+                           lambda x: rms_norm(params["norm"]["weight"], x, cfg.rms_norm_eps),
+                           tap_layer_ids=tap_layer_ids, logit_index=logit_index,
+                           compute_logits=compute_logits, model_axis=model_axis, tree=tree)
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

@@ -168,6 +168,26 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     the grouped matmul otherwise); ``tree``: a tree block (``nn.tree_attention``, as the
     dense family's)."""
     check_attention_impl(attention_impl)
+    opts = (tap_layer_ids, attention_impl, model_axis, expert_axis, moe_impl)
+    return decoder_forward(cfg, params, tokens, positions, cache,
+                           lambda p, is_moe, c, shared: _layer(cfg, p, is_moe, c, shared, *opts),
+                           lambda x: _norm(cfg, params["norm"]["weight"], x),
+                           tap_layer_ids=tap_layer_ids, logit_index=logit_index,
+                           compute_logits=compute_logits, model_axis=model_axis, tree=tree)
+
+
+def decoder_forward(cfg, params, tokens, positions, cache, layer, final_norm, *,
+                    tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits=True,
+                    model_axis: str | None = None, tree=None):
+    """The pass the families whose layers are attention plus a dense or MoE block share
+    (``qwen3_moe``, the latent-attention ``targets.mla``), around their own layer:
+    ``layer(layer_params, is_moe, carry, shared) -> carry`` with carry = (h [B, T, D], cache,
+    taps, layer index) and shared = (cos, sin, positions, mask bool[B, T, S], the tree's visible
+    mask or None), run by :func:`run_layers`; ``final_norm(h)`` the model's last norm. The
+    inputs are checked, the embedding looked up (split over ``model_axis``), RoPE and the causal
+    (or tree) mask built once, the taps collected (the last layer's after the final norm) and the
+    logits taken at ``logit_index`` (or every row). Returns ``(logits | None, taps | None, cache)``
+    as ``TargetFamily.forward``."""
     tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
     check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
@@ -178,13 +198,10 @@ def target_forward(cfg, params, tokens, positions, cache=None, *,
     K = len(tap_layer_ids)
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
     shared = (cos, sin, positions, mask, None if tree is None else tree.visible)
-    opts = (tap_layer_ids, attention_impl, model_axis, expert_axis, moe_impl)
-    carry = run_layers(cfg, params, (h, cache, taps, jnp.int32(0)),
-                       lambda p, is_moe, c: _layer(cfg, p, is_moe, c, shared, *opts))
-    h, cache, taps, _ = carry
+    h, cache, taps, _ = run_layers(cfg, params, (h, cache, taps, jnp.int32(0)),
+                                   lambda p, is_moe, c: layer(p, is_moe, c, shared))
     if cache is not None:
         cache = cache.crop(positions[:, -1] + 1)
-    final_norm = lambda x: _norm(cfg, params["norm"]["weight"], x)
     taps = collect_taps(taps, lambda: final_norm(h), tap_layer_ids, cfg.num_layers)
     if not compute_logits:
         return None, taps, cache
