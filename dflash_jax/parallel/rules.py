@@ -64,6 +64,8 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("taps", None),
     ("time", None),
     ("latent", None),
+    ("ple", None),
+    ("scalar", None),
 )
 """logical axis -> mesh axis (None = replicated). Change a mapping here, nowhere else."""
 

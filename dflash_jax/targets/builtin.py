@@ -10,6 +10,7 @@ from dflash_jax.targets.hybrid import qwen3_5
 from dflash_jax.targets.hybrid import qwen3_next
 from dflash_jax.targets.mla import deepseek_v3
 from dflash_jax.targets.mla import glm_moe_dsa
+from dflash_jax.targets import gemma4
 
 register(dense.QWEN3)
 register(dense.LLAMA)
@@ -20,3 +21,4 @@ register(qwen3_5.QWEN3_5_MOE)
 register(qwen3_next.QWEN3_NEXT)
 register(deepseek_v3.DEEPSEEK_V3)
 register(glm_moe_dsa.GLM_MOE_DSA)
+register(gemma4.GEMMA4)
