@@ -32,9 +32,7 @@ _DRAFTER_VARIANTS = (
     ("dflash_config", "attention_sink_bias", _OFF, "attention sinks are not implemented"),
     ("", "add_swa_attention_sink_bias", _OFF, "attention sinks are not implemented"),
     ("dflash_config", "attention_value_scale", _ONE, "value scaling is not implemented"),
-    ("dflash_config", "output_multiplier", _ONE, "output scaling is not implemented"),
     ("", "logit_scale", _ONE, "logit scaling is not implemented"),
-    ("dflash_config", "final_logit_softcapping", _OFF, "logit soft-capping is not implemented"),
     ("dflash_config", "projector_type", _OFF,
      "only the released projector (fc + hidden_norm) is implemented; a \"dspark\" drafter is read as "
      "DSpark's (architectures DSparkDraftModel)"),
@@ -216,9 +214,32 @@ class DrafterConfig:
     conditioning: str = "kv"
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    OUTPUT_FIELDS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
+    """The reference's (``dflash==0.1.0``) scalings around the target's embedding and LM head,
+    which Gemma 4's drafters set: the block's embedding is the target's raw table row times
+    ``input_embedding_scale``; the draft logits are the target's raw head times
+    ``output_multiplier``, then ``c tanh(l / c)`` with c = ``final_logit_softcapping`` (None or
+    0: no cap). Read from ``dflash_config`` first, then the top level, as the reference reads
+    them; written into ``dflash_config`` when not the identity."""
+    scales_implemented = True
+    """False for a method built on this config whose drafter does not apply the scalings."""
 
     def __post_init__(self):
         check_conditioning(self.conditioning)
+        if not self.scales_implemented and self.has_output_scalings:
+            raise ValueError(f"{type(self).__name__} does not implement input_embedding_scale / "
+                             "output_multiplier / final_logit_softcapping (DFlash drafters do): use a "
+                             "drafter without them")
+        if not self.input_embedding_scale > 0 or not self.output_multiplier > 0:
+            raise ValueError(f"input_embedding_scale and output_multiplier must be positive, got "
+                             f"{self.input_embedding_scale} and {self.output_multiplier}")
+        if self.final_logit_softcapping is not None and not self.final_logit_softcapping >= 0:
+            raise ValueError(f"final_logit_softcapping must be positive (or null / 0: none), got "
+                             f"{self.final_logit_softcapping}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not self.target_layer_ids:
@@ -256,6 +277,11 @@ class DrafterConfig:
                              f"released drafters), not {self.conditioning!r}")
         object.__setattr__(self, "layer_types", types)
         object.__setattr__(self, "sliding_window", window)
+
+    @property
+    def has_output_scalings(self) -> bool:
+        return (self.input_embedding_scale != 1.0 or self.output_multiplier != 1.0
+                or bool(self.final_logit_softcapping))
 
     @property
     def num_taps(self) -> int:
@@ -341,10 +367,19 @@ class DrafterConfig:
                 f"reads before dflash_config.target_layer_ids={list(ids)} and which must be those "
                 f"ids plus one ({[i + 1 for i in ids]}); fix it or remove it")
         layer_types, window, _ = drafter_attention_layout(d)
+        scalings = {}
+        for key in cls.OUTPUT_FIELDS:  # the reference's reading: dflash_config first, then the top level
+            value = dflash.get(key, d.get(key))
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"drafter config.json {key}={json.dumps(value)}: must be a number")
+            if value is not None:
+                scalings[key] = float(value)
+        if not scalings.get("final_logit_softcapping", 1.0):
+            scalings["final_logit_softcapping"] = None
         return cls(**fields, block_size=int(top.get("block_size", 16)), num_target_layers=N,
                    target_layer_ids=ids, mask_token_id=int(dflash["mask_token_id"]),
                    conditioning=conditioning_from_hf(d), layer_types=layer_types,
-                   sliding_window=window)
+                   sliding_window=window, **scalings)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DrafterConfig":
@@ -377,6 +412,12 @@ class DrafterConfig:
                          "mask_token_id": self.mask_token_id}
         if self.conditioning != "kv":
             dflash_config["conditioning"] = self.conditioning
+        if self.input_embedding_scale != 1.0:
+            dflash_config["input_embedding_scale"] = self.input_embedding_scale
+        if self.output_multiplier != 1.0:
+            dflash_config["output_multiplier"] = self.output_multiplier
+        if self.final_logit_softcapping:
+            dflash_config["final_logit_softcapping"] = self.final_logit_softcapping
         return {
             "architectures": [DFLASH_ARCHITECTURE],
             "model_type": "qwen3",

@@ -12,7 +12,7 @@ import optax
 
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
-from dflash_jax.methods.dflash.model import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel, block_embedding, draft_logits
 from dflash_jax.targets import family_of
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.training.blocks import build_blocks
@@ -29,11 +29,11 @@ def block_logits(dcfg: DrafterConfig, tcfg: TargetConfig, dparams, tparams, toke
     B, N = anchors.shape
     inputs, positions, labels, label_mask = build_blocks(tokens, loss_mask, anchors, valid, bs,
                                                          dcfg.mask_token_id)
-    emb = family_of(tcfg).embed(tparams, inputs.reshape(B, N * bs))
+    emb = block_embedding(dcfg, family_of(tcfg), tparams, inputs.reshape(B, N * bs))
     model = DrafterModel(dcfg, anchor_chunk=anchor_chunk, context_chunk=context_chunk)
     h = model.apply({"params": dparams}, emb, positions.reshape(B, N * bs), taps.astype(emb.dtype),
                     anchors, valid, method=DrafterModel.train_blocks)  # [B, N*bs, D]
-    logits = family_of(tcfg).lm_head(tcfg, tparams, h).reshape(B, N, bs, -1)
+    logits = draft_logits(dcfg, family_of(tcfg), tcfg, tparams, h).reshape(B, N, bs, -1)
     return logits, labels, label_mask
 
 

@@ -438,3 +438,25 @@ def init_drafter_params(cfg: DrafterConfig, key: jax.Array, dtype=jnp.float32,
     return random_module_params(
         lambda k: model.init(k, emb, pos, taps, anchors, valid, method=model_class.init_everything)["params"],
         key, init_scale, dtype)
+
+
+def block_embedding(cfg: DrafterConfig, family, tparams, tokens: jax.Array, model_axis=None) -> jax.Array:
+    """The drafter's input rows for ``tokens``: the target's raw embedding (``family.embed``)
+    times ``input_embedding_scale`` (the reference's ``_raw_input_embeddings``)."""
+    e = family.embed(tparams, tokens, model_axis)
+    if cfg.input_embedding_scale == 1.0:
+        return e
+    return e * jnp.asarray(cfg.input_embedding_scale, e.dtype)
+
+
+def draft_logits(cfg: DrafterConfig, family, target_cfg, tparams, h: jax.Array) -> jax.Array:
+    """Draft logits float32[..., V] of the drafter's normed hidden states: the target's raw LM
+    head (``family.lm_head``) times ``output_multiplier``, soft-capped by
+    ``final_logit_softcapping`` (the reference's ``compute_logits``)."""
+    logits = family.lm_head(target_cfg, tparams, h)
+    if cfg.output_multiplier != 1.0:
+        logits = logits * cfg.output_multiplier
+    if cfg.final_logit_softcapping:
+        c = cfg.final_logit_softcapping
+        logits = jnp.tanh(logits / c) * c
+    return logits

@@ -26,7 +26,7 @@ from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.verification.sampling import process_logits
 from dflash_jax.verification.tree import Tree, best_first_tree
 from dflash_jax.nn.cache import KVCache
-from dflash_jax.methods.dflash.model import DrafterModel
+from dflash_jax.methods.dflash.model import DrafterModel, block_embedding, draft_logits
 from dflash_jax.nn.partitioning import CACHE_AXES
 from dflash_jax.parallel import rules
 from dflash_jax.proposers.base import Committed, Proposal, Proposer
@@ -125,9 +125,9 @@ class DFlashProposer(Proposer):
                             start, method=DrafterModel.project_context)
         for step in range(steps):
             block = jnp.concatenate([committed.bonus[:, None], fill], axis=1)
-            h = model.apply({"params": params}, family.embed(tparams, block, spec.tp_axis), positions,
-                            cache, method=DrafterModel.draft)
-            logits = family.lm_head(spec.target, tparams, h[:, 1:])
+            h = model.apply({"params": params}, block_embedding(d, family, tparams, block, spec.tp_axis),
+                            positions, cache, method=DrafterModel.draft)
+            logits = draft_logits(d, family, spec.target, tparams, h[:, 1:])
             if step == steps - 1:
                 break
             pred = ops.argmax(logits)

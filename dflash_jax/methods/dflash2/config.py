@@ -32,6 +32,8 @@ class DFlash2Config(DrafterConfig):
         selector_top_k: the candidates per block row the selector re-scores (the logits' top-k)
     """
 
+    scales_implemented = False
+
     conv_kernel_size: int = 4
     conv_group_size: int = 64
     selector_rank: int = 64

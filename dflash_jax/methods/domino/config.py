@@ -29,6 +29,8 @@ class DominoConfig(DrafterConfig):
         pure_draft_prefix_len: P, the first drafts left uncorrected (the backbone's logits)
     """
 
+    scales_implemented = False
+
     emb_dim: int = 256
     gru_hidden_dim: int = 1024
     shift_label: bool = True

@@ -38,6 +38,8 @@ class DSparkConfig(DrafterConfig):
         confidence_head_with_markov: the confidence head reads e[prev] beside the hidden state
     """
 
+    scales_implemented = False
+
     markov_rank: int = 256
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = True
