@@ -156,13 +156,30 @@ def deepseek_v3_target():
     return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=5, init_scale=0.3)
 
 
+def gemma4_target():
+    """Sliding (window 3) and full layers of their own shapes, per-layer inputs, a KV-shared
+    layer of each type, the MoE block."""
+    from transformers import Gemma4TextConfig
+
+    hf = Gemma4TextConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=5,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+                          num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=3,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                       "sliding_attention", "full_attention"],
+                          hidden_size_per_layer_input=4, vocab_size_per_layer_input=32, num_kv_shared_layers=2,
+                          enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8,
+                          final_logit_softcapping=5.0, max_position_embeddings=256).to_dict()
+    return dj.Target.random(dj.TargetConfig.from_hf_dict(hf), seed=6, init_scale=0.3)
+
+
 FAMILIES = {"qwen3": lambda: dj.Target.random(DENSE, seed=1, init_scale=0.35),
-            "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target, "deepseek_v3": deepseek_v3_target}
+            "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target, "deepseek_v3": deepseek_v3_target,
+            "gemma4": gemma4_target}
 
 
 # A hand-made tree (node: parent) for the third row: node 7 at depth 4 under the rank-1 depth-1
 # node 2 (path 0, 2, 4, 5, 7), node 9 at depth 4 under the rank-0 node 1 (path 0, 1, 3, 6, 9).
-# With gpt_oss's window of 3, node 7 (slot start + 7, position start + 4) sees its ancestors
+# With gpt_oss's and gemma4's window of 3, node 7 (slot start + 7, position start + 4) sees its ancestors
 # at depths 2 and 3 but not node 2 (position start + 1, slot start + 2): measured by slot, node
 # 2 would fall inside its window. Siblings are listed in rank order.
 HAND_PARENTS = [0, 0, 0, 1, 2, 4, 3, 5, 0, 6, 4]

@@ -7,9 +7,10 @@ Oracle: the single-device engine on the same weights (itself checked against tra
 against AR decoding in ``tests/targets/test_moe_qwen3.py`` and ``tests/targets/test_gpt_oss.py``). A tiny
 Qwen3-MoE (two MoE layers around a dense one, 8 experts, top 2) on meshes (data, expert, model)
 = (2, 2, 2), (1, 4, 2) and (1, 8, 1), and a tiny gpt-oss (biases nonzero, so the experts' down
-bias must be added once) on (2, 2, 2), and a tiny DeepSeek-V3 (latent attention split by heads
+bias must be added once) on (2, 2, 2), a tiny DeepSeek-V3 (latent attention split by heads
 with its latent state replicated, a shared expert added once, group-limited routing) on (2, 2, 2)
-and (1, 2, 4), must give greedy DFlash tokens and acceptance lengths
+and (1, 2, 4), and a tiny Gemma 4 (sliding and full layers of their own KV heads, KV-shared
+layers, per-layer inputs, the MoE block beside the MLP) on (2, 2, 2) and (1, 4, 2), must give greedy DFlash tokens and acceptance lengths
 equal to one device (and greedy AR on (2, 2, 2)), logits within float32 tolerance, and expert
 weights held E / e per device with F / m of each expert's width. The compiled decode loop's
 collectives over the expert axis must be exactly the stated pattern: one all-reduce per MoE
@@ -65,6 +66,27 @@ deepseek = targets.family("deepseek_v3").config_from_hf(dict(
     n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1, routed_scaling_factor=2.5,
     max_position_embeddings=128))
 
+gemma = targets.family("gemma4_text").config_from_hf(dict(
+    model_type="gemma4_text", vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=2,
+    attention_k_eq_v=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2,
+    num_kv_shared_layers=2, hidden_size_per_layer_input=4, vocab_size_per_layer_input=32, enable_moe_block=True,
+    num_experts=8, top_k_experts=2, moe_intermediate_size=16, final_logit_softcapping=5.0,
+    max_position_embeddings=128))
+
+def gemma_params(params):
+    for i in range(gemma.num_layers):
+        router = params[f"layers_{i}"]["router"]
+        router["proj"]["kernel"] *= 6.0
+        router["scale"] = np.ones_like(router["scale"])
+        router["per_expert_scale"] = np.ones_like(router["per_expert_scale"])
+    return params
+
+def expert_down(name, params):
+    if name == "gemma4":  # one tree per layer: [E, F, D]
+        return params["layers_0"]["experts"]["down_proj"]
+    return params["layers"]["mlp" if name == "gpt_oss" else "moe"]["experts"]["down_proj"]
+
 def deepseek_params(params):
     params["layers"]["moe"]["gate"]["kernel"] *= 6.0
     return params
@@ -84,7 +106,7 @@ def gpt_params(params):
 
 # random drafters whose greedy runs accept drafts (a small vocabulary makes that likely; these
 # seeds give 16 and 3 accepted tokens): a run that accepts nothing would not test the rollback
-DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9, "deepseek_v3": 2}
+DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9, "deepseek_v3": 2, "gemma4": 2}
 # model -> (config, parameter edit, its MoE layers, the scans over runs of them when stacked,
 #           {mesh (data, expert, model): runs})
 MODELS = {
@@ -94,6 +116,10 @@ MODELS = {
     # latent attention (heads over model, the latent state replicated), shared experts
     "deepseek_v3": (deepseek, deepseek_params, len(deepseek.moe_layers), 1,  # dense, MoE, MoE
                     {(2, 2, 2): ("ar", "dflash"), (1, 2, 4): ("dflash",)}),
+    # per-layer trees; KV-shared layers, per-layer inputs (their table split by vocabulary), the MoE
+    # block beside the MLP in every layer
+    "gemma4": (gemma, gemma_params, gemma.num_layers, gemma.num_layers,
+               {(2, 2, 2): ("ar", "dflash"), (1, 4, 2): ("dflash",)}),
 }
 
 COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|"
@@ -164,8 +190,7 @@ for name, (cfg, edit, moe_layers, moe_scans, meshes) in MODELS.items():
     for (data, expert, model), which in meshes.items():
         mesh = parallel.make_mesh(data=data, expert=expert, model=model)
         target = dj.Target(cfg, params, mesh=mesh)
-        experts = target.params["layers"]["mlp" if name == "gpt_oss" else "moe"]["experts"]
-        down = experts["down_proj"]
+        down = expert_down(name, target.params)
         res = {**runs(target, which, dparams, mesh), "down_shard": shard(down), "down_full": list(down.shape),
                # the decode loop's layout: one tree per layer (an instruction per MoE layer in
                # the compiled loop) or stacked (one per scan over a run of MoE layers)
@@ -202,8 +227,9 @@ def ep(tmp_path_factory):
 CASES = [("qwen3_moe", "2x2x2", "ar"), ("qwen3_moe", "2x2x2", "dflash"),
          ("qwen3_moe", "1x4x2", "dflash"), ("qwen3_moe", "1x8x1", "dflash"),
          ("gpt_oss", "2x2x2", "dflash"), ("deepseek_v3", "2x2x2", "ar"), ("deepseek_v3", "2x2x2", "dflash"),
-         ("deepseek_v3", "1x2x4", "dflash")]
-MODELS = ("qwen3_moe", "gpt_oss", "deepseek_v3")
+         ("deepseek_v3", "1x2x4", "dflash"), ("gemma4", "2x2x2", "ar"), ("gemma4", "2x2x2", "dflash"),
+         ("gemma4", "1x4x2", "dflash")]
+MODELS = ("qwen3_moe", "gpt_oss", "deepseek_v3", "gemma4")
 
 
 @pytest.mark.parametrize("model,mesh,run", CASES)
@@ -220,7 +246,7 @@ def test_cases_cover_every_mesh_run(ep):
 
 
 def test_dflash_is_ar_and_accepts_drafts(ep):
-    for model in ("qwen3_moe", "deepseek_v3"):
+    for model in ("qwen3_moe", "deepseek_v3", "gemma4"):
         single = ep[model]["single"]
         assert single["dflash"][0] == single["ar"][0], model
     for model in MODELS:  # a run that accepts nothing would test little
@@ -234,9 +260,10 @@ def test_logits_and_expert_layout(ep, model):
         data, expert, m = map(int, mesh.split("x"))
         if "logits_err" in res:
             assert res["logits_err"] <= 1e-5 * max(1.0, res["logits_scale"]), (mesh, res["logits_err"])
-        # down_proj [MoE layers, E, F, D]: experts over expert, each expert's width over model
-        full = res["down_full"]
-        assert res["down_shard"] == [full[0], full[1] // expert, full[2] // m, full[3]], mesh
+        # down_proj [MoE layers, E, F, D] (gemma4: one layer's, [E, F, D]): experts over expert,
+        # each expert's width over model
+        full = res["down_full"][-3:]
+        assert res["down_shard"][-3:] == [full[0] // expert, full[1] // m, full[2]], mesh
 
 
 @pytest.mark.parametrize("model,mesh,run", CASES)
