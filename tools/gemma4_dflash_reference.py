@@ -46,23 +46,25 @@ TARGET_HF = {
 TARGET = TargetConfig.from_hf_dict(TARGET_HF)
 DRAFTER = dataclasses.replace(
     DrafterConfig.for_target(TARGET, num_layers=2, block_size=5, mask_token_id=63, target_layer_ids=(1, 4)),
-    input_embedding_scale=float(np.sqrt(32)), output_multiplier=0.75, final_logit_softcapping=2.5)
+    input_embedding_scale=4.0, output_multiplier=0.75, final_logit_softcapping=2.5)
 PROMPTS = ([5, 9, 2, 7, 7, 3], [3, 3, 8, 41, 17], [12, 60, 33, 2, 2, 2, 9, 50])
 MAX_NEW_TOKENS = 24
 TOP = 5
-STD = 0.12
+STD = {"target": 0.12, "drafter": 0.5}
+"""The weights' noise: the drafter's larger, so that its layers, not the mask row's embedding
+carried by the residual, decide its drafts."""
 
 
-def seeded_tensors(specs, rng) -> dict[str, np.ndarray]:
+def seeded_tensors(specs, rng, std: float) -> dict[str, np.ndarray]:
     """float32 weights for ``specs``, one draw per tensor in name order: norms and the layer
-    scalars 1 + 0.1 noise, the rest :data:`STD` noise."""
+    scalars 1 + 0.1 noise, the rest ``std`` noise."""
     out = {}
     for name in sorted(specs):
         shape = specs[name].shape
         if name.endswith(("norm.weight", "layer_scalar")):
             out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
-            out[name] = (STD * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (std * rng.standard_normal(shape)).astype(np.float32)
     return out
 
 
@@ -75,7 +77,7 @@ def write_pair(root: str) -> tuple[str, str]:
                              ("drafter", DRAFTER, drafter_tensor_specs(DRAFTER))):
         path = os.path.join(root, name)
         os.makedirs(path, exist_ok=True)
-        write_safetensors(path, seeded_tensors(specs, rng))
+        write_safetensors(path, seeded_tensors(specs, rng, STD[name]))
         write_json(os.path.join(path, "config.json"), {**cfg.to_hf_dict(), "torch_dtype": "float32"})
         dirs.append(path)
     return dirs[0], dirs[1]

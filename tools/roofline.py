@@ -46,6 +46,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
         --drafter z-lab/Qwen3-8B-DFlash-b16     # a hub pair: only the two config.json are fetched
     python -m dflash_jax.tools.roofline --moe gpt-oss-120b qwen3-coder-30b-a3b   # MoE targets
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
+    python -m dflash_jax.tools.roofline --gemma4 gemma-4-31b gemma-4-26b-a4b   # Gemma 4 (windows)
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
     python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
     python -m dflash_jax.tools.roofline --family     # the DFlash family: DFlash, DFlash2, DSpark
@@ -660,6 +661,11 @@ def add_arguments(p) -> None:
                         "(qwen3.5-27b, qwen3.5-4b) or qwen3_5_text config.json paths, both GDN "
                         "rollback modes on H100 and B200 (tools/roofline_hybrid.py); writes "
                         "roofline_hybrid.{json,md,png}")
+    p.add_argument("--gemma4", nargs="+", metavar="MODEL",
+                   help="Gemma 4 targets instead of the dense pair: named configs (gemma-4-31b, "
+                        "gemma-4-26b-a4b) or config.json paths, on H100 and B200 at contexts 1024, 8192 "
+                        "and 32768, sliding layers reading their window (tools/roofline_gemma4.py); "
+                        "writes roofline_gemma4.{json,md,png}")
     p.add_argument("--tree", nargs="*", type=int, metavar="N",
                    help="verify a tree of N draft nodes per iteration instead of the chain: the predicted "
                         "speedup at each of these node budgets N (default 16 32 64 128 256) with the best one "
@@ -736,6 +742,12 @@ def run(args) -> dict:
         return roofline_tree.run_tree(args)
     if args.tau_curve:
         raise ValueError("--tau-curve is the measured tau of trees: it goes with --tree")
+    if getattr(args, "gemma4", None):
+        from dflash_jax.tools import roofline_gemma4
+
+        if args.target or args.moe or args.hybrid:
+            raise ValueError("--gemma4 names its targets itself: leave out --target, --moe and --hybrid")
+        return roofline_gemma4.run_gemma4(args)
     if args.hybrid:
         from dflash_jax.tools import roofline_hybrid
 

@@ -255,7 +255,7 @@ def test_a_scaled_and_capped_drafter_drafts_what_the_reference_drafts(pair):
     assert fixture["drafter"] == json.loads(json.dumps(ref.DRAFTER.to_hf_dict()))
     assert fixture["target"] == json.loads(json.dumps(ref.TARGET.to_hf_dict()))
     d = drafter.config
-    assert (d.input_embedding_scale, d.output_multiplier, d.final_logit_softcapping) == (np.sqrt(32), 0.75, 2.5)
+    assert (d.input_embedding_scale, d.output_multiplier, d.final_logit_softcapping) == (4.0, 0.75, 2.5)
     seen = []
 
     class Recording(recording(DFlashProposer)):
@@ -293,7 +293,7 @@ def test_drafter_scalings_read_both_places_and_refused_where_not_implemented(pai
     assert d["dflash_config"]["final_logit_softcapping"] == 2.5
     top = {**d, "dflash_config": {k: v for k, v in d["dflash_config"].items()
                                   if k not in DrafterConfig.OUTPUT_FIELDS},
-           "final_logit_softcapping": 2.5, "output_multiplier": 0.75, "input_embedding_scale": float(np.sqrt(32))}
+           "final_logit_softcapping": 2.5, "output_multiplier": 0.75, "input_embedding_scale": 4.0}
     assert DrafterConfig.from_hf_dict(top) == drafter.config  # the reference's fallback: the top level
     both = {**top, "dflash_config": {**top["dflash_config"], "output_multiplier": 0.5}}
     assert DrafterConfig.from_hf_dict(both).output_multiplier == 0.5  # dflash_config first
