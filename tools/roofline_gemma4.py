@@ -10,7 +10,7 @@ the K/V of the cached positions in every layer. A Gemma 4 target differs in what
                    gathered) and its vectors; FLOPs 2 x rows x the matrices one token passes
                    through (``matrix_params_per_token``); the embedding and head tables are the
                    LM head's.
-  target attention per layer: a sliding layer reads the K/V of the last ``min(S, W)`` positions
+  target attention per layer: a sliding layer reads the K/V of the last ``min(S, W - 1)`` positions
                    (its own or, KV-shared, its producer's), a full layer all S; each layer its
                    own head dim and KV heads (full layers: ``global_head_dim``,
                    ``num_global_key_value_heads``); only layers with their own K/V write the new
@@ -106,8 +106,9 @@ def vector_params(cfg) -> int:
 
 
 def kv_read_positions(cfg, layer: int, context: int) -> int:
-    """Cached positions layer ``layer`` reads at ``context``: its window for a sliding layer."""
-    return min(context, cfg.sliding_window) if cfg.layer_types[layer] == SLIDING else context
+    """Cached positions layer ``layer`` reads at ``context``: for a sliding layer the W - 1 before
+    the query (which sees W positions, itself included)."""
+    return min(context, cfg.sliding_window - 1) if cfg.layer_types[layer] == SLIDING else context
 
 
 def kv_position_bytes(cfg, layer: int, kv_bytes: int) -> int:

@@ -16,7 +16,9 @@ that varies within a layer type.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import logging
 import re
 from typing import Any, Mapping
@@ -574,17 +576,9 @@ class Gemma4Family(TargetFamily):
         return 3 * cfg.hidden_size * cfg.moe_intermediate_size
 
     def _counts(self, cfg) -> tuple[int, int, int]:
-        """(matrix parameters, of which routed experts, vector parameters)."""
-        matrix = expert = vector = 0
-        for name, spec in self.tensor_specs(cfg).items():
-            n = int(np.prod(spec.shape))
-            if spec.expert is not None:
-                expert += n
-            if len(spec.shape) >= 2:
-                matrix += n
-            else:
-                vector += n
-        return matrix, expert, vector
+        """(matrix parameters, of which routed experts, vector parameters), counted from
+        :meth:`tensor_specs` (cached per config: the rooflines ask many times)."""
+        return _counts(self, cfg)
 
     def num_params(self, cfg) -> int:
         matrix, _, vector = self._counts(cfg)
@@ -654,5 +648,19 @@ PARAM_AXES: dict[tuple[str, str], tuple[str, ...]] = {
 decoder's (heads and width over ``model``), the per-layer-input embedding by vocabulary like the
 token embedding and the rest of the per-layer inputs replicated, the router replicated, experts
 over ``expert`` and each expert's width over ``model``."""
+
+@functools.lru_cache(maxsize=32)
+def _counts(family: Gemma4Family, cfg: Gemma4Config) -> tuple[int, int, int]:
+    matrix = expert = vector = 0
+    for spec in family.tensor_specs(cfg).values():
+        n = math.prod(spec.shape)
+        if spec.expert is not None:
+            expert += n
+        if len(spec.shape) >= 2:
+            matrix += n
+        else:
+            vector += n
+    return matrix, expert, vector
+
 
 GEMMA4 = Gemma4Family()
