@@ -20,7 +20,8 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    5-layer drafter, per attention implementation (``dflash_jax.bench.spec_speed``).
 5. ``bench``: the end-to-end benchmark of the embedded target + drafter on the prompt sets
    (``python -m dflash_jax bench``).
-6. ``moe``: each mixture-of-experts family (``qwen3_moe``, ``gpt_oss``) on a small random
+6. ``moe``: each mixture-of-experts family (``qwen3_moe``, ``gpt_oss``, ``deepseek_v3``,
+   ``gemma4_text`` with its MoE block, per-layer inputs and KV-shared layers) on a small random
    target (:data:`MOE_TINY`, saved and loaded back): its logits on the device against the same
    forward on the host CPU (float32, full precision), greedy DFlash == AR in float32 on a
    ragged batch with a random drafter (a difference fails the stage), and (not ``--smoke``)
@@ -87,6 +88,21 @@ MOE_TINY = {
                                  "truncate": False},
                 "attention_bias": True, "rms_norm_eps": 1e-5, "swiglu_limit": 7.0,
                 "tie_word_embeddings": False},
+    "deepseek_v3": {"model_type": "deepseek_v3", "vocab_size": 256, "hidden_size": 64,
+                    "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 32,
+                    "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+                    "n_shared_experts": 1, "first_k_dense_replace": 1, "max_position_embeddings": 512},
+    "gemma4_text": {"model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64,
+                    "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+                    "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 8,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2,
+                    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 256,
+                    "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+                    "moe_intermediate_size": 32, "final_logit_softcapping": 30.0,
+                    "max_position_embeddings": 512},
 }
 """Small random targets of the MoE families (``config.json`` dicts) for the ``moe`` stage."""
 

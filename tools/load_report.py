@@ -1,5 +1,5 @@
 """Load time and peak host memory of mixture-of-experts checkpoints on this machine: for every
-MoE target family (``qwen3_moe``, ``gpt_oss``, ``deepseek_v3``) and the Qwen3.5 MoE block on its own
+MoE target family (``qwen3_moe``, ``gpt_oss``, ``deepseek_v3``, ``gemma4_text`` with its MoE block) and the Qwen3.5 MoE block on its own
 (``qwen3_5_moe_block``: the MoE half of a ``qwen3_5_moe_text`` checkpoint, until its hybrid
 family lands), a tiny and a mid-size (0.5-1B parameters) random checkpoint.
 
@@ -74,6 +74,21 @@ CONFIGS = {
                     qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=64,
                     num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1,
                     moe_intermediate_size=320, first_k_dense_replace=1),
+    },
+    "gemma4_text": {
+        "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                     num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=16,
+                     layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+                     enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32),
+        # Gemma 4 26B-A4B's layout scaled down: sliding (8 KV heads of 128) and full layers (2 of
+        # 256, keys as values), a dense MLP beside 64 experts of width 320, k 8, D 1024, 8 layers
+        "mid": dict(vocab_size=32000, hidden_size=1024, intermediate_size=768, num_hidden_layers=8,
+                    num_attention_heads=8, num_key_value_heads=4, head_dim=128, global_head_dim=256,
+                    num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=128,
+                    layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3
+                    + ["full_attention"], hidden_size_per_layer_input=0, enable_moe_block=True,
+                    num_experts=64, top_k_experts=8, moe_intermediate_size=320),
     },
     "qwen3_5_moe_block": {
         "tiny": dict(hidden_size=64, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,

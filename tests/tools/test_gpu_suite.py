@@ -34,7 +34,7 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     # each MoE family: logits equal to the host CPU's, greedy DFlash == AR in float32; the MoE
     # layer benchmark timed every variant at 1 and 4 rows
     moe = summary["stages"][5]["result"]
-    assert set(moe) == {"qwen3_moe", "gpt_oss"}
+    assert set(moe) == {"qwen3_moe", "gpt_oss", "deepseek_v3", "gemma4_text"}
     assert all(r["dflash_equals_ar"] and r["rows_equal"] == "2/2" for r in moe.values())
     layer = json.loads((tmp_path / "moe_layer" / "moe_layer.json").read_text())
     assert {(r["rows"], r["variant"]) for r in layer["results"]} == {
