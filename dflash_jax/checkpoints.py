@@ -9,6 +9,7 @@ unexpected, wrong shape) is reported at once in one ``CheckpointError``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from typing import Any, Iterable, NamedTuple
@@ -22,6 +23,8 @@ from safetensors.numpy import save_file
 from dflash_jax import targets
 from dflash_jax.config import TargetConfig
 from dflash_jax.files import atomic_path, write_json
+
+log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -305,6 +308,29 @@ def params_to_tensors(params: dict, specs: dict[str, TensorSpec]) -> dict[str, n
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
     return out
+
+
+def text_model_tensors(tensors: dict, text_prefixes: dict[str, str], ignored_prefixes: dict[str, str],
+                       what: str, model: str) -> dict:
+    """The text model's tensors of a multimodal checkpoint: names under a key of
+    ``text_prefixes`` renamed to its value (the text-only layout), names under a key of
+    ``ignored_prefixes`` (the towers) dropped with one log line counting them by its value (a
+    kind, e.g. "vision-tower"); others kept. A name reached twice is a CheckpointError."""
+    renamed, ignored = {}, {}
+    for name, arr in tensors.items():
+        kind = next((k for p, k in ignored_prefixes.items() if name.startswith(p)), None)
+        if kind is not None:
+            ignored[kind] = ignored.get(kind, 0) + 1
+            continue
+        prefix = next((p for p in text_prefixes if name.startswith(p)), None)
+        new = name if prefix is None else text_prefixes[prefix] + name[len(prefix):]
+        if new in renamed:
+            raise CheckpointError(f"{what}: {new} is stored twice (as {name} too): keep one layout")
+        renamed[new] = arr
+    if ignored:
+        log.warning("%s: ignored %s (not part of the %s text model)", what,
+                    " and ".join(f"{n} {k} tensors" for k, n in ignored.items()), model)
+    return renamed
 
 
 # ---------------------------------------------------------------------------- writing

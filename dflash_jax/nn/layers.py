@@ -160,6 +160,14 @@ def random_init(params, key: jax.Array, init_scale: float, dtype):
     return jax.tree_util.tree_unflatten(tree, out)
 
 
+def random_params_of_shapes(shapes, key: jax.Array, init_scale: float, dtype):
+    """:func:`random_init` of a tree of shapes (tuples at the leaves), under ``jit``: the
+    parameters of a family that builds its tree from shapes rather than a Flax module."""
+    structs = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, dtype), shapes,
+                                     is_leaf=lambda s: isinstance(s, tuple))
+    return jax.jit(lambda k: random_init(structs, k, init_scale, dtype))(key)
+
+
 def random_module_params(init_fn, key: jax.Array, init_scale: float, dtype):
     """:func:`random_init` of the parameters ``init_fn(key)`` (a Flax ``model.init(...)["params"]``)
     would make, under ``jit``. Only their shapes are taken from ``init_fn`` (``jax.eval_shape``),

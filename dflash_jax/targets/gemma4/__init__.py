@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints import CheckpointError, TensorSpec
+from dflash_jax.checkpoints import CheckpointError, TensorSpec, text_model_tensors
 from dflash_jax.config import RopeConfig, TargetConfig, refuse
 from dflash_jax.nn import partitioning
 from dflash_jax.nn.cache import KVCache
+from dflash_jax.nn.layers import random_params_of_shapes
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.gemma4 import model
 from dflash_jax.targets.gemma4.model import FULL, SLIDING
@@ -432,20 +433,7 @@ class Gemma4Family(TargetFamily):
         dropped (one log line); the fused experts (``experts.gate_up_proj`` [E, 2 Fm, D], gate
         rows first, and ``experts.down_proj`` [E, D, Fm]) split per expert. A fused tensor of the
         wrong shape, or a name stored twice, is a CheckpointError naming it."""
-        renamed, ignored = {}, {}
-        for name, arr in tensors.items():
-            kind = next((k for p, k in IGNORED_PREFIXES.items() if name.startswith(p)), None)
-            if kind is not None:
-                ignored[kind] = ignored.get(kind, 0) + 1
-                continue
-            prefix = next((p for p in TEXT_PREFIXES if name.startswith(p)), None)
-            new = name if prefix is None else TEXT_PREFIXES[prefix] + name[len(prefix):]
-            if new in renamed:
-                raise CheckpointError(f"{what}: {new} is stored twice (as {name} too): keep one layout")
-            renamed[new] = arr
-        if ignored:
-            log.warning("%s: ignored %s (not part of the Gemma 4 text model)", what,
-                        " and ".join(f"{n} {k} tensors" for k, n in ignored.items()))
+        renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, "Gemma 4")
         out, shared = {}, set()
         E, D, Fm = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         for name, arr in renamed.items():
@@ -506,23 +494,12 @@ class Gemma4Family(TargetFamily):
         return tree
 
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
-        """Random parameters: normal(init_scale) matrices and embeddings; norms, layer scalars and
-        router scales 1."""
-        shapes = self.param_shapes(cfg)
-
-        def init(key):
-            leaves, tree = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))
-            keys = jax.random.split(key, len(leaves))
-            out = []
-            for (path, shape), k in zip(leaves, keys):
-                name = "/".join(str(getattr(q, "key", q)) for q in path)
-                if name.endswith(("weight", "layer_scalar", "scale")):
-                    out.append(jnp.ones(shape, dtype))
-                else:
-                    out.append((init_scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
-            return jax.tree_util.tree_unflatten(tree, out)
-
-        return jax.jit(init)(key)
+        """Random parameters (``nn.layers.random_init``): normal(init_scale) matrices and
+        embeddings; norms, layer scalars and the router's scales 1."""
+        params = random_params_of_shapes(self.param_shapes(cfg), key, init_scale, dtype)
+        ones = ("scale", "per_expert_scale")
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: jnp.ones_like(x) if path[-1].key in ones and path[-2].key == "router" else x, params)
 
     def init_state(self, cfg, batch: int, max_len: int, dtype):
         return model.init_state(cfg, batch, max_len, dtype)

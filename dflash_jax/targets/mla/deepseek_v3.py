@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.checkpoints import CheckpointError, TensorSpec
+from dflash_jax.checkpoints import CheckpointError, TensorSpec, text_model_tensors
 from dflash_jax.config import decoder_fields_from_hf, decoder_fields_to_hf, refuse, unsupported_decoder_features
 from dflash_jax.config import TargetConfig
 from dflash_jax.nn import partitioning
@@ -345,20 +345,7 @@ class DeepseekV3Family(TargetFamily):
         fused experts split (``qwen3_moe``'s conversion, the same names). A layer beyond N that
         the config does not announce, an FP8 weight without its scale or a scale without its
         weight is a CheckpointError naming the tensor."""
-        renamed, ignored = {}, {}
-        for name, arr in tensors.items():
-            kind = next((k for p, k in IGNORED_PREFIXES.items() if name.startswith(p)), None)
-            if kind is not None:
-                ignored[kind] = ignored.get(kind, 0) + 1
-                continue
-            prefix = next((p for p in TEXT_PREFIXES if name.startswith(p)), None)
-            new = name if prefix is None else TEXT_PREFIXES[prefix] + name[len(prefix):]
-            if new in renamed:
-                raise CheckpointError(f"{what}: {new} is stored twice (as {name} too): keep one layout")
-            renamed[new] = arr
-        if ignored:
-            log.warning("%s: ignored %s (not part of the %s text model)", what,
-                        " and ".join(f"{n} {k} tensors" for k, n in ignored.items()), self.name)
+        renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, self.name)
         tensors = self._dequantize(cfg, renamed, what)
         out, dropped = {}, set()
         for name, arr in tensors.items():

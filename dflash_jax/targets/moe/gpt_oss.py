@@ -60,7 +60,7 @@ from dflash_jax.nn import moe, partitioning
 from dflash_jax.nn.attention import causal_mask, dot_product_attention
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.head import embed as embed_tokens, lm_head
-from dflash_jax.nn.layers import apply_rope, rope_cos_sin
+from dflash_jax.nn.layers import apply_rope, random_params_of_shapes, rope_cos_sin
 from dflash_jax.nn import tree_attention
 from dflash_jax.parallel import experts as experts_mesh
 from dflash_jax.targets.base import TargetFamily
@@ -252,24 +252,8 @@ def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache 
 def init_target_params(cfg: GptOssConfig, key: jax.Array, dtype=jnp.float32,
                        init_scale: float = 0.02):
     """Random parameters: normal(init_scale) matrices, embedding, router and sinks; zero biases;
-    unit norms (built under jit)."""
-    shapes = param_shapes(cfg)
-
-    def init(key):
-        leaves, tree = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))
-        keys = jax.random.split(key, len(leaves))
-        out = []
-        for (path, shape), k in zip(leaves, keys):
-            name = "/".join(str(getattr(q, "key", q)) for q in path)
-            if name.endswith("weight"):
-                out.append(jnp.ones(shape, dtype))
-            elif name.endswith("bias"):
-                out.append(jnp.zeros(shape, dtype))
-            else:
-                out.append((init_scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
-        return jax.tree_util.tree_unflatten(tree, out)
-
-    return jax.jit(init)(key)
+    unit norms (``nn.layers.random_init``, built under jit)."""
+    return random_params_of_shapes(param_shapes(cfg), key, init_scale, dtype)
 
 
 def param_shapes(cfg: GptOssConfig) -> dict:
