@@ -471,3 +471,27 @@ def test_sampling_keeps_the_target_distribution_and_a_state_that_keeps_the_block
     wrong = exact_sampling.fit(sample(bad, prefix_logits).sequences, joint, ALPHA)
     print(f"gemma4 sampling, no rollback: {wrong}")
     assert wrong.rejected, wrong
+
+
+def test_the_released_31b_drafter_config_fits_the_31b_target():
+    """``z-lab/gemma-4-31B-it-DFlash``'s shapes (its model card and a public conversion: 5 layers of
+    its own attention, 64 / 8 heads of 128, MLP 10752, 6 taps, block 16, mask id 4, the soft cap 30
+    at the top level, where the reference also reads it) in the released layout, against Gemma 4
+    31B's config: read, checked against the target (only D, V, the layer count, the mask row and
+    the taps must fit), and written back with the cap in ``dflash_config``."""
+    from dflash_jax.methods.dflash.config import DrafterConfig
+
+    d = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 262144, "hidden_size": 5376,
+         "intermediate_size": 10752, "num_hidden_layers": 5, "num_attention_heads": 64, "num_key_value_heads": 8,
+         "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 262144,
+         "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False, "block_size": 16,
+         "num_target_layers": 60, "final_logit_softcapping": 30.0,
+         "dflash_config": {"target_layer_ids": [1, 12, 23, 35, 46, 57], "mask_token_id": 4}}
+    drafter = DrafterConfig.from_hf_dict(d)
+    assert drafter.final_logit_softcapping == 30.0 and drafter.num_taps == 6
+    from dflash_jax.tools.roofline_gemma4 import MODELS
+
+    target = dj.TargetConfig.from_hf_dict(MODELS["gemma-4-31b"])
+    drafter.check_target(target)
+    assert drafter.to_hf_dict()["dflash_config"]["final_logit_softcapping"] == 30.0
+    assert DrafterConfig.from_hf_dict(drafter.to_hf_dict()) == drafter
