@@ -354,8 +354,10 @@ def test_a_latent_projection_of_the_wrong_rank_is_named(tmp_path):
 @pytest.mark.parametrize("field, value, match", [
     ("scoring_func", "softmax", r"scoring_func='softmax': only DeepSeek-V3's sigmoid router"),
     ("topk_method", "greedy", r"topk_method='greedy': only DeepSeek-V3's"),
-    ("quantization_config", {"quant_method": "compressed-tensors"},
-     r"quant_method='compressed-tensors' is not read \(only DeepSeek's block FP8"),
+    ("quantization_config", {"quant_method": "awq"},
+     r"quant_method='awq' is not read \(only DeepSeek's block FP8, quant_method 'fp8', and compressed-tensors'"),
+    ("quantization_config", {"quant_method": "compressed-tensors", "format": "float-quantized"},
+     r"quantization_config format='float-quantized': only compressed-tensors' 'pack-quantized'"),
     ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128]},
      r"weight_block_size must be two positive integers, got \[128\]"),
     ("n_group", 3, r"n_group 3 must divide n_routed_experts 8"),
@@ -530,8 +532,11 @@ def test_kimi_k25_loads_its_text_model_and_kimi_k2_reads_as_deepseek_v3(tmp_path
         top = json.load(fh)
     with pytest.raises(ValueError, match=r"kimi_k25\) has no text_config"):
         dj.TargetConfig.from_hf_dict({k: v for k, v in top.items() if k != "text_config"})
-    with pytest.raises(ValueError, match=r"quant_method='compressed-tensors' is not read"):
-        dj.TargetConfig.from_hf_dict({**top, "quantization_config": {"quant_method": "compressed-tensors"}})
+    with pytest.raises(ValueError, match=r"config_groups.g.weights.symmetric=False: only symmetric"):
+        dj.TargetConfig.from_hf_dict({**top, "quantization_config": {
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "symmetric": False,
+                                                "strategy": "group", "group_size": 32}}}}})
 
 
 @pytest.mark.slow
@@ -630,3 +635,76 @@ def test_sampling_keeps_the_target_distribution_and_a_state_that_keeps_the_block
     wrong = exact_sampling.fit(sample(bad, prefix_logits).sequences, joint, ALPHA)
     print(f"deepseek_v3 sampling, no rollback: {wrong}")
     assert wrong.rejected, wrong
+
+
+# ---------------------------------------------------------------------------- packed INT4 (Kimi-K2.5)
+INT4_GROUP = 8
+
+
+def pack_int4(w: np.ndarray, group: int = INT4_GROUP):
+    """compressed-tensors' symmetric INT4 groups by hand: per row and group of ``group`` inputs the
+    scale max|w| / 8, q = clip(round(w / scale), -8, 7), stored as q + 8 in 4-bit fields, field j of
+    a row in int32 word j // 8 at bit 4 (j % 8). Returns (packed int32, scale float32, the weight
+    q * scale the loader must give back)."""
+    out_dim, in_dim = w.shape
+    scale = np.abs(w).reshape(out_dim, -1, group).max(-1) / 8.0
+    q = np.clip(np.round(w / np.repeat(scale, group, 1)), -8, 7).astype(np.int64)
+    packed = np.zeros((out_dim, -(-in_dim // 8)), np.int64)
+    for j in range(in_dim):
+        packed[:, j // 8] |= (q[:, j] + 8) << (4 * (j % 8))
+    packed = packed.astype(np.uint32).view(np.int32)
+    return packed, scale.astype(np.float32), (q * np.repeat(scale, group, 1)).astype(np.float32)
+
+
+def test_kimi_k25_int4_experts_load_dequantized(tmp_path):
+    """The released Kimi-K2.5 layout in small: every routed expert weight stored as compressed-tensors'
+    packed INT4 (``weight_packed`` / ``weight_scale`` / ``weight_shape``, groups of 8 here, 32 in the
+    release) with its ``quantization_config``; the rest bf16-free float32 as transformers wrote it.
+    The loader gives back exactly ``q * scale`` per weight (the hand packer's oracle), leaves the
+    other tensors as stored, and the target runs; packed tensors without the config, or a packed
+    weight without its scale, are one-line errors naming the tensor."""
+    _, path = checkpoint("v3")
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    want, stored = {}, {}
+    for name, arr in tensors.items():
+        if ".mlp.experts." in name and name.endswith(".weight"):
+            packed, scale, deq = pack_int4(arr)
+            base = name[:-len(".weight")]
+            stored |= {base + ".weight_packed": packed, base + ".weight_scale": scale,
+                       base + ".weight_shape": np.array(arr.shape, np.int64)}
+            want[name] = deq
+        else:
+            stored[name] = arr
+    assert len(want) == 3 * 8 * 2  # gate, up and down of 8 experts in 2 MoE layers
+    with open(os.path.join(path, "config.json")) as fh:
+        config = json.load(fh)
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT4_GROUP,
+            "dynamic": False, "actorder": None}}},
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.gate$"]}
+    dst = tmp_path / "int4"
+    os.makedirs(dst)
+    save_file(stored, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    with open(dst / "config.json", "w") as fh:
+        json.dump(config, fh)
+    t = dj.load_target(str(dst))
+    assert t.config == target("v3").config and t.config.packed_int_scheme.num_bits == 4
+    specs = targets.family_of(t.config).tensor_specs(t.config)
+    for name, w in want.items():
+        spec = specs[name]
+        got = np.asarray(t.params[spec.path[0]][spec.path[1]][spec.path[2]][spec.path[3]])[spec.layer][spec.expert]
+        np.testing.assert_array_equal(got.T, w, err_msg=name)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, t.params["layers"]["self_attn"],
+                           target("v3").params["layers"]["self_attn"])
+    ids = jnp.asarray(np.arange(12)[None] % 96)
+    a = targets.target_forward(t.config, t.params, ids, jnp.arange(12)[None])[0]
+    b = targets.target_forward(target("v3").config, target("v3").params, ids, jnp.arange(12)[None])[0]
+    assert 0 < float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) < 0.5  # INT4 keeps the model close
+    del config["quantization_config"]
+    with open(dst / "config.json", "w") as fh:
+        json.dump(config, fh)
+    with pytest.raises(CheckpointError, match=r"weight_packed is a packed integer weight, but config\.json has no"):
+        dj.load_target(str(dst))
+

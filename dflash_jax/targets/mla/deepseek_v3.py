@@ -22,8 +22,9 @@ multimodal ``kimi_k25`` (``Kimi_K25ForConditionalGeneration``) has its text mode
 ``text_config`` and ``language_model.model.layers.*`` (the released files; transformers'
 ``save_pretrained`` writes ``language_model.model.blocks.*``) and ``language_model.lm_head``;
 the vision tower and projector are ignored by name with one log line. What is loaded is the
-text model, saved back in the ``deepseek_v3`` layout. Kimi-K2.5's released weights are
-INT4-quantized (``compressed-tensors``): refused by name until that format is read.
+text model, saved back in the ``deepseek_v3`` layout. Kimi-K2.5's released routed experts are
+INT4 in compressed-tensors' ``pack-quantized`` format (``quantization_config`` ``quant_method``
+``compressed-tensors``): dequantized on load (``targets.packed_int``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.nn import partitioning
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.layers import random_init
+from dflash_jax.targets import packed_int
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.mla import model
 from dflash_jax.targets.moe import qwen3_moe
@@ -97,6 +99,9 @@ class DeepseekV3Config(TargetConfig):
     fp8_weight_block_size: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
     """The stored weights' FP8 block size (``quantization_config``), used to dequantize them on
     load; not part of the model (a dequantized copy is the same model), so not compared."""
+    packed_int_scheme: packed_int.PackedScheme | None = dataclasses.field(default=None, compare=False)
+    """The stored weights' packed-integer scheme (``compressed-tensors``, Kimi-K2.5's INT4
+    experts; ``targets.packed_int``), dequantized on load; not compared, as above."""
 
     def is_moe_layer(self, i: int) -> bool:
         """transformers' rule: layer i is MoE iff ``i >= first_k_dense_replace``."""
@@ -137,15 +142,25 @@ _OPTIONS = (
 )
 
 
-def fp8_block_size(q: Any, what: str) -> tuple[int, int] | None:
-    """The ``weight_block_size`` of a ``quantization_config`` this family dequantizes (FP8 e4m3
-    weights in blocks); any other quantization is a one-line ValueError naming it."""
+def quantization(q: Any, what: str) -> tuple[tuple[int, int] | None, packed_int.PackedScheme | None]:
+    """(FP8 block size, packed-integer scheme) of a ``quantization_config`` this family
+    dequantizes on load: DeepSeek's block FP8 (``quant_method`` ``fp8``) or compressed-tensors'
+    packed integers (Kimi-K2.5's INT4 experts); any other quantization is a one-line ValueError
+    naming it."""
     if not q:
-        return None
-    if not isinstance(q, Mapping) or q.get("quant_method") != "fp8":
-        method = q.get("quant_method") if isinstance(q, Mapping) else q
+        return None, None
+    method = q.get("quant_method") if isinstance(q, Mapping) else q
+    if method == "compressed-tensors":
+        return None, packed_int.read_scheme(q, what)
+    if method != "fp8":
         raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read (only DeepSeek's "
-                         "block FP8, quant_method 'fp8'): dequantize the checkpoint to bf16 first")
+                         "block FP8, quant_method 'fp8', and compressed-tensors' packed integers): "
+                         "dequantize the checkpoint to bf16 first")
+    return fp8_block_size(q, what), None
+
+
+def fp8_block_size(q: Mapping[str, Any], what: str) -> tuple[int, int]:
+    """The ``weight_block_size`` of an FP8 ``quantization_config`` (e4m3 weights in blocks)."""
     if q.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"{what}: quantization_config fmt={q.get('fmt')!r}: only e4m3 FP8 weights are read")
     block = q.get("weight_block_size")
@@ -200,7 +215,7 @@ class DeepseekV3Family(TargetFamily):
             for k in ("eos_token_id", "bos_token_id", "quantization_config"):
                 if d.get(k) is None and top.get(k) is not None:
                     d[k] = top[k]
-        block = fp8_block_size(d.get("quantization_config"), what)
+        block, scheme = quantization(d.get("quantization_config"), what)
         missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
                    if d.get(k) is None]
@@ -235,7 +250,7 @@ class DeepseekV3Family(TargetFamily):
             norm_topk_prob=bool(d.get("norm_topk_prob", True)),
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
             first_k_dense_replace=_int(d, "first_k_dense_replace", 0, minimum=0),
-            num_nextn_predict_layers=int(nextn), fp8_weight_block_size=block)
+            num_nextn_predict_layers=int(nextn), fp8_weight_block_size=block, packed_int_scheme=scheme)
 
     def check_config(self, cfg) -> None:
         if not isinstance(cfg, DeepseekV3Config):
@@ -346,6 +361,12 @@ class DeepseekV3Family(TargetFamily):
         the config does not announce, an FP8 weight without its scale or a scale without its
         weight is a CheckpointError naming the tensor."""
         renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, self.name)
+        packed = [n for n in renamed if n.endswith(packed_int.SUFFIXES)]
+        if packed and cfg.packed_int_scheme is None:
+            raise CheckpointError(f"{what}: {min(packed)} is a packed integer weight, but config.json has no "
+                                  "compressed-tensors quantization_config")
+        if packed:
+            renamed = packed_int.dequantize_tensors(renamed, cfg.packed_int_scheme, what)
         tensors = self._dequantize(cfg, renamed, what)
         out, dropped = {}, set()
         for name, arr in tensors.items():
