@@ -69,6 +69,34 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# The longest work units first. Under `--dist loadgroup` pytest-xdist hands each worker the next
+# unit (an xdist_group, else one test) in collection order, so a long unit collected late runs on
+# one worker while the other has finished and waits: the suite's tail. Listed here (from CI's
+# `--durations`: 60-175 s each, with their groups' other tests), they start first and the short
+# tests fill in around them. The order within each part is unchanged.
+LONGEST_FIRST = (
+    "tests/experiments/test_experiments.py",
+    "tests/tools/test_gpu_suite.py",
+    "tests/parallel/test_parallel.py",
+    "tests/parallel/test_expert_parallel.py",
+    "tests/experiments/test_ablation_budget.py",
+    "tests/experiments/test_compare_methods.py",
+    "tests/embedded/test_embedded_default.py",
+    "tests/notebooks/test_notebooks.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        path = item.nodeid.split("::")[0]
+        path = path if path.startswith("tests/") else "tests/" + path
+        return rank.get(path, len(LONGEST_FIRST))
+
+    items[:] = sorted(items, key=key)  # stable: the rest keeps its order
+
+
 def pytest_report_header(config):
     if _MISSING:
         return (f"{', '.join(sorted(_MISSING))} not installed: modules marked so are not collected "
