@@ -159,6 +159,27 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def check_minimum(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    """Raises a one-line ValueError naming the first option of ``names`` (attribute names) set
+    below ``minimum``; a command calls it before it loads or compiles anything."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise ValueError(f"{flag(name)} must be >= {minimum}, got {value}")
+
+
+def check_sampling_options(args: argparse.Namespace) -> None:
+    """``--temperature`` >= 0, ``--top-k`` >= 1, ``--top-p`` in (0, 1] where the command has
+    them: a one-line ValueError naming the option (before anything is loaded)."""
+    t, k, p = (getattr(args, n, None) for n in ("temperature", "top_k", "top_p"))
+    if t is not None and not t >= 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {t}")
+    if k is not None and k < 1:
+        raise ValueError(f"--top-k must be >= 1 (leave it out for no limit), got {k}")
+    if p is not None and not 0 < p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1] (leave it out for no threshold), got {p}")
+
+
 def argument_kwargs(name: str, hint, default) -> dict:
     """``add_argument`` keywords for a field of type ``hint`` (``X | None`` is X, optional)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):

@@ -49,7 +49,7 @@ import numpy as np
 
 from dflash_jax import methods, metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
-from dflash_jax.cli import command_main, command_parser, invocation, options, run_cli, status
+from dflash_jax.cli import check_minimum, check_sampling_options, command_main, command_parser, invocation, options, run_cli, status
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, expand_embedded, resolve_checkpoint
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR as EMBEDDED_DRAFTER,
                                        EMBEDDED_TARGET_DIR as EMBEDDED_TARGET, load_drafter, load_target)
@@ -446,12 +446,11 @@ def run(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    if args.max_samples < 1 or args.max_new_tokens < 1:
-        raise ValueError("--max-samples and --max-new-tokens must be >= 1")
+    check_minimum(args, 1, "max_samples", "max_new_tokens")
+    check_sampling_options(args)
     tree_args.check(args)
     if args.tree is not None:  # the tree run is the DFlash column; no adaptive (chain) table
         args.adaptive = False
-    machine = machine_check()
     target_name = expand_embedded(args.target, "target")  # the embedded pair records its package path
     shipped = methods.method_of_shipped_name(args.drafter)
     drafter_dir = (shipped.shipped_dir() if shipped is not None else
@@ -465,6 +464,7 @@ def run(args) -> dict:
     sources = {n: locate_prompt_set(n, args.data_dir, args.hub) for n in args.datasets}
     sets = {n: load_prompt_set(n, args.data_dir, args.max_samples, args.seed, hub=args.hub, subset=args.subset)
             for n in args.datasets}
+    machine = machine_check()  # once the model and the prompts are found (an error comes first, alone)
     dtype = jnp.dtype(args.dtype) if args.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu" else None)
 
     mesh = parallel_cli.mesh_from_args(args)

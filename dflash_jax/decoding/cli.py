@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from dflash_jax.cli import command_main, run_cli, status
+from dflash_jax.cli import check_minimum, check_sampling_options, command_main, run_cli, status
 from dflash_jax.parallel import cli as parallel_cli, is_main_process
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED
 from dflash_jax.models.handles import load_drafter, load_target
@@ -67,6 +67,8 @@ def run(args):
     if args.thinking and not args.chat:
         raise ValueError("--thinking needs --chat (it is the chat template's thinking switch)")
     tree_args.check(args, has_drafter=args.drafter is not None)  # before anything is loaded
+    check_minimum(args, 1, "max_new_tokens", "max_len")
+    check_sampling_options(args)
     if args.verify_per_row and args.block_size != ADAPTIVE:
         raise ValueError("--verify-per-row needs --block-size adaptive (it chooses the adaptive length per row)")
     import jax.numpy as jnp

@@ -54,9 +54,9 @@ BAD = {
                               "truncated/model.safetensors is damaged"),
     "corrupt safetensors": (["generate", "--prompt", "hi", "--drafter", "{root}/corrupt"],
                             "corrupt/model.safetensors is damaged"),
-    "negative temperature": (["generate", "--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
-    "top-p above 1": (["generate", "--prompt", "hi", "--temperature", "1", "--top-p", "2"], "top_p must be in"),
-    "top-k zero": (["generate", "--prompt", "hi", "--temperature", "1", "--top-k", "0"], "top_k"),
+    "negative temperature": (["generate", "--prompt", "hi", "--temperature", "-1"], "--temperature must be >= 0"),
+    "top-p above 1": (["generate", "--prompt", "hi", "--temperature", "1", "--top-p", "2"], r"--top-p must be in \(0, 1\]"),
+    "top-k zero": (["generate", "--prompt", "hi", "--temperature", "1", "--top-k", "0"], "--top-k must be >= 1"),
     "over-long max-new-tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "5000"],
                                  "5001 > the cache length max_len=2048.*--max-len"),
     "max-len above the model": (["generate", "--prompt", "hi", "--max-len", "4096"],
@@ -69,7 +69,10 @@ BAD = {
     "dataset missing from data dir": (["bench", "--datasets", "mbpp", "--data-dir", "{root}/data"],
                                       "prompt set 'mbpp' not found in the data directory"),
     "bench without a drafter": (["bench", "--target", "{root}/mismatched"], "--drafter is required"),
-    "bench zero samples": (["bench", "--max-samples", "0"], "must be >= 1"),
+    "bench zero samples": (["bench", "--max-samples", "0"], r"^error: --max-samples must be >= 1, got 0"),
+    "bench negative new tokens": (["bench", "--max-new-tokens", "-5"], r"--max-new-tokens must be >= 1, got -5"),
+    "generate zero new tokens": (["generate", "--prompt", "hi", "--max-new-tokens", "0"],
+                                 r"--max-new-tokens must be >= 1, got 0"),
     "export of a missing run": (["export", "--run", "{root}/none", "--out", "{root}/x"], "{root}/none"),
     "thinking without chat": (["generate", "--prompt", "hi", "--thinking"], "--thinking needs --chat"),
     "train with gamma 0": (["train", "--target", "{root}/none", "--data", "{root}/none", "--run", "{root}/run",
@@ -88,6 +91,29 @@ def test_user_errors_are_one_line_and_status_2(case, bad_inputs, capsys):
     assert e.value.code == 2, err
     assert len(lines) == 1 and "Traceback" not in err, err
     assert re.search(pattern.format(root=bad_inputs), lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--prompt", "hi", "--max-new-tokens", "0"],
+    ["generate", "--prompt", "hi", "--max-len", "0"],
+    ["generate", "--prompt", "hi", "--temperature", "1", "--top-p", "2"],
+    ["bench", "--max-new-tokens", "-5"],
+], ids=["new-tokens", "max-len", "top-p", "bench"])
+def test_bad_options_are_refused_before_anything_is_loaded(argv, monkeypatch, capsys):
+    """The option checks run first: no model is looked up or loaded, and the bench prints no
+    machine line before its one error line (issue 53)."""
+    from dflash_jax.bench import harness
+    from dflash_jax.decoding import cli as generate_cli
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(generate_cli, "load_target", loaded)
+    monkeypatch.setattr(harness, "resolve_checkpoint", loaded)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --"), err
 
 
 def test_debug_shows_the_exception_instead(bad_inputs):

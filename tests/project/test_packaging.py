@@ -25,7 +25,7 @@ PACKAGES = {"dflash_jax": "dflash_jax", "dflash_jax.kernels": "kernels",
 # modules imported only by optional paths -> the extras that must provide them: the Triton
 # kernel and the GPU compile report (triton, jax-triton; torch for the Triton interpreter)
 OPTIONAL = {"datasets": ("hub",), "triton": ("test", "gpu"), "jax_triton": ("test", "gpu"),
-            "torch": ("test",), "dflash": ("reference",)}
+            "torch": ("test",), "dflash": ("reference",), "compressed_tensors": ("reference",)}
 # pinned on purpose: the compile reports (registers, spills) depend on the Triton version
 PINNED = {"triton", "jax-triton"}
 
