@@ -169,15 +169,13 @@ def check_minimum(args: argparse.Namespace, minimum: int, *names: str) -> None:
 
 
 def check_sampling_options(args: argparse.Namespace) -> None:
-    """``--temperature`` >= 0, ``--top-k`` >= 1, ``--top-p`` in (0, 1] where the command has
-    them: a one-line ValueError naming the option (before anything is loaded)."""
-    t, k, p = (getattr(args, n, None) for n in ("temperature", "top_k", "top_p"))
-    if t is not None and not t >= 0:
-        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {t}")
-    if k is not None and k < 1:
-        raise ValueError(f"--top-k must be >= 1 (leave it out for no limit), got {k}")
-    if p is not None and not 0 < p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1] (leave it out for no threshold), got {p}")
+    """``--temperature``, ``--top-k``, ``--top-p`` where the command has them, checked as
+    ``SamplingParams`` checks them, each error naming the option (before anything is loaded)."""
+    from dflash_jax.verification.sampling import check_sampling
+
+    values = [getattr(args, n, None) for n in ("temperature", "top_k", "top_p")]
+    check_sampling(0.0 if values[0] is None else values[0], values[1], values[2],
+                   names=("--temperature", "--top-k", "--top-p"))
 
 
 def argument_kwargs(name: str, hint, default) -> dict:

@@ -55,6 +55,14 @@ def total(costs: Sequence[Cost], field: str) -> float:
     return sum(getattr(c, field) for c in costs)
 
 
+# ---------------------------------------------------------------------------- experts
+def expected_experts(num_experts: int, k: int, rows: int) -> float:
+    """Distinct experts ``rows`` tokens of one sequence route to under uniform routing, k each of
+    E: ``E (1 - (1 - k/E) ** rows)``, capped at ``min(E, rows k)`` (0 for no rows)."""
+    E = num_experts
+    return 0.0 if rows <= 0 else min(E * (1.0 - (1.0 - k / E) ** rows), float(min(E, rows * k)))
+
+
 # ---------------------------------------------------------------------------- decoder layers
 def projection_params(cfg) -> dict:
     """Parameters of one decoder layer's matrices: ``q``, ``k``, ``v``, ``o`` (attention) and

@@ -120,15 +120,22 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="tests/fixtures/dflash2_reference.json", help="the fixture to write")
     args = p.parse_args(argv)
+    return write_fixture(args.out, write_pair, reference_run, SEED, TARGET, DRAFTER, MAX_NEW_TOKENS)
+
+
+def write_fixture(out: str, write_pair, reference_run, seed: int, target, drafter, max_new_tokens: int) -> dict:
+    """The reference package's runs (``reference_run`` over the pair ``write_pair`` rebuilds in a
+    scratch directory) written to ``out`` with what made them: the package's version, the seed,
+    both configs and the token budget. Shared by the reference scripts that run ``dflash``."""
     import dflash  # noqa: F401  (the reference: fail here, before any work, when it is missing)
     from importlib.metadata import version
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = reference_run(*write_pair(tmp))
-    fixture = {"reference": f"dflash=={version('dflash')}", "seed": SEED, "target": TARGET.to_hf_dict(),
-               "drafter": DRAFTER.to_hf_dict(), "max_new_tokens": MAX_NEW_TOKENS, "runs": runs}
-    write_json(args.out, fixture)
-    print(f"wrote {args.out}: {sum(len(r['iterations']) for r in runs)} iterations over {len(runs)} prompts")
+    fixture = {"reference": f"dflash=={version('dflash')}", "seed": seed, "target": target.to_hf_dict(),
+               "drafter": drafter.to_hf_dict(), "max_new_tokens": max_new_tokens, "runs": runs}
+    write_json(out, fixture)
+    print(f"wrote {out}: {sum(len(r['iterations']) for r in runs)} iterations over {len(runs)} prompts")
     return fixture
 
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tempfile
 
 import numpy as np
 
 from dflash_jax.checkpoints import target_tensor_specs, write_safetensors
 from dflash_jax.config import TargetConfig
 from dflash_jax.files import write_json
+from dflash_jax.tools.dflash2_reference import write_fixture
 from dflash_jax.methods.dflash.checkpoint import drafter_tensor_specs
 from dflash_jax.methods.dflash.config import DrafterConfig
 
@@ -126,16 +126,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="tests/fixtures/gemma4_dflash_reference.json", help="the fixture to write")
     args = p.parse_args(argv)
-    import dflash  # noqa: F401  (the reference: fail here, before any work, when it is missing)
-    from importlib.metadata import version
-
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = reference_run(*write_pair(tmp))
-    fixture = {"reference": f"dflash=={version('dflash')}", "seed": SEED, "target": TARGET.to_hf_dict(),
-               "drafter": DRAFTER.to_hf_dict(), "max_new_tokens": MAX_NEW_TOKENS, "runs": runs}
-    write_json(args.out, fixture)
-    print(f"wrote {args.out}: {sum(len(r['iterations']) for r in runs)} iterations over {len(runs)} prompts")
-    return fixture
+    return write_fixture(args.out, write_pair, reference_run, SEED, TARGET, DRAFTER, MAX_NEW_TOKENS)
 
 
 if __name__ == "__main__":

@@ -138,16 +138,7 @@ def target_forward(cfg, rows: int, context: int, *, taps: int = 0, batch: int = 
         if i in cfg.kv_layers:
             kv_write += batch * rows * per_pos
     attn = Cost("target attention", flops=flops, kv_read=kv_read, kv_write=kv_write)
-    return [linears, attn, dense.lm_head("target LM head", _Head(D, cfg.vocab_size), rows, batch=batch,
-                                         weight_bytes=weight_bytes)]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Head:
-    """What ``roofline.lm_head`` and ``drafter_forward`` read of a target: D and V."""
-
-    hidden_size: int
-    vocab_size: int
+    return [linears, attn, dense.lm_head("target LM head", cfg, rows, batch=batch, weight_bytes=weight_bytes)]
 
 
 def ar_step(cfg, context: int, **kw) -> list[Cost]:
@@ -157,8 +148,7 @@ def ar_step(cfg, context: int, **kw) -> list[Cost]:
 def dflash_iteration(cfg, drafter: DrafterConfig, block_size: int, context: int, *, batch: int = 1,
                      weight_bytes: int = 2, kv_bytes: int = 2, windowed: bool = True) -> list[Cost]:
     kw = dict(batch=batch, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
-    return (dense.drafter_forward(drafter, _Head(cfg.hidden_size, cfg.vocab_size), block_size, context,
-                                  block_size, **kw)
+    return (dense.drafter_forward(drafter, cfg, block_size, context, block_size, **kw)
             + target_forward(cfg, block_size, context, taps=drafter.num_taps, windowed=windowed, **kw))
 
 

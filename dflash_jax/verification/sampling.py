@@ -14,6 +14,18 @@ import jax.numpy as jnp
 from dflash_jax.parallel import vocab
 
 
+def check_sampling(temperature, top_k, top_p, names=("temperature", "top_k", "top_p")) -> None:
+    """Raises a one-line ValueError, naming the value by ``names`` (the fields, or a command's
+    options), unless ``temperature`` >= 0, ``top_k`` a whole number >= 1 or None, ``top_p`` in
+    (0, 1] or None."""
+    if not temperature >= 0.0:
+        raise ValueError(f"{names[0]} must be >= 0 (0: greedy), got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"{names[1]} must be >= 1, a whole number (none: no limit), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{names[2]} must be in (0, 1] (none: no threshold), got {top_p}")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k / top_p restrict the sampled support."""
@@ -23,12 +35,7 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:

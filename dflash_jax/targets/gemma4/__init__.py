@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dflash_jax import sizes
 from dflash_jax.checkpoints import CheckpointError, TensorSpec, text_model_tensors
 from dflash_jax.config import RopeConfig, TargetConfig, refuse
 from dflash_jax.nn import partitioning
@@ -240,7 +241,7 @@ class Gemma4Family(TargetFamily):
                                  "Gemma 4 checkpoint keeps its text model's fields there")
             d = {"tie_word_embeddings": d.get("tie_word_embeddings", True), **tc}
             what = "target config.json (gemma4 text_config)"
-        d = {**DEFAULTS, **{k: v for k, v in d.items()}}
+        d = {**DEFAULTS, **d}
         if d.get("rope_parameters") is None:
             d["rope_parameters"] = DEFAULT_ROPE
         problems = []
@@ -552,32 +553,24 @@ class Gemma4Family(TargetFamily):
         """One expert's matrices: gate, up [D, Fm] and down [Fm, D]."""
         return 3 * cfg.hidden_size * cfg.moe_intermediate_size
 
-    def _counts(self, cfg) -> tuple[int, int, int]:
-        """(matrix parameters, of which routed experts, vector parameters), counted from
-        :meth:`tensor_specs` (cached per config: the rooflines ask many times)."""
-        return _counts(self, cfg)
-
     def num_params(self, cfg) -> int:
-        matrix, _, vector = self._counts(cfg)
-        return matrix + vector
+        return sum(_counts(self, cfg))
 
     def matrix_params(self, cfg) -> int:
-        return self._counts(cfg)[0]
+        return _counts(self, cfg)[0]
 
     def matrix_params_read(self, cfg, rows: int) -> float:
         """All matrices but the per-layer embedding table (rows are looked up, like the embedding's)
         and the experts no row routes to (``E * (1 - (1 - k/E) ** rows)`` read per MoE layer)."""
-        matrix, expert, _ = self._counts(cfg)
-        read = float(matrix - self._ple_table(cfg))
+        read = float(self.matrix_params(cfg) - self._ple_table(cfg))
         if cfg.enable_moe_block:
-            E, k = cfg.num_experts, cfg.top_k_experts
-            active = 0.0 if rows <= 0 else min(E * (1.0 - (1.0 - k / E) ** rows), float(min(E, rows * k)))
+            E = cfg.num_experts
+            active = sizes.expected_experts(E, cfg.top_k_experts, rows)
             read -= cfg.num_layers * (E - active) * self.expert_params(cfg)
         return read
 
     def matrix_params_per_token(self, cfg) -> int:
-        matrix, _, _ = self._counts(cfg)
-        out = matrix - self._ple_table(cfg)
+        out = self.matrix_params(cfg) - self._ple_table(cfg)
         if cfg.enable_moe_block:
             out -= cfg.num_layers * (cfg.num_experts - cfg.top_k_experts) * self.expert_params(cfg)
         return out
@@ -589,13 +582,6 @@ class Gemma4Family(TargetFamily):
         """K and V of every layer with its own K/V (sliding layers keep a full-length cache; the
         KV-shared layers none): ``2 sum_i Hkv_i Dh_i itemsize``."""
         return float(2 * itemsize * sum(cfg.layer_kv_heads(i) * cfg.layer_head_dim(i) for i in cfg.kv_layers))
-
-    def window_state_bytes_per_token(self, cfg, itemsize: int, context: int) -> float:
-        """Decode-state bytes one query reads per context position at ``context`` positions: a
-        sliding layer reads only its last ``sliding_window`` positions."""
-        frac = min(1.0, cfg.sliding_window / max(context, 1))
-        return float(2 * itemsize * sum(cfg.layer_kv_heads(i) * cfg.layer_head_dim(i)
-                                        * (frac if cfg.layer_types[i] == SLIDING else 1.0) for i in cfg.kv_layers))
 
 
 PARAM_AXES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -627,17 +613,16 @@ token embedding and the rest of the per-layer inputs replicated, the router repl
 over ``expert`` and each expert's width over ``model``."""
 
 @functools.lru_cache(maxsize=32)
-def _counts(family: Gemma4Family, cfg: Gemma4Config) -> tuple[int, int, int]:
-    matrix = expert = vector = 0
+def _counts(family: Gemma4Family, cfg: Gemma4Config) -> tuple[int, int]:
+    """(matrix parameters, vector parameters) of ``cfg``, counted from the family's
+    ``tensor_specs`` (cached per config: the rooflines ask many times)."""
+    matrix = vector = 0
     for spec in family.tensor_specs(cfg).values():
-        n = math.prod(spec.shape)
-        if spec.expert is not None:
-            expert += n
         if len(spec.shape) >= 2:
-            matrix += n
+            matrix += math.prod(spec.shape)
         else:
-            vector += n
-    return matrix, expert, vector
+            vector += math.prod(spec.shape)
+    return matrix, vector
 
 
 GEMMA4 = Gemma4Family()

@@ -53,6 +53,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from dflash_jax import sizes
 from dflash_jax.checkpoints import CheckpointError, TensorSpec
 from dflash_jax.config import (TargetConfig, decoder_fields_from_hf, decoder_fields_to_hf,
                                has_rope_theta, refuse, unsupported_decoder_features)
@@ -537,8 +538,8 @@ class GptOssFamily(TargetFamily):
         """All matrices but the experts no row routes to: each layer reads the expected
         ``E * (1 - (1 - k/E) ** rows)`` distinct experts (uniform routing, capped at
         ``min(E, rows * k)``)."""
-        E, k = cfg.num_experts, cfg.num_experts_per_tok
-        active = 0.0 if rows <= 0 else min(E * (1.0 - (1.0 - k / E) ** rows), float(min(E, rows * k)))
+        E = cfg.num_experts
+        active = sizes.expected_experts(E, cfg.num_experts_per_tok, rows)
         idle = cfg.num_layers * (E - active) * self.expert_matrix_params(cfg)
         return float(self.matrix_params(cfg)) - idle
 
