@@ -1,4 +1,5 @@
-"""The drafter half of the kernel-vs-XLA model parity tests (tests/kernels/test_kernels.py for Pallas,
+"""Model parity helpers: transformers' forward as the targets' oracle (:func:`torch_forward`), and
+the drafter half of the kernel-vs-XLA parity tests (tests/kernels/test_kernels.py for Pallas,
 tests/kernels/test_triton_kernel.py for Triton): the same context and block through either attention."""
 
 import jax.numpy as jnp
@@ -25,3 +26,13 @@ def drafter_outputs(drafter, impls, rng) -> list[np.ndarray]:
                         method=DrafterModel.draft)
         res.append(np.asarray(h))
     return res
+
+
+def torch_forward(model, ids):
+    """A transformers model's (logits, every hidden state) on token ids [B, T], as numpy (torch
+    is imported here: the kernel tests that use this module run without it)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_hidden_states=True)
+    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]

@@ -42,6 +42,7 @@ from dflash_jax.nn import moe
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets.mla import deepseek_v3, model as mla
 
+from support.model_parity import torch_forward
 from support.moe_oracles import separated_router
 from support.oracle_proposers import dflash_at_every_accepted_length
 from support.tiers import tiered
@@ -114,12 +115,6 @@ def _cleanup():
     checkpoint.cache_clear()
     target.cache_clear()
     reference.cache_clear()
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 def sorted_routing(weights, ids):

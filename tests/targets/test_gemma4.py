@@ -36,10 +36,10 @@ from safetensors.numpy import load_file, save_file
 
 import dflash_jax as dj
 from dflash_jax import targets
-from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import gemma4
 from dflash_jax.targets.gemma4 import model as g4
 
+from support.model_parity import torch_forward
 from support.moe_oracles import separated_router
 from support.oracle_proposers import dflash_at_every_accepted_length
 from support.tiers import tiered
@@ -110,12 +110,6 @@ def _cleanup():
     checkpoint.cache_clear()
     target.cache_clear()
     reference.cache_clear()
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 # ---------------------------------------------------------------------------- parity

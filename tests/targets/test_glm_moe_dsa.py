@@ -30,6 +30,7 @@ import dflash_jax as dj
 from dflash_jax import targets
 from dflash_jax.targets.mla import glm_moe_dsa
 
+from support.model_parity import torch_forward
 from support.moe_oracles import separated_router
 from support.oracle_proposers import dflash_at_every_accepted_length
 
@@ -87,12 +88,6 @@ def _cleanup():
         shutil.rmtree(checkpoint()[1], ignore_errors=True)
     checkpoint.cache_clear()
     target.cache_clear()
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 def test_the_config_follows_transformers():

@@ -35,6 +35,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.parallel import rules
 from dflash_jax.targets.moe import qwen3_moe, qwen3_moe_model
 
+from support.model_parity import torch_forward
 from support.moe_oracles import dense_moe_reference, separated_router
 from support.oracle_proposers import dflash_at_every_accepted_length
 
@@ -100,12 +101,6 @@ def _cleanup():
     checkpoint.cache_clear()
     target.cache_clear()
     reference.cache_clear()
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 # ---------------------------------------------------------------------------- nn.moe

@@ -23,6 +23,7 @@ import torch
 import jax.numpy as jnp
 
 from dflash_jax.targets.hybrid import qwen3_next_layout as layout
+from support.model_parity import torch_forward
 from support.moe_oracles import separated_router
 
 pytestmark = [pytest.mark.xdist_group("qwen3_next"), pytest.mark.torch]
@@ -169,12 +170,6 @@ def hf(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_next") / "ckpt"
     model.save_pretrained(path)
     return model, path, dj.load_target(path)
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 def test_config_reads_transformers_layout(hf):

@@ -2,22 +2,17 @@
 
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 import dflash_jax as dj
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets import target_forward
+
+from support.model_parity import torch_forward
 import pytest
 
 pytestmark = pytest.mark.torch
 
 TOL = 1e-4
-
-
-def torch_forward(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor(ids), output_hidden_states=True)
-    return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
 def test_full_forward_logits_and_taps(hf_checkpoint):
