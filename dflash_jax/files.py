@@ -18,6 +18,19 @@ from typing import Any, Callable, Iterator
 
 _ABSENT = object()
 
+HOME_ENV = "DFLASH_JAX_HOME"
+
+
+def home() -> str:
+    """The project's own directory outside any checkout: ``$DFLASH_JAX_HOME``, else
+    ``$XDG_CACHE_HOME/dflash-jax``, else ``~/.cache/dflash-jax`` (read at each call). The
+    experiments' runs and outputs, the command line's compilation cache and data a user places
+    for the recipes (``datasets/``) live under it."""
+    if os.environ.get(HOME_ENV):
+        return os.path.expanduser(os.environ[HOME_ENV])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(cache), "dflash-jax")
+
 
 def temporary_name(path: str, keep_extension: bool = False) -> str:
     """The temporary name :func:`atomic_path` writes ``path`` under: ``path.tmp``

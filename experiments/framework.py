@@ -75,7 +75,7 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, shipped_data_dir
 from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
-from dflash_jax.files import atomic_path, exclusive, write_json, write_text
+from dflash_jax.files import HOME_ENV, atomic_path, exclusive, home as files_home, write_json, write_text
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.methods.dflash.training import DFlashTrainer, batch_for_step
@@ -106,7 +106,6 @@ PROMPT_SOURCES = ("shipped", "embedded-recipe", "embedded-styles")
 STYLES_POOL, STYLES_SEED = 40_000, 18
 GRID_OF = {"cpu-full": "cpu", "test": "smoke"}  # a preset whose grids default to another's
 FEATURE_DTYPE = "bfloat16"  # offline features are stored in it (--offline-features)
-HOME_ENV = "DFLASH_JAX_HOME"
 EMBEDDED = "embedded"  # --target embedded: the target shipped in the package
 TABLE = "table.json"
 GSM8K_TRAIN = os.path.join("gsm8k", "train.jsonl")
@@ -136,13 +135,9 @@ def _hashed(part: str, values: dict) -> dict:
 
 # ---------------------------------------------------------------------------- where things go
 def home() -> str:
-    """The run home: ``$DFLASH_JAX_HOME``, else ``$XDG_CACHE_HOME/dflash-jax``, else
-    ``~/.cache/dflash-jax``. Every experiment's and the paper's default run directory and
-    outputs lie under it (outside the checkout); read at each call."""
-    if os.environ.get(HOME_ENV):
-        return os.path.expanduser(os.environ[HOME_ENV])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    return os.path.join(os.path.expanduser(cache), "dflash-jax")
+    """The run home (:func:`dflash_jax.files.home`): every experiment's and the paper's default run
+    directory and outputs lie under it (outside the checkout)."""
+    return files_home()
 
 
 def default_work() -> str:
