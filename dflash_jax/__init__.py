@@ -24,6 +24,7 @@ from dflash_jax.api import (EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, Drafter, 
                             GenerateResult, StreamChunk, Target, generate, generate_stream,
                             load_drafter, load_embedded, load_target, save_drafter)
 from dflash_jax.checkpoints import CheckpointError  # noqa: E402
+from dflash_jax.compilation_cache import use_compilation_cache  # noqa: E402
 from dflash_jax.config import RopeConfig, TargetConfig  # noqa: E402
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.nn.cache import KVCache  # noqa: E402
@@ -37,5 +38,5 @@ __all__ = [
     "Adaptive", "CheckpointError", "Drafter", "DrafterConfig", "EMBEDDED_DRAFTER_DIR",
     "EMBEDDED_TARGET_DIR", "FixedVerify", "GenerateResult", "KVCache", "RopeConfig", "StreamChunk",
     "Target", "TargetConfig", "TreeVerify", "generate", "generate_stream", "load_drafter",
-    "load_embedded", "load_target", "save_drafter", "__version__",
+    "load_embedded", "load_target", "save_drafter", "use_compilation_cache", "__version__",
 ]

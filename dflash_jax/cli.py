@@ -13,7 +13,9 @@ A command is a module with two functions:
 parser with :func:`command_parser` and :func:`command_main`. Run through :func:`run_cli`, a
 user's mistake prints one line ``error: ...`` on stderr and exits with status 2; ``--debug``
 (or ``DFLASH_DEBUG=1``) shows the traceback instead. Ctrl-C exits with status 130 and one line
-(SIGTERM: 143), without the crash of JAX's teardown (see :func:`run_cli`).
+(SIGTERM: 143), without the crash of JAX's teardown (see :func:`run_cli`). A command run as
+the process's command line uses JAX's persistent compilation cache
+(``dflash_jax.compilation_cache``: a second run loads what the first compiled).
 
 The options of a config dataclass (``TrainConfig``, ``PretrainConfig``) are derived from its
 fields by :func:`add_dataclass_arguments` and turned back into it by :func:`dataclass_from_args`.
@@ -358,6 +360,10 @@ def run_cli(main: Callable[[list[str]], object], argv: Sequence[str] | None = No
     if owns_process:
         _own_stop_signals()
     try:
+        if owns_process:  # the command line: programs compiled once are loaded by the next run
+            from dflash_jax import compilation_cache
+
+            compilation_cache.configure()
         main(argv)
     except KeyboardInterrupt:
         if debug:

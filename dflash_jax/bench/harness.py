@@ -7,7 +7,8 @@
 Per prompt set it prints docs/method.md section 6's metrics (``dflash_jax.metrics``): tau (per response
 the mean acceptance length, then the mean over responses) and the decode-only speedup (mean
 AR time per output token / mean DFlash time per output token over the responses, prefill
-excluded; batch 1, compiles excluded by a warm-up), each with a 95 % bootstrap interval over
+excluded; batch 1; one program shape for all the sets, compiled once by a warm-up that the
+timings exclude: :meth:`Runner.program_shape`), each with a 95 % bootstrap interval over
 the responses, beside the pooled tau and the end-to-end speedup (prefill included); then the
 averages over the sets, the acceptance-length histogram and the per-position acceptance
 rates, and writes ``bench.json``, ``bench.md`` and ``bench.png`` under ``--out``. At
@@ -141,6 +142,46 @@ class Runner:
         thinking = bool(getattr(args, "thinking", False))
         self.encode = lambda turns: encode_prompt(turns, target.tokenizer, enable_thinking=thinking)
         self.stops = target.stop_token_ids
+        self.warmed: set = set()  # the program shapes whose programs this runner has compiled
+
+    def block_rows(self) -> int:
+        """Rows the cache holds past the committed tokens: the verified block (the drafter's
+        default or ``--block-size``), or a tree's nodes."""
+        a = self.args
+        bs = drafter_block_size(self.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
+        return max(bs, getattr(a, "tree", None) or 0)
+
+    def program_shape(self, sets) -> tuple[int, int]:
+        """One (prompt width, cache length) that serves every turn of every sample of ``sets``
+        (an iterable of sample lists): the longest prompt (a later turn carries the earlier
+        answers, each at most ``max_new_tokens`` + 8 tokens of template) rounded up to 16, and
+        the cache for it, the new tokens and a verified block rounded up to 64. Every prompt is
+        padded to it, so the AR and the speculative programs compile once for all the sets. The
+        padding costs prefill time (excluded from the decode timings) and, on the XLA attention
+        path, which masks rather than skips the cache's empty slots, a little attention work per
+        decode step, for both methods alike."""
+        a = self.args
+        bound = max(len(self.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
+                    + (len(s.turns) - 1) * (a.max_new_tokens + 8) for samples in sets for s in samples)
+        return round_up(bound, 16), round_up(bound + a.max_new_tokens + self.block_rows(), 64)
+
+    def warm_up(self, first, pad_to, adaptive: bool, bar) -> None:
+        """Compiles (or loads from the persistent compilation cache) the AR and speculative
+        programs of ``pad_to`` by running them once on ``first``; nothing when this runner has
+        done so already. The timed runs exclude this."""
+        key = (tuple(pad_to), adaptive)
+        if key in self.warmed:
+            return
+        bar.write(f"compiling the AR and {'speculative' if self.drafter is not None else ''} programs "
+                  f"(prompt width {pad_to[0]}, cache {pad_to[1]}) and warming up; the timings exclude this",
+                  file=sys.stderr)
+        t0 = time.perf_counter()
+        for d in (None, self.drafter):
+            self.run(first, d, pad_to)
+        if adaptive:
+            self.run(first, self.drafter, pad_to, adaptive=True)
+        self.warmed.add(key)
+        bar.write(f"ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     def run(self, ids, drafter, pad_to, adaptive: bool = False):
 
@@ -179,25 +220,16 @@ def report_method(report: dict):
     return methods.method(report["settings"].get("method", methods.DEFAULT))
 
 
-def bench_dataset(runner: Runner, samples, bar) -> dict:
-    """Both methods on every sample (and turn) of one prompt set; returns its record."""
+def bench_dataset(runner: Runner, samples, bar, pad_to: tuple[int, int] | None = None) -> dict:
+    """Both methods on every sample (and turn) of one prompt set; returns its record. ``pad_to``:
+    the program shape (:meth:`Runner.program_shape`; default: this set's own), compiled at the
+    first set that uses it."""
     a, tok = runner.args, runner.target.tokenizer
 
     bs = drafter_block_size(runner.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
     adaptive = bool(getattr(a, "adaptive", False)) and getattr(a, "tree", None) is None
-    # one (prompt width, cache length) for the whole set: an upper bound over all turns
-    bound = max(len(runner.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
-                + (len(s.turns) - 1) * (a.max_new_tokens + 8) for s in samples)
-    # the cache holds a verified block past the committed tokens: bs rows, or a tree's N nodes
-    rows = max(bs, getattr(a, "tree", None) or 0)
-    pad_to = (round_up(bound, 16), round_up(bound + a.max_new_tokens + rows, 64))
-    first = runner.encode(chat(samples[0].turns[:1], []))
-    bar.write(f"compiling the AR and DFlash programs (prompt width {pad_to[0]}, cache {pad_to[1]}) "
-              "and warming up; the timings exclude this", file=sys.stderr)
-    for d in (None, runner.drafter):  # warm-up: compile both programs for these shapes
-        runner.run(first, d, pad_to)
-    if adaptive:
-        runner.run(first, runner.drafter, pad_to, adaptive=True)
+    pad_to = runner.program_shape([samples]) if pad_to is None else pad_to
+    runner.warm_up(runner.encode(chat(samples[0].turns[:1], [])), pad_to, adaptive, bar)
     rec = {"samples": [], "same_output": 0, "turns": 0, "timed_runs_with_compilation": 0}
     for s in samples:
         answers = []
@@ -389,8 +421,9 @@ def _interval(value: float, ci, n: int, unit: str = "") -> str:
 
 def plot(report: dict):
     """bench.png: the decode speedup and tau on axes of their own (fixed and adaptive block
-    side by side, per set and the average, 95 % intervals; legends below the axes, clear of
-    the bars), the acceptance-length histogram and the per-position acceptance."""
+    side by side, per set and the average, 95 % intervals where they exist, and the titles say
+    which; legends below the axes, clear of the bars), the acceptance-length histogram and the
+    per-position acceptance; a busy machine is marked (``figures.report_notes``)."""
     names = list(report["datasets"])
     fig, ((ax_speed, ax_tau), (ax_hist, ax_pos)) = new_figure(2, 2, figsize=(14, 8.5))
     main = main_run_name(report)
@@ -405,14 +438,19 @@ def plot(report: dict):
         rec = report["datasets"][group]
         return rec["adaptive"] if method == "adaptive" else rec
 
+    from dflash_jax import figures
+
     x, width = np.arange(len(groups)), 0.8 / len(methods)
+    turns = [rec["turns"] for rec in report["datasets"].values() if rec.get("turns") is not None]
+    says = {}  # what each panel may say of its intervals: only those drawn (figures.interval_label)
     for ax, key in ((ax_speed, "speedup"), (ax_tau, "tau")):
+        errors = []
         for i, (method, label) in enumerate(methods):
             recs = [record(g, method) for g in groups]
             vals = np.array([r[key] for r in recs], float)
-            ci = np.array([r[key + "_ci"] for r in recs], float).reshape(len(groups), 2)
-            err = np.where(np.isfinite(ci), np.abs(ci - vals[:, None]), 0).T
-            ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, yerr=err, capsize=3, label=label)
+            errors.append(figures.interval_errors(vals, [r[key + "_ci"] for r in recs]))
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, yerr=errors[-1], capsize=3, label=label)
+        says[key] = figures.interval_label(errors, min(turns) if turns else None)
         ax.set_xticks(x, groups)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=len(methods), frameon=False)
     ax_speed.axhline(1.0, color="k", lw=0.8)
@@ -421,9 +459,9 @@ def plot(report: dict):
     where = (report.get("cpu") or {}).get("model") if report["environment"]["platform"] == "cpu" else None
     ax_speed.set_title(f"decode speedup on {where or report['environment']['device']}, "
                        f"T={report['settings']['temperature']} (an iteration = {cost:.2f} AR steps "
-                       "here), 95% CI")
+                       f"here), {says['speedup']}")
     ax_tau.set_ylabel("tau (accepted drafts + 1 per iteration)")
-    ax_tau.set_title("tau, mean acceptance length, 95% CI")
+    ax_tau.set_title(f"tau, mean acceptance length, {says['tau']}")
     hist = np.sum([report["datasets"][n]["histogram"] for n in names], axis=0)
     ax_hist.bar(np.arange(1, len(hist) + 1), hist / max(hist.sum(), 1))
     ax_hist.set_xlabel("acceptance length (accepted drafts + 1)")
@@ -437,7 +475,7 @@ def plot(report: dict):
     ax_pos.set_ylim(0, 1)
     ax_pos.set_title(f"per-position acceptance ({main})")
     ax_pos.legend(fontsize=8, loc="upper right")
-    return fig
+    return figures.finish(fig, figures.report_notes(report))
 
 
 def run(args) -> dict:
@@ -498,11 +536,13 @@ def run(args) -> dict:
     total = sum(len(s.turns) for v in sets.values() for s in v)
     label = method_label({"settings": {"tree": args.tree, "tree_topk": args.tree_topk,
                                        "method": drafter_method(drafter)}})
+    pad_to = runner.program_shape(sets.values())  # one program for every set
+    report["settings"]["program_shape"] = {"prompt_width": pad_to[0], "cache_length": pad_to[1]}
     with progress(total=total, desc=f"bench (AR + {label})", unit="prompt") as bar:
         for name, samples in sets.items():
             try:
                 bar.set_postfix(dataset=name)
-                report["datasets"][name] = bench_dataset(runner, samples, bar)
+                report["datasets"][name] = bench_dataset(runner, samples, bar, pad_to)
                 _write(report, args.out, t0, quiet=True)  # each set is kept as soon as it finishes
             except KeyboardInterrupt:  # (also while that set is written: written again here)
                 bar.close()

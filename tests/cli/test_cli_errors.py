@@ -206,11 +206,11 @@ def test_bench_keeps_finished_sets_when_interrupted(tmp_path, monkeypatch, capsy
     real = harness.bench_dataset
     calls = []
 
-    def interrupt_second(runner, samples, bar):
+    def interrupt_second(runner, samples, bar, *shape):
         calls.append(len(samples))
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(runner, samples, bar)
+        return real(runner, samples, bar, *shape)
 
     monkeypatch.setattr(harness, "bench_dataset", interrupt_second)
     with pytest.raises(SystemExit) as e:
