@@ -21,14 +21,16 @@ _ABSENT = object()
 HOME_ENV = "DFLASH_JAX_HOME"
 
 
-def home() -> str:
+def home(environ=None) -> str:
     """The project's own directory outside any checkout: ``$DFLASH_JAX_HOME``, else
     ``$XDG_CACHE_HOME/dflash-jax``, else ``~/.cache/dflash-jax`` (read at each call). The
     experiments' runs and outputs, the command line's compilation cache and data a user places
-    for the recipes (``datasets/``) live under it."""
-    if os.environ.get(HOME_ENV):
-        return os.path.expanduser(os.environ[HOME_ENV])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    for the recipes (``datasets/``) live under it. ``environ``: another environment than this
+    process's."""
+    environ = os.environ if environ is None else environ
+    if environ.get(HOME_ENV):
+        return os.path.expanduser(environ[HOME_ENV])
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
     return os.path.join(os.path.expanduser(cache), "dflash-jax")
 
 
