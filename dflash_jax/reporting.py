@@ -194,20 +194,36 @@ def new_figure(*args, **kwargs):
     return plt.subplots(*args, **kwargs)
 
 
+def report_figure(report: dict, plot: Callable[[dict], Any]):
+    """The figure ``plot(report)`` draws, laid out and marked as every written figure is
+    (:func:`dflash_jax.figures.finish` with the report's :func:`dflash_jax.figures.report_notes`:
+    a busy machine, a smoke run)."""
+    from dflash_jax import figures
+
+    return figures.finish(plot(report), figures.report_notes(report))
+
+
+def save_figure(fig, path: str) -> None:
+    """Writes ``fig`` to ``path`` (PNG, 120 dpi) atomically, laid out first unless it lays itself
+    out (:func:`dflash_jax.figures.finish` gives it the constrained layout), and closes it."""
+    import matplotlib.pyplot as plt
+
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    with atomic_path(path, keep_extension=True) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+
+
 def write_report(report: dict, out_dir: str, stem: str, plot: Callable[[dict], Any],
                  quiet: bool = False) -> str:
     """Writes ``out_dir/stem.json`` and ``out_dir/stem.png`` (the figure that ``plot(report)``
-    returns), each atomically (a temporary file renamed into place); returns the path stem."""
-    import matplotlib.pyplot as plt
-
+    returns, by :func:`report_figure`), each atomically (a temporary file renamed into place);
+    returns the path stem."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, stem)
     write_json(path + ".json", report)
-    fig = plot(report)
-    fig.tight_layout()
-    with atomic_path(path + ".png", keep_extension=True) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
+    save_figure(report_figure(report, plot), path + ".png")
     if not quiet:
         print(f"wrote {path}.json and {path}.png")
     return path

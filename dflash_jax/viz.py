@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import figures, metrics
 from dflash_jax.bench.prompt_sets import DATASETS
 
 PREFILL_COLOR = "#d9d9d9"
@@ -182,7 +182,7 @@ def plot_acceptance(runs, block_size: int | None = None):
             title="per-position acceptance")
     if len(named) > 1:
         ax2.legend(fontsize=8)
-    return fig
+    return figures.finish(fig)
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
@@ -207,7 +207,7 @@ def plot_training(run: str | os.PathLike | Sequence[Mapping[str, Any]]):
         ax2.text(0.5, 0.5, "no held-out tau measured\n(TrainConfig.eval_every = 0)", ha="center", va="center",
                  transform=ax2.transAxes)
     ax2.set(xlabel="step", ylabel="tau", title="held-out tau (real generation)")
-    return fig
+    return figures.finish(fig)
 
 
 def _label_text(label: Mapping) -> str:
@@ -222,21 +222,33 @@ def _set_color(name: str) -> str:
     return f"C{DATASETS.index(name) + 1}" if name in DATASETS else "C9"
 
 
+def _responses(row: Mapping) -> int | None:
+    """How many responses a row's average rests on (recorded, or summed over its sets)."""
+    if row.get("average", {}).get("responses") is not None:
+        return int(row["average"]["responses"])
+    counts = [d.get("responses") for d in (row.get("datasets") or {}).values() if isinstance(d, Mapping)]
+    return int(sum(counts)) if counts and None not in counts else None
+
+
 def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup")):
     """An ablation's results beside the paper's: ``table`` is an experiments table
     (``results/ablations/<experiment>/table.json``, or ``Table.to_json()``). Per metric in
-    ``keys``, left: our rows (the average over the prompt sets with its 95 % interval, and each
-    set as a marker); right: the paper's rows for the same ablation, per prompt set."""
+    ``keys``, left: our rows (the average over the prompt sets with its 95 % interval where it
+    has one, the legend saying which, and each set as a marker); right: the paper's rows for
+    the same ablation, per prompt set. A smoke run and a busy machine are marked
+    (:func:`dflash_jax.figures.report_notes`)."""
     rows, paper = table["rows"], table.get("paper") or []
     fig, axes = _figure(2, len(keys), height=3.0)
     label_keys = list(rows[0]["label"]) if rows else []
     env = table.get("environment", {})
+    counts = [n for n in map(_responses, rows) if n is not None]
     for (ours, theirs), key in zip(axes, keys):
         x = np.arange(len(rows))
         avg = np.array([r["average"][key] for r in rows], float)
         ci = np.array([r["average"][key + "_ci"] for r in rows], float).reshape(len(rows), 2)
-        err = np.where(np.isfinite(ci), np.abs(ci - avg[:, None]), 0).T
-        ours.bar(x, avg, 0.6, yerr=err, capsize=3, color="C0", alpha=0.5, label="average, 95% CI")
+        err = figures.interval_errors(avg, ci)
+        ours.bar(x, avg, 0.6, yerr=err, capsize=3, color="C0", alpha=0.5,
+                 label=f"average, {figures.interval_label(err, min(counts) if counts else None)}")
         if key == "speedup":
             ours.axhline(1.0, color="0.5", lw=0.8, ls="--")
         for s in (list(rows[0]["datasets"]) if rows else []):
@@ -266,4 +278,4 @@ def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup"))
         if known:
             theirs.set_ylim(0, 1.25 * max(known))
             theirs.legend(fontsize=7, ncol=3, loc="upper right")
-    return fig
+    return figures.finish(fig, figures.report_notes(table))
