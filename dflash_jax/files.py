@@ -160,7 +160,11 @@ def exclusive(path: str | os.PathLike, wait_message: Callable[[], None] | None =
     """Holds an exclusive lock on the file ``path`` (created if missing) for the ``with`` block:
     a second process asking for the same lock waits until the first releases it, or dies (the
     operating system drops the lock of a killed process, so no stale lock is left behind).
-    ``wait_message`` is called once when the lock is busy. POSIX ``flock``."""
+    ``wait_message`` is called once when the lock is busy. POSIX ``flock``.
+
+    The holder writes its process id into the file while it holds the lock (and empties it
+    on release), so that a process waiting for it can say whom it waits for
+    (:func:`lock_holder`)."""
     import fcntl
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -172,6 +176,22 @@ def exclusive(path: str | os.PathLike, wait_message: Callable[[], None] | None =
                 wait_message()
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
             yield
         finally:
+            f.truncate(0)
+            f.flush()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def lock_holder(path: str | os.PathLike) -> int | None:
+    """The process id an :func:`exclusive` holder of ``path`` wrote there, or None (no holder,
+    or one that has not written it yet)."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

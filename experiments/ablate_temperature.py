@@ -33,7 +33,7 @@ from dflash_jax import metrics
 from dflash_jax.bench import acceptance_bound
 from dflash_jax.bench.harness import chat
 from dflash_jax.experiments import framework, paper_numbers as paper
-from dflash_jax.files import exclusive, write_json
+from dflash_jax.files import write_json
 from dflash_jax.prompts import encode_prompt
 
 
@@ -65,19 +65,27 @@ def ceiling(work, cell) -> dict | None:
            "block_size": block,
            **{k: ev[k] for k in ("datasets", "max_samples", "max_new_tokens", "temperature", "subset", "seed")}}
     path = os.path.join(work.root, "measures", framework.stable_hash(key) + ".json")
-    with exclusive(path + ".lock"):
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)["result"]
+    made = {}
+
+    def make(dest):
         per_set = {}
         for name in ev["datasets"]:
             samples = framework.load_prompt_set(name, None, ev["max_samples"], ev["seed"], subset=ev["subset"])
             prompts = [encode_prompt(chat(s.turns[:1], []), work.target.tokenizer) for s in samples]
             per_set[name] = acceptance_bound.measure(work.target, prompts, ev["max_new_tokens"], ev["temperature"],
                                                      block, seed=ev["seed"])
-        result = summarize_ceiling(per_set, block)
-        write_json(path, {"key": key, "result": result})
-    return result
+        made["result"] = summarize_ceiling(per_set, block)
+        write_json(dest, {"key": key, "result": made["result"], "finished": framework.made_now()})
+
+    # a second process measuring the same waits for it and reuses it (framework.work_entry)
+    framework.work_entry(work.log, "measurement", path, make, settings=path,
+                         about=framework.brief(ev | {"measure": key["measure"], "block_size": block},
+                                               ("measure", "temperature", "block_size", "datasets", "max_samples",
+                                                "max_new_tokens")))
+    if "result" in made:
+        return made["result"]
+    with open(path) as f:
+        return json.load(f)["result"]
 
 
 def summarize_ceiling(per_set: dict, block_size: int) -> dict:

@@ -25,7 +25,12 @@ What a run does, every step resumable and keyed by a hash of the settings that d
 3. per cell, the benchmark protocol of ``python -m dflash_jax bench`` (AR and DFlash on the
    same prompts, batch 1, interleaved per prompt) and the draft / verify step times:
    ``WORK/cells/<hash>/cell.json`` (settings, training steps/tokens/minutes, metrics with 95 %
-   intervals, the command line, versions). A finished cell is reused, never recomputed.
+   intervals, the command line, versions). A finished cell is reused (and named on the
+   terminal: :class:`WorkLog`), recomputed only with ``--fresh`` or ``--remeasure``.
+
+Every entry of the run directory (data, features, drafter, cell, measurement) goes through
+:func:`work_entry`: reused when finished, else made under a lock beside it, so that a second
+process asking for the same entry waits for the first and reuses what it made.
 
 Every cell of a grid gets the same training budget (steps x sequences per step x anchors per
 sequence, stated in the output), so cells differ only in what the ablation varies. Seeds are
@@ -75,7 +80,8 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, shipped_data_dir
 from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
-from dflash_jax.files import HOME_ENV, atomic_path, exclusive, home as files_home, write_json, write_text
+from dflash_jax.files import (HOME_ENV, atomic_path, exclusive, home as files_home, lock_holder, write_json,
+                              write_text)
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.methods.dflash.training import DFlashTrainer, batch_for_step
@@ -91,7 +97,7 @@ from dflash_jax.training.features import FeatureStore, write_features
 from dflash_jax.training.run_dir import held_out_curve
 from dflash_jax.bench import harness
 from dflash_jax.bench.spec_speed import step_times
-from dflash_jax.progress import progress
+from dflash_jax.progress import Bar, progress
 from dflash_jax.reporting import (command_line, cpu_description, cpu_info, cpu_model, environment, new_figure,
                                   portable_path)
 from dflash_jax.bench.harness import responses
@@ -636,14 +642,179 @@ def drafter_identity(init_from: str) -> dict:
             "sha256": "".join(_file_hash(os.path.join(path, n))[:16] for n in ("config.json", "model.safetensors"))}
 
 
+# ---------------------------------------------------------------------------- entries of the run directory
+MADE_FORMAT = "%Y-%m-%d %H:%M:%S"  # the local time an entry records as its "finished"
+
+
+def made_now() -> str:
+    """Now, as an entry of the run directory records when it was finished (its ``finished``)."""
+    return time.strftime(MADE_FORMAT)
+
+
+def lock_of(path: str) -> str:
+    """The lock file of the run-directory entry ``path`` (a file or a directory): beside it and
+    hidden, ``drafters/.<hash>.lock``, ``cells/<hash>/.cell.json.lock``, so that it outlives the
+    entry's replacement and no listing of the entries' names matches it."""
+    head, name = os.path.split(os.path.abspath(path).rstrip(os.sep))
+    return os.path.join(head, f".{name}.lock")
+
+
+def brief(values: dict, keys: Sequence[str]) -> str:
+    """``key=value`` of ``keys`` in ``values`` (those present and not None), lists joined by commas."""
+    def show(v):
+        return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return " ".join(f"{k}={show(values[k])}" for k in keys if values.get(k) is not None)
+
+
+def _state(path: str):
+    """What tells two versions of the file ``path`` apart (None: no file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _finished_at(done: str, stamp: str) -> tuple[str, bool]:
+    """When an entry was finished: the ``finished`` its JSON file ``stamp`` records, else the
+    modification time of its ``done`` file; and whether it was recorded."""
+    try:
+        with open(stamp) as f:
+            value = json.load(f).get("finished")
+        if isinstance(value, str) and value:
+            return value, True
+    except (OSError, ValueError, AttributeError):
+        pass
+    return time.strftime(MADE_FORMAT, time.localtime(os.path.getmtime(done))), False
+
+
+def _plural(kind: str, n: int) -> str:
+    noun = {"data": "data set", "features": "feature store"}.get(kind, kind)
+    return noun if n == 1 else noun + "s"
+
+
+class WorkLog:
+    """What one invocation reuses from its run directory (``--work``) and what it makes there.
+
+    Every finished entry it reuses (data, features, drafter, cell, measurement) is said once, on
+    stderr above the progress bars: its kind, where it is (relative to the run directory), the
+    settings that define it in brief and the file holding them all, and when it was finished (as
+    recorded, or else its file's modification time, said to be that). Past :attr:`SHOWN` entries
+    of a kind they are only counted (``verbose``: each said); :meth:`summary` gives one line per
+    kind at the end of the run. ``fresh``: an entry finished before this invocation asked for it
+    is recomputed instead (what it made itself, or what another process finished while it waited
+    for the entry, is reused)."""
+
+    SHOWN = 4
+
+    def __init__(self, root: str, fresh: bool = False, verbose: bool = False):
+        self.root = os.path.abspath(root)
+        self.fresh, self.verbose = bool(fresh), bool(verbose)
+        self.made: set[str] = set()  # entries this invocation computed
+        self.reused: dict[str, list[str]] = {}  # kind -> when each entry reused was finished
+        self._said: set[str] = set()
+
+    @staticmethod
+    def say(text: str) -> None:
+        Bar.write(text)  # stderr, above any progress bar
+
+    def where(self, path: str) -> str:
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        return os.path.abspath(path) if rel.startswith("..") else rel
+
+    def reuse(self, kind: str, path: str, finished: tuple[str, bool], about: str, settings: str | None = None,
+              waited: bool = False) -> None:
+        """Says (once per entry) that the entry ``path`` of ``kind`` is reused."""
+        path = os.path.abspath(path)
+        if path in self.made or path in self._said:
+            return
+        self._said.add(path)
+        stamps = self.reused.setdefault(kind, [])
+        stamps.append(finished[0])
+        if self.verbose or len(stamps) <= self.SHOWN:
+            when = finished[0] + ("" if finished[1] else " (the file's time: no time recorded)")
+            held = None if not settings else "recorded in it" if os.path.abspath(settings) == path else self.where(settings)
+            self.say(f"reused {kind} {self.where(path)}" + (f" ({about})" if about else "") + f": finished {when}"
+                     + (", by another process while this one waited" if waited else "")
+                     + (f"; settings {held}" if held else ""))
+        elif len(stamps) == self.SHOWN + 1:
+            self.say(f"reusing more {_plural(kind, 2)}: counted in the summary at the end (verbose: each named)")
+
+    def summary(self) -> str | None:
+        """One line: what was reused, per kind, finished when (None when nothing was)."""
+        if not self.reused:
+            return None
+
+        def span(stamps):
+            a, b = min(stamps), max(stamps)
+            return a if a == b else f"{a} to {b[11:] if b[:10] == a[:10] else b}"
+
+        parts = [f"{len(s)} {_plural(kind, len(s))} (finished {span(s)})" for kind, s in self.reused.items()]
+        return f"reused from {self.root}: " + ", ".join(parts) + "; --fresh recomputes them"
+
+
+def work_entry(log: WorkLog, kind: str, path: str, make: Callable[[str], Any], *, done: str | None = None,
+               finished: Callable[[str], bool] = os.path.isfile, about: str = "", settings: str | None = None,
+               stamp: str | None = None, fresh: bool | None = None) -> bool:
+    """Reuses the finished entry ``path`` of the run directory, or makes it with ``make(dest)``;
+    returns whether it was reused.
+
+    ``path`` is a file (``done`` None), or a directory whose file ``done`` says whether it is
+    finished (``finished(file)``; default: that it exists). A finished entry is reused and said
+    (:meth:`WorkLog.reuse`; ``about``: its settings in brief; ``settings``: the file holding them
+    all; ``stamp``: the JSON file whose ``finished`` says when, default the ``done`` file). Else
+    the entry's lock (:func:`lock_of`) is taken, waiting with one line naming the entry and the
+    process holding it, and the entry is looked at again: another process may have finished it
+    meanwhile, and then it is reused. Else ``make(dest)`` writes it: ``dest`` is ``path`` itself
+    (a killed computation resumes there), except when ``fresh`` (default ``log.fresh``) replaces
+    an existing directory: then a temporary beside it, renamed over the old entry when ``make``
+    returns (:func:`dflash_jax.files.atomic_path`), so that a reader finds the old entry or the
+    new one, never a part, and a killed recomputation leaves the old one. A file entry's
+    ``make`` writes the file atomically itself (``write_json``)."""
+    path = os.path.abspath(path)
+    fresh = log.fresh if fresh is None else fresh
+    done_path = os.path.join(path, done) if done else path
+    stamp = os.path.join(path, stamp) if stamp else done_path
+    if path in log.made:
+        return True
+    if not fresh and finished(done_path):
+        log.reuse(kind, path, _finished_at(done_path, stamp), about, settings)
+        return True
+    before = _state(done_path)
+    lock = lock_of(path)
+    waited = []
+
+    def waiting():
+        waited.append(True)
+        pid = lock_holder(lock)
+        log.say(f"waiting for {kind} {log.where(path)}" + (f" ({about})" if about else "") + ": "
+                + (f"process {pid}" if pid else "another process") + f" holds its lock {log.where(lock)} "
+                "and is computing it; it is reused when finished")
+
+    with exclusive(lock, waiting):
+        if finished(done_path) and (not fresh or _state(done_path) != before):
+            log.reuse(kind, path, _finished_at(done_path, stamp), about, settings, waited=bool(waited))
+            return True
+        if fresh and done is not None and os.path.exists(path):
+            with atomic_path(path) as tmp:
+                os.makedirs(tmp)
+                make(tmp)
+        else:
+            make(path)
+    log.made.add(path)
+    return False
+
+
 # ---------------------------------------------------------------------------- the run directory
 class Work:
-    """The run directory (``--work``): data, drafters and cells, each keyed by a hash."""
+    """The run directory (``--work``): data, drafters and cells, each keyed by a hash; ``log``
+    says what is reused (:class:`WorkLog`; default: one of its own, reusing what is finished)."""
 
-    def __init__(self, root: str, settings: Settings, target):
+    def __init__(self, root: str, settings: Settings, target, log: WorkLog | None = None):
         self.root = os.path.abspath(root)
         self.settings, self.target = settings, target
         self.target_id = target_identity(checkpoint_dir(settings.target))
+        self.log = log if log is not None else WorkLog(self.root)
 
     def regen_temperature(self, cell: Cell | None = None) -> float:
         """The temperature the target answers ``cell``'s training prompts at (the cell's own, or the run's)."""
@@ -759,45 +930,69 @@ def _link(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
+def _data_complete(meta: str) -> bool:
+    try:
+        with open(meta) as f:
+            return bool(json.load(f).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
 def prepare_data(work: Work, bar_write=print, cell: Cell | None = None) -> str:
     """The regenerated training data of ``cell`` (default: the run's; made once, reused by every
     cell and experiment with the same data settings; a second process asking for the same data
-    waits for the first)."""
+    waits for the first; :func:`work_entry`)."""
     out = work.data_dir(cell)
-    meta = os.path.join(out, "metadata.json")
-    with exclusive(out + ".lock"):
-        if os.path.exists(meta):
-            with open(meta) as f:
-                if json.load(f).get("complete"):
-                    return out
-        _regenerate(work, out, bar_write, cell)
+    about = brief(work.data_key(cell), ("prompt_source", "num_prompts", "max_new_tokens", "max_len", "temperature"))
+    work_entry(work.log, "data", out, lambda dest: _regenerate(work, dest, bar_write, cell, shown=out),
+               done="metadata.json", finished=_data_complete, about=about, settings=os.path.join(out, "key.json"),
+               stamp="key.json")
     return out
 
 
-def _regenerate(work: Work, out: str, bar_write, cell: Cell | None = None) -> None:
+def _regenerate(work: Work, out: str, bar_write, cell: Cell | None = None, shown: str | None = None) -> None:
 
     s = work.settings
     t = work.regen_temperature(cell)
     bar_write(f"regenerating the training data: {s.num_prompts} prompts answered by the target"
-              + (f" at temperature {t:g}" if t else "") + f" -> {out}")
+              + (f" at temperature {t:g}" if t else "") + f" -> {shown or out}")
     regenerate(work.target, training_prompts(s, work.target.tokenizer), out, max_new_tokens=s.regen_max_new_tokens,
                max_len=s.regen_max_len, batch_size=s.regen_batch_size, shard_size=max(256, s.regen_batch_size),
                source=f"experiments prompt_source={s.prompt_source}", temperature=t)
-    write_json(os.path.join(out, "key.json"), work.data_key(cell))
+    # the key, and when the data were finished (not part of the key)
+    write_json(os.path.join(out, "key.json"), work.data_key(cell) | {"finished": made_now()})
+
+
+def drafter_about(work: Work, cell: Cell) -> str:
+    """The settings that define the cell's drafter, in brief (the whole key is its key.json)."""
+    d, t = cell.drafter, cell.train
+    if "source" in d:
+        return f"source={d['source']}"
+    shown = {k: v for k, v in d.items() if not (k == "method" and v == "dflash" or k == "conditioning" and v == "kv")}
+    out = brief(shown, ("method", "layers", "block_size", "taps", "conditioning", "loss")) + " " + brief(
+        t, ("steps", "batch_size", "num_anchors", "learning_rate", "anchors", "seed"))
+    if work.regen_temperature(cell):
+        out += f" data_temperature={work.regen_temperature(cell):g}"
+    if work.settings.init_from is not None:
+        out += f" init_from={recorded_path(work.settings.init_from, 'drafter')}"
+    return out
 
 
 def train_drafter(work: Work, cell: Cell, data_dir: str) -> dict:
-    """Trains (or resumes, or reuses) the cell's drafter; returns its train.json record."""
+    """Trains (or resumes, or reuses) the cell's drafter; returns its train.json record. A
+    second process asking for the same drafter (two experiments sharing ``--work``) waits for the
+    first and reuses it (:func:`work_entry`)."""
     root = work.drafter_dir(cell)
     record_path = os.path.join(root, "train.json")
-    if not os.path.exists(record_path):
-        # another process training the same drafter (two experiments sharing --work): wait for it
-        with exclusive(os.path.join(root, ".lock"),
-                       lambda: print(f"waiting for another process training {root}", file=sys.stderr)):
-            if cell.untrained:
-                _starting_drafter(work, cell, root, record_path)
-            else:
-                _train_drafter(work, cell, data_dir, root, record_path)
+
+    def make(dest):
+        if cell.untrained:
+            _starting_drafter(work, cell, dest, os.path.join(dest, "train.json"))
+        else:
+            _train_drafter(work, cell, data_dir, dest, os.path.join(dest, "train.json"))
+
+    work_entry(work.log, "drafter", root, make, done="train.json", about=drafter_about(work, cell),
+               settings=os.path.join(root, "key.json"))
     with open(record_path) as f:
         record = json.load(f)
     if "blocks_seen" not in record:  # records written before it was counted: counted now, not saved
@@ -829,7 +1024,8 @@ def _starting_drafter(work: Work, cell: Cell, root: str, record_path: str) -> No
                              "blocks_seen": 0, "tokens": 0, "minutes": 0.0, "final_loss": None,
                              "final_accuracy_per_pos": None, "training_sequences": 0,
                              "drafter_params": _count(params), "curve": [], "held_out_prompts": 0,
-                             "offline_features": None, "init_from": drafter_identity(start)})
+                             "offline_features": None, "init_from": drafter_identity(start),
+                             "finished": made_now()})
 
 
 def blocks_seen(cell: Cell, data_dir: str, steps: int, held_out: int = 0) -> int:
@@ -910,6 +1106,7 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
               "offline_features": FEATURE_DTYPE if features is not None else None}
     if s.init_from is not None:
         record["init_from"] = drafter_identity(s.init_from)
+    record["finished"] = made_now()
     write_json(record_path, record)
 
 
@@ -936,13 +1133,16 @@ def prepare_features(work: Work, data_dir: str, taps, cell: Cell | None = None) 
     """The data's offline target features for ``taps`` (computed once, in bfloat16, shared by
     every drafter with those taps; a second process asking for them waits for the first)."""
     out = work.features_dir(taps, cell)
-    with exclusive(out + ".lock"):
-        done = os.path.join(out, "complete.json")
-        if not os.path.exists(done):
-            print(f"offline target features (taps {list(taps)}) of {data_dir} -> {out}", file=sys.stderr, flush=True)
-            write_features(work.target, data_dir, out, taps, batch_size=work.settings.regen_batch_size,
-                           store_dtype=FEATURE_DTYPE)
-            write_json(done, {"data_dir": data_dir, "taps": list(taps)})
+
+    def make(dest):
+        print(f"offline target features (taps {list(taps)}) of {data_dir} -> {out}", file=sys.stderr, flush=True)
+        write_features(work.target, data_dir, dest, taps, batch_size=work.settings.regen_batch_size,
+                       store_dtype=FEATURE_DTYPE)
+        write_json(os.path.join(dest, "complete.json"), {"data_dir": data_dir, "taps": list(taps),
+                                                         "finished": made_now()})
+
+    work_entry(work.log, "features", out, make, done="complete.json",
+               about=f"taps={','.join(map(str, taps))} {FEATURE_DTYPE} of {work.log.where(data_dir)}")
     return out
 
 
@@ -958,14 +1158,18 @@ def evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, rem
     ``remeasure``: measure again even when a cell.json exists (its drafter reused), and
     replace it: the quiet timing pass after cells were measured beside other work."""
     out = os.path.join(work.cell_dir(cell), "cell.json")
-    if os.path.exists(out) and not remeasure:
-        with open(out) as f:
-            return json.load(f)
-    with exclusive(os.path.join(work.cell_dir(cell), ".lock")):
-        if os.path.exists(out) and not remeasure:  # measured by another process while we waited
-            with open(out) as f:
-                return json.load(f)
-        return _evaluate_cell(work, cell, training, command, bar, out, measure)
+    made = {}
+
+    def make(dest):
+        made["record"] = _evaluate_cell(work, cell, training, command, bar, dest, measure)
+
+    about = _label(cell.label, list(cell.label)) + "; " + brief(
+        cell.evaluation, ("block_size", "temperature", "datasets", "max_samples", "max_new_tokens"))
+    work_entry(work.log, "cell", out, make, about=about, settings=out, fresh=work.log.fresh or remeasure)
+    if "record" in made:
+        return made["record"]
+    with open(out) as f:
+        return json.load(f)
 
 
 def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, out: str, measure=None) -> dict:
@@ -1466,11 +1670,17 @@ def recipe_files(settings: Settings, preset: str | None = None) -> dict[str, str
 
 def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | None = None,
                    work: str | None = None, overwrite: bool = False, command: str | None = None,
-                   remeasure: bool = False, **overrides) -> Table:
+                   remeasure: bool = False, fresh: bool = False, verbose: bool = False,
+                   log: WorkLog | None = None, **overrides) -> Table:
     """Runs (or resumes, or reuses) every cell of ``experiment`` under ``preset`` with
     ``overrides`` (any option, by field name) and writes the outputs to ``out`` (default
     :func:`default_out`). Returns the :class:`Table`. ``remeasure``: evaluate every cell again
-    (trained drafters are reused), e.g. on a quiet machine after training beside other work."""
+    (trained drafters are reused), e.g. on a quiet machine after training beside other work.
+    ``fresh``: recompute every entry of the run directory the cells need (data, features,
+    drafters, cells) instead of reusing finished ones, each written over the old one when done;
+    ``verbose``: name every entry reused, not only the first few of each kind (:class:`WorkLog`);
+    ``log``: a log shared with the caller (``experiments.paper all``; its ``fresh`` and
+    ``verbose`` hold)."""
     import jax
     import jax.numpy as jnp
 
@@ -1488,9 +1698,9 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     dtype = jnp.dtype(settings.dtype) if settings.dtype else (
         jnp.float32 if jax.devices()[0].platform == "cpu" else jnp.bfloat16)
     target = load_target(checkpoint_dir(settings.target), dtype=dtype)
-    wk = Work(work, settings, target)
-    print(f"{experiment.name}: {len(cells)} cells ({len({stable_hash(wk.drafter_key(c)) for c in cells})} drafters "
-          f"to train or reuse) under {wk.root}; results -> {out}", file=sys.stderr, flush=True)
+    own_log = log is None
+    wk = Work(work, settings, target, log if log is not None else WorkLog(work, fresh, verbose))
+    print(f"{experiment.name}: {_work_plan(wk, cells)}; results -> {out}", file=sys.stderr, flush=True)
     if preset in SMOKE_PRESETS:
         print(smoke_note(preset), file=sys.stderr, flush=True)
     records = []
@@ -1525,8 +1735,23 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     print(table.to_markdown())
     if preset in SMOKE_PRESETS:
         print(smoke_note(preset), file=sys.stderr)
+    if own_log and wk.log.summary():
+        print(wk.log.summary(), file=sys.stderr)
     print(f"wrote {out}/table.md, table.json, plot.png, README.md", file=sys.stderr)
     return table
+
+
+def _work_plan(wk: Work, cells: list[Cell]) -> str:
+    """The cells and drafters a run needs under its run directory, and how many are finished there."""
+    drafters = {wk.drafter_dir(c) for c in cells}
+    done_cells = sum(os.path.isfile(os.path.join(wk.cell_dir(c), "cell.json")) for c in cells)
+    done_drafters = sum(os.path.isfile(os.path.join(d, "train.json")) for d in drafters)
+    text = (f"{len(cells)} {_plural('cell', len(cells))}, {len(drafters)} {_plural('drafter', len(drafters))} "
+            f"under {wk.root}")
+    if done_cells or done_drafters:
+        text += (f"; finished there already: {done_cells} of the cells, {done_drafters} of the drafters, "
+                 + ("recomputed (--fresh)" if wk.log.fresh else "reused (each named as it is; --fresh recomputes)"))
+    return text
 
 
 SMOKE_NOTE = ("smoke run (--preset smoke): a few prompts and training steps, to show that every stage runs; "
@@ -1603,6 +1828,7 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
                         "reused): a quiet timing pass after cells were measured while other work ran")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an --out table of this experiment made with other settings")
+    add_reuse_options(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     presets = {name: preset_values(experiment, name) for name in PRESETS}
     hints = typing.get_type_hints(Settings) | typing.get_type_hints(TrainConfig)
@@ -1628,6 +1854,16 @@ def parser(experiment: Experiment) -> argparse.ArgumentParser:
     return p
 
 
+def add_reuse_options(p: argparse.ArgumentParser) -> None:
+    """``--fresh`` and ``--verbose``: the options of every command that keeps work under ``--work``."""
+    p.add_argument("--fresh", action="store_true",
+                   help="recompute everything this run needs under --work (data, features, drafters, cells, "
+                        "measurements) instead of reusing finished entries; each new entry replaces the old one "
+                        "when it is finished, and entries this run does not need are left alone")
+    p.add_argument("--verbose", action="store_true",
+                   help="name every entry reused from --work (default: the first few of each kind, then a count)")
+
+
 def _show(v) -> str:
     if isinstance(v, (list, tuple)):
         return " ".join(map(str, v)) or "-"
@@ -1646,7 +1882,8 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
         names = option_names(experiment)
         overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
         result["table"] = run_experiment(experiment, args.preset, out=args.out, work=args.work,
-                                         overwrite=args.overwrite, remeasure=args.remeasure,
+                                         overwrite=args.overwrite, remeasure=args.remeasure, fresh=args.fresh,
+                                         verbose=args.verbose,
                                          command=command_line(f"experiments.{experiment.name}", a),
                                          **overrides)
 

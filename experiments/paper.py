@@ -55,7 +55,7 @@ import numpy as np
 
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
-from dflash_jax.files import atomic_path, exclusive, write_json, write_text
+from dflash_jax.files import atomic_path, write_json, write_text
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, load_drafter,
                                        load_target)
 from dflash_jax.experiments import framework, paper_numbers as numbers
@@ -226,14 +226,16 @@ def recorded_options(opt: Options) -> dict:
 
 # ---------------------------------------------------------------------------- measurements
 class Session:
-    """The loaded pair(s) and the measurement cache of one invocation."""
+    """The loaded pair(s) and the measurement cache of one invocation; ``log`` says what is
+    reused from ``work`` (:class:`experiments.framework.WorkLog`; default: one of its own)."""
 
-    def __init__(self, opt: Options, work: str):
+    def __init__(self, opt: Options, work: str, log: framework.WorkLog | None = None):
         import jax
         import jax.numpy as jnp
 
 
         self.opt, self.work = opt, os.path.abspath(work)
+        self.log = log if log is not None else framework.WorkLog(self.work)
         dtype = jnp.dtype(opt.dtype) if opt.dtype else (jnp.float32 if jax.devices()[0].platform == "cpu"
                                                         else jnp.bfloat16)
         self.target = load_target(framework.checkpoint_dir(opt.target), dtype=dtype)
@@ -282,14 +284,21 @@ class Session:
         if run:
             key["run"] = run
         path = os.path.join(self.work, "paper", framework.stable_hash(key), "record.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)["record"]
-        with exclusive(os.path.join(os.path.dirname(path), ".lock")):  # another process measuring it: wait
-            if os.path.exists(path):
-                with open(path) as f:
-                    return json.load(f)["record"]
-            return self._measure(drafter, dataset, temperature, bs, key, path, bar, tree)
+        made = {}
+
+        def make(dest):
+            made["record"] = self._measure(drafter, dataset, temperature, bs, key, dest, bar, tree)
+
+        name = EAGLE3_KEY if drafter_dir == EAGLE3_KEY else framework.recorded_path(drafter_dir, "drafter")
+        shown = {"drafter": name, "dataset": dataset, "temperature": float(temperature), "block_size": bs,
+                 "tree": ":".join(map(str, tree)) if tree else None, "run": run or None}
+        about = framework.brief(shown, list(shown))
+        # a second process measuring the same waits for it and reuses it (framework.work_entry)
+        framework.work_entry(self.log, "measurement", path, make, about=about, settings=path)
+        if "record" in made:
+            return made["record"]
+        with open(path) as f:
+            return json.load(f)["record"]
 
     def _measure(self, drafter, dataset, temperature, bs, key, path, bar, tree=None) -> dict:
 
@@ -755,12 +764,18 @@ def _comparable(identity):
 
 def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str | None = None,
         ablations_out: str | None = None, overwrite: bool = False, command: str | None = None,
-        prompt_source: str | None = None, **overrides) -> dict:
+        prompt_source: str | None = None, fresh: bool = False, verbose: bool = False, **overrides) -> dict:
     """Makes one item (``table1``, ``acceptance``, ``block_size_curve``, ``training_curve``) or
     ``all``; returns {item: result} (and {ablation: Table} for ``all``). ``overrides``: any
-    :class:`Options` field; ``prompt_source``: the ablations' training prompts (their option)."""
+    :class:`Options` field; ``prompt_source``: the ablations' training prompts (their option).
+    ``fresh``: measure again (and for ``all`` train and measure the ablations again) instead of
+    reusing what ``work`` holds; ``verbose``: name every measurement reused
+    (:class:`experiments.framework.WorkLog`)."""
     if name not in ITEMS + ("all", "readme"):
         raise ValueError(f"unknown item {name!r}; choose from {', '.join(ITEMS + ('all', 'readme'))}")
+    if name == "readme" and fresh:
+        raise ValueError("readme writes the page from saved outputs and computes nothing: --fresh does not apply "
+                         "(rerun the items with --fresh, then readme)")
     opt = options(preset, **overrides)
     check(opt)
     out = out or default_out(preset)
@@ -788,7 +803,8 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
     t0 = time.perf_counter()
     if preset in framework.SMOKE_PRESETS:
         print(framework.smoke_note(preset), file=sys.stderr, flush=True)
-    session = Session(opt, work) if any(n != "training_curve" for n in names) else None
+    log = framework.WorkLog(work, fresh, verbose)  # one for the items and the ablations of `all`
+    session = Session(opt, work, log) if any(n != "training_curve" for n in names) else None
     results = {}
     for n in names:
         r = training_curve(session, opt) if n == "training_curve" else globals()[n](session)
@@ -803,11 +819,14 @@ def run(name: str, preset: str = "smoke", *, out: str | None = None, work: str |
             argv = ["--preset", preset, "--out", a_out, "--work", work] + [
                 x for k, v in a_over.items() for x in (framework.flag(k), str(v))]
             tables[a] = framework.run_experiment(exp, preset, out=a_out, work=work, overwrite=overwrite,
-                                                 command=command_line(f"experiments.{a}", argv), **a_over)
+                                                 command=command_line(f"experiments.{a}", argv), log=log,
+                                                 **a_over)
         write_text(os.path.join(out, "README.md"), readme(out, preset, opt, command, results, tables,
                                                           (time.perf_counter() - t0) / 60, ablations_out))
     write_json(os.path.join(out, INDEX), {"identity": _identity(preset, opt), "preset": preset, "command": command,
                                           "items": sorted(set(_done(out)) | set(names))})
+    if log.summary():
+        print(log.summary(), file=sys.stderr)
     return results | tables
 
 
@@ -940,6 +959,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ablations-out", help="all: write the ablations under this directory (default: each one's own "
                                            "default, $DFLASH_JAX_HOME/results/ablations/<name>[-<preset>])")
     p.add_argument("--overwrite", action="store_true", help="replace outputs made with other options")
+    framework.add_reuse_options(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--target", help="Hugging Face target directory (default: embedded, the target shipped in the "
                                     "package)")
@@ -979,7 +999,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         overrides = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
         result.update(run(args.item, args.preset, out=args.out, work=args.work, ablations_out=args.ablations_out,
                           overwrite=args.overwrite, command=command_line("experiments.paper", a),
-                          prompt_source=args.prompt_source, **overrides))
+                          prompt_source=args.prompt_source, fresh=args.fresh, verbose=args.verbose, **overrides))
 
     run_cli(go, argv)
     return result
