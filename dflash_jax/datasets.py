@@ -2,7 +2,7 @@
 default's training data (``embedded/corpus.py``) come from: jsonl / json records, where the
 local data directory is, which MBPP rows are its test split.
 
-It imports nothing of ``dflash_jax``.
+Of ``dflash_jax`` it imports only ``dflash_jax.files`` (standard library only).
 """
 
 from __future__ import annotations
@@ -11,20 +11,33 @@ import gzip
 import json
 import os
 
+from dflash_jax.files import HOME_ENV, home
+
 DATA_DIR_ENV = "DFLASH_DATA_DIR"
+DATASETS_DIR = "datasets"
+"""The data directory's name under the project's home (:func:`dflash_jax.files.home`)."""
 MBPP_TEST_IDS = range(11, 511)
 """The task ids of MBPP's test split (the rest of the full file is train / validation / few-shot)."""
 
 
-def default_data_dir() -> str | None:
-    """Where the *training* data (GSM8K train, MBPP) is looked for when no directory is given:
-    ``$DFLASH_DATA_DIR``, else ``../shared/datasets`` beside the repository checkout (resolved
-    from the package's location, not the working directory) when it exists, else None."""
+def default_data_dir() -> str:
+    """Where the recipes look for the training data that does not ship with the package (GSM8K
+    train; see ``embedded/corpus.py``) when no ``--data-dir`` is given: ``$DFLASH_DATA_DIR``,
+    else ``HOME/datasets`` with HOME the project's home (:func:`dflash_jax.files.home`:
+    ``$DFLASH_JAX_HOME``, default ``~/.cache/dflash-jax``). Read at each call, never relative to
+    the checkout or the working directory; the directory need not exist (what needs a file in it
+    says which one, where to get it and where to put it: :func:`describe_data_dir`)."""
+    return os.environ.get(DATA_DIR_ENV) or os.path.join(home(), DATASETS_DIR)
+
+
+def describe_data_dir(given: str | None) -> str:
+    """Where the data directory of a command came from, for messages: ``given`` (its
+    ``--data-dir``) or the default's source (:func:`default_data_dir`)."""
+    if given:
+        return "--data-dir"
     if os.environ.get(DATA_DIR_ENV):
-        return os.environ[DATA_DIR_ENV]
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cand = os.path.join(os.path.dirname(repo), "shared", "datasets")
-    return cand if os.path.isdir(cand) else None
+        return f"${DATA_DIR_ENV}"
+    return f"the default, {DATASETS_DIR}/ under ${HOME_ENV}"
 
 
 def read_records(path: str) -> list[dict]:

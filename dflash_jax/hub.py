@@ -122,6 +122,23 @@ def split_revision(name: str) -> tuple[str, str | None]:
     return repo, (revision if at else None)
 
 
+def checkpoint_name(path: str | os.PathLike, kind: str = "target") -> str:
+    """What a command's ``--target`` / ``--drafter`` takes for ``path``, a directory
+    :func:`resolve_checkpoint` gave (a run's record holds that): ``embedded`` for the shipped
+    model of ``kind``, ``org/name@commit`` for a snapshot in the hub cache, else ``path``."""
+    _check_kind(kind)
+    path = os.fspath(path)
+    full = os.path.abspath(path)
+    if full == os.path.abspath(KINDS[kind]):
+        return EMBEDDED
+    parts = os.path.relpath(full, os.path.abspath(hub_cache_dir())).split(os.sep)
+    if len(parts) == 3 and parts[0].startswith("models--") and parts[1] == "snapshots":
+        repo = parts[0][len("models--"):].replace("--", "/", 1)  # a repo id never holds "--"
+        if is_repo_id(repo):
+            return f"{repo}@{parts[2]}"
+    return path
+
+
 def resolve_checkpoint(name_or_path: str | os.PathLike, revision: str | None = None,
                        kind: str = "target", files: str = "checkpoint") -> Path:
     """The directory of a checkpoint named by ``name_or_path`` (see the module doc).

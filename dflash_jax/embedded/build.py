@@ -29,10 +29,13 @@ Nothing is lost by a default:
     --into-package is given (it implies --overwrite for that directory); --assets may not
     point into, or contain, the package's assets directory or the work directory.
 
-The training data (GSM8K train, MBPP sanitized) comes from --data-dir, $DFLASH_DATA_DIR or
-../shared/datasets beside the checkout, laid out as DIR/gsm8k/train.jsonl and
-DIR/mbpp/sanitized-mbpp.json. The model cards record the rebuild command without this
-machine's absolute paths (they become WORK, ASSETS, DATA_DIR).
+The training data comes from --data-dir, else $DFLASH_DATA_DIR, else datasets/ under the
+project's home ($DFLASH_JAX_HOME, default ~/.cache/dflash-jax): GSM8K train as
+DIR/gsm8k/train.jsonl (it does not ship; when it is missing, the build says where to download
+it and where to put it, before any stage runs), and MBPP sanitized as
+DIR/mbpp/sanitized-mbpp.json when the directory has it, else the package's copy. The model
+cards record the rebuild command without this machine's absolute paths (they become WORK,
+ASSETS, DATA_DIR).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from dflash_jax.embedded.pretrain import MODEL_PRESETS, model_config
 from dflash_jax.training.data import check_hold_out
 from dflash_jax.bench import harness
 from dflash_jax.embedded import cards, corpus
-from dflash_jax import datasets
+from dflash_jax.embedded.cli import DATA_DIR_HELP
 from dflash_jax.embedded.corpus import check_training_data
 
 EVAL_PROMPTS = 16  # held-out sequences the drafter trainer evaluates tau on
@@ -99,9 +102,7 @@ def add_arguments(p) -> None:
     p.add_argument("--into-package", action="store_true",
                    help="install into the package's shipped dflash_jax/assets, replacing the embedded "
                         "default (the only way to write there)")
-    p.add_argument("--data-dir", default=None,
-                   help="training data: DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json (default: "
-                        "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout)")
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--preset", default="cpu", choices=["cpu", "gpu", "tiny"], help="model size of the target")
     p.add_argument("--target-steps", type=int, default=1200, help="pretraining steps")
     p.add_argument("--num-prompts", type=int, default=4000,
@@ -247,10 +248,9 @@ def check_data(a) -> str | None:
     work = a.work
     need_corpus = not os.path.exists(os.path.join(work, CORPUS, "corpus.json"))
     need_prompts = not os.path.exists(os.path.join(work, PROMPTS))
-    data_dir = a.data_dir or datasets.default_data_dir()
     if not (need_corpus or need_prompts):
-        return os.path.abspath(data_dir) if data_dir else None
-    check_training_data(data_dir)
+        return None
+    data_dir = check_training_data(a.data_dir)  # --data-dir, else the default data directory
     if need_prompts:
         have = available_prompts(data_dir, a.num_prompts)
         if have < a.num_prompts:

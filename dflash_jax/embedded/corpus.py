@@ -4,8 +4,10 @@ Sources (nothing is downloaded):
   * the running interpreter's standard library (``.py`` files in sorted order, test suites
     and site-packages excluded, byte-identical files kept once) as plain documents, and its
     documented top-level functions as HumanEval-style instruction examples;
-  * GSM8K train (question -> step-by-step solution with ``\\boxed{}``) and MBPP tasks outside
-    the test split (task ids 11..510), read from ``--data-dir``.
+  * GSM8K train (question -> step-by-step solution with ``\\boxed{}``), read from the data
+    directory (``--data-dir``, else :func:`dflash_jax.datasets.default_data_dir`), and MBPP
+    tasks outside the test split (task ids 11..510), from the data directory when it holds
+    MBPP sanitized, else from the package's copy (the same file, shipped for the benchmark).
 The drafter's training prompts (:func:`training_prompts`) add synthetic competition math and
 chat requests written from templates (``synthetic``) and stdlib methods in the HumanEval format.
 Test splits stay held out; 2 % of documents (chosen by content hash) are the held-out set
@@ -27,7 +29,7 @@ import numpy as np
 from dflash_jax.progress import progress
 
 from dflash_jax.checkpoints import save_tokenizer
-from dflash_jax.datasets import MBPP_TEST_IDS, read_records
+from dflash_jax.datasets import DATA_DIR_ENV, MBPP_TEST_IDS, default_data_dir, describe_data_dir, read_records
 from dflash_jax.prompts import (CHAT_TEMPLATE, EOT, HUMANEVAL_FORMAT, MASK, MATH_SUFFIX, SPECIAL_TOKENS,
                                 gsm8k_solution, humaneval_prompt, math_prompt, render_chat)
 from dflash_jax.bench.prompt_sets import DATASETS, load_prompt_set, shipped_data_dir
@@ -106,48 +108,64 @@ def _function_example(node, lines: list[str], max_lines: int) -> tuple[str, str]
     return head, full
 
 
+GSM8K_TRAIN = "gsm8k/train.jsonl"
+MBPP_SANITIZED = "mbpp/sanitized-mbpp.json"
+TRAINING_FILES = {
+    GSM8K_TRAIN: ("GSM8K train", "grade_school_math/data/train.jsonl from https://github.com/openai/"
+                  "grade-school-math (or the hub's openai/gsm8k, config main, split train, saved as jsonl)"),
+    MBPP_SANITIZED: ("MBPP sanitized", "sanitized-mbpp.json from https://github.com/google-research/"
+                     "google-research/tree/master/mbpp (or the hub's google-research-datasets/mbpp, config "
+                     "sanitized, all splits as one JSON list)"),
+}
+"""The training files of the embedded recipe, by their place under the data directory: (name,
+what to download)."""
+SHIPPED_TRAINING_FILES = (MBPP_SANITIZED,)
+"""Those the package ships (with the benchmark's data): used when the data directory lacks them."""
+
+
+def training_file(data_dir: str | None, name: str) -> str | None:
+    """The file ``name`` (a key of :data:`TRAINING_FILES`) the recipe reads: ``data_dir/name``
+    when it exists, else the package's copy of a shipped one, else None."""
+    if data_dir is not None and os.path.exists(os.path.join(data_dir, name)):
+        return os.path.join(data_dir, name)
+    if name in SHIPPED_TRAINING_FILES:
+        return os.path.join(shipped_data_dir(), name)
+    return None
+
+
 def gsm8k_train(data_dir: str) -> list[tuple[str, str]]:
-    path = os.path.join(data_dir, "gsm8k", "train.jsonl")
+    path = training_file(data_dir, GSM8K_TRAIN) or os.path.join(data_dir, GSM8K_TRAIN)
     return [(math_prompt(r["question"]), gsm8k_solution(r["answer"])) for r in read_records(path)]
 
 
-def mbpp_train(data_dir: str) -> list[tuple[str, str]]:
-    path = os.path.join(data_dir, "mbpp", "sanitized-mbpp.json")
+def mbpp_train(data_dir: str | None) -> list[tuple[str, str]]:
+    path = training_file(data_dir, MBPP_SANITIZED)
     return [(r["prompt"], f"```python\n{r['code'].strip()}\n```") for r in read_records(path)
             if int(r["task_id"]) not in MBPP_TEST_IDS]
 
 
-TRAINING_FILES = {
-    "gsm8k/train.jsonl": "GSM8K train: https://github.com/openai/grade-school-math "
-                         "(grade_school_math/data/train.jsonl), or the hub's openai/gsm8k, config main, "
-                         "split train, saved as jsonl",
-    "mbpp/sanitized-mbpp.json": "MBPP sanitized: https://github.com/google-research/google-research/"
-                                "tree/master/mbpp (sanitized-mbpp.json), or the hub's "
-                                "google-research-datasets/mbpp, config sanitized, all splits as one JSON list",
-}
-
-
 def check_training_data(data_dir: str | None) -> str:
-    """The data directory the embedded build trains from, checked: it must hold the files of
-    :data:`TRAINING_FILES` (the benchmark's test splits, shipped in the package, are never
-    trained on). Raises FileNotFoundError saying what is missing and where to get it."""
-    if data_dir is None:
-        missing = list(TRAINING_FILES)
-        where = "no data directory was given (--data-dir), $DFLASH_DATA_DIR is unset and there is no ../shared/datasets beside the checkout"
-    else:
-        missing = [f for f in TRAINING_FILES if not os.path.exists(os.path.join(data_dir, f))]
-        where = ", ".join(f"{os.path.join(data_dir, f)} not found" for f in missing)
+    """The data directory the embedded recipe trains from: ``data_dir`` (``--data-dir``), else
+    :func:`dflash_jax.datasets.default_data_dir`, checked to hold the files of
+    :data:`TRAINING_FILES` that do not ship (the benchmark's test splits are never trained on).
+    Raises FileNotFoundError, in one line, naming each missing file's path, what to download
+    and where to put it."""
+    resolved = data_dir or default_data_dir()
+    missing = [f for f in TRAINING_FILES if training_file(resolved, f) is None]
     if missing:
+        paths = [os.path.join(resolved, f) for f in missing]
         raise FileNotFoundError(
-            f"{where}. The embedded build trains on {', '.join(missing)} from a data directory "
-            f"(--data-dir DIR or $DFLASH_DATA_DIR) laid out as DIR/{' and DIR/'.join(missing)}. "
-            "Get them from: " + "; ".join(TRAINING_FILES[f] for f in missing) + ".")
-    return data_dir
+            f"{' and '.join(paths)} not found: the embedded recipe trains on "
+            f"{' and '.join(TRAINING_FILES[f][0] for f in missing)}, which the package does not ship. "
+            + "; ".join(f"Download {TRAINING_FILES[f][1]} to {p}" for f, p in zip(missing, paths))
+            + f" (data directory: {describe_data_dir(data_dir)}), or give another data directory holding "
+            f"{' and '.join(missing)} with --data-dir DIR or ${DATA_DIR_ENV}")
+    return resolved
 
 
 def build_documents(data_dir: str, stdlib_root: str | None = None, instruct_repeats: int = 2) -> dict:
     """All documents as text, tagged by source. Instruction examples use the chat format."""
-    check_training_data(data_dir)
+    data_dir = check_training_data(data_dir)
     files = stdlib_files(stdlib_root)
     chat = lambda u, a: render_chat([{"role": "user", "content": u}, {"role": "assistant", "content": a}],
                                     add_generation_prompt=False)
@@ -187,6 +205,7 @@ def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: i
                  stdlib_root: str | None = None) -> dict:
     """Writes ``out_dir/tokenizer`` and ``out_dir/{train,heldout}.npy`` (uint16 [n, seq_len]
     packed token rows, documents joined by ``<|endoftext|>``) and ``corpus.json``."""
+    data_dir = check_training_data(data_dir)  # before anything is written
     os.makedirs(out_dir, exist_ok=True)
     docs = build_documents(data_dir, stdlib_root)
     train = [(k, t) for k in docs for t in docs[k] if not is_held_out(t)]
@@ -205,7 +224,7 @@ def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: i
         np.save(os.path.join(out_dir, f"{name}.npy"), rows)
         stats[name] = {"documents": len(part), "tokens": len(ids), "rows": n, "tokens_by_source": counts}
     # sources by content, not by this machine's paths
-    data_files = {f: _sha256(os.path.join(data_dir, f)) for f in TRAINING_FILES}
+    data_files = {f: _sha256(training_file(data_dir, f)) for f in TRAINING_FILES}
     meta = {"vocab_size": len(tok), "seq_len": seq_len, "data_files_sha256": data_files,
             "stdlib": "given directory" if stdlib_root else "the running Python's standard library",
             "python": ".".join(map(str, __import__("sys").version_info[:3])), **stats}
@@ -309,10 +328,10 @@ def training_prompt_pools(data_dir: str | None, styles=None, stdlib_root: str | 
     each in its benchmark's format; a prompt is kept once (by the first style in :data:`STYLES`
     order that has it) and never when it holds a benchmark test-split question
     (:func:`benchmark_overlaps`; one MBPP non-test task, 569, repeats test task 104's text).
-    ``data_dir`` is needed for gsm8k and mbpp only."""
+    ``data_dir`` is read for gsm8k (and mbpp, when it holds MBPP sanitized) only."""
     chosen = check_styles(styles)
-    if "gsm8k" in chosen or "mbpp" in chosen:
-        check_training_data(data_dir)
+    if "gsm8k" in chosen:
+        data_dir = check_training_data(data_dir)
     files = stdlib_files(stdlib_root) if "humaneval" in chosen or "mt-bench" in chosen else []
     make = {
         "gsm8k": lambda: [u for u, _ in gsm8k_train(data_dir)],
@@ -355,9 +374,9 @@ def training_prompts(data_dir: str | None, num: int, seed: int = 0, stdlib_root:
     all it has and the rest is shared among the others. Sampled without replacement and
     shuffled with ``seed``; min(num, available) prompts, all distinct. No test split is used.
 
-    What each style can give (Python 3.11's standard library, the GSM8K and MBPP files of
-    ``../shared/datasets``): gsm8k 7473, math500 20000 (:data:`SYNTHETIC_SIZE`), humaneval about
-    3800 (1075 functions, the rest methods), mbpp 169, mt-bench 20000 + 3 per documented stdlib
+    What each style can give (Python 3.11's standard library, GSM8K train and the MBPP
+    sanitized file the package ships): gsm8k 7473, math500 20000 (:data:`SYNTHETIC_SIZE`),
+    humaneval about 3800 (1075 functions, the rest methods), mbpp 169, mt-bench 20000 + 3 per documented stdlib
     module (about 21200): about 52600 in all. ``num=40000`` takes all of gsm8k, humaneval and
     mbpp and about 14300 each of math500 and mt-bench."""
     pools = training_prompt_pools(data_dir, styles, stdlib_root)

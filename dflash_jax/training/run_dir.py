@@ -125,3 +125,35 @@ def held_out_curve(rows: list[dict], window: int = 50) -> list[dict]:
             out.append({"step": r["step"], "tau": float(r["eval_tau"]),
                         "loss": float(sum(recent) / len(recent)) if recent else None})
     return out
+
+
+def metric_rows(run_dir: str) -> list[dict]:
+    """The rows of ``run_dir/metrics.jsonl`` (none when it does not exist yet), up to a line cut
+    by a kill."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    return rows
+
+
+def run_length(run_dir: str) -> int | None:
+    """The steps a run is to train (its run.json's ``train.steps``), None when it has no run.json."""
+    try:
+        with open(os.path.join(run_dir, RUN_FILE)) as f:
+            return int(json.load(f)["train"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_complete(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a run whose newest checkpoint is its last step."""
+    steps, saved = run_length(run_dir), saved_steps(run_dir)
+    return steps is not None and bool(saved) and saved[-1] >= steps

@@ -39,7 +39,8 @@ from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
 from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
                                          checkpoint_manager, reading_manager, restore_latest, saved_steps)
-from dflash_jax.models.handles import EMBEDDED_TARGET_DIR, save_drafter
+from dflash_jax.hub import checkpoint_name
+from dflash_jax.models.handles import save_drafter
 from dflash_jax.decoding.generation import generate
 
 
@@ -348,9 +349,8 @@ class Trainer:
     def complete_message(self, step: int) -> str:
         """The line a run that has done all its steps prints when it is run again."""
         run, export = self._shown_paths(step)
-        target = self.target.path or "TARGET_DIR"
-        if os.path.abspath(target) == os.path.abspath(EMBEDDED_TARGET_DIR):
-            target = "embedded"  # what --target takes for the shipped model
+        # as --target takes it: 'embedded' for the shipped model, a hub snapshot by its repo id
+        target = checkpoint_name(self.target.path) if self.target.path else "TARGET_DIR"
         return (f"run {run} is complete at step {step} of {self.num_steps} (checkpoint "
                 f"{os.path.join(run, CHECKPOINTS, str(step))}); nothing to train. Export it with "
                 f"`python -m dflash_jax export --run {run} --out {export}` and evaluate it with "
@@ -506,13 +506,15 @@ def _latest(run_dir: str, method, record: dict) -> tuple[Any, Any, int]:
     return dcfg, restored["params"], step
 
 
-def export_run(run_dir: str, out_dir: str, dtype=None) -> None:
+def export_run(run_dir: str, out_dir: str, dtype=None) -> dict:
     """Writes a run's newest drafter in its method's released layout (loadable by
-    ``load_drafter``, with whatever else the method's layout holds)."""
+    ``load_drafter``, with whatever else the method's layout holds). Returns what was exported:
+    ``{"method": its registry name, "label", "step": the checkpoint's, "target": the run's
+    target directory as run.json records it}``."""
     method, record = run_method(run_dir)
-    dcfg, params, _ = _latest(run_dir, method, record)
+    dcfg, params, step = _latest(run_dir, method, record)
     if dtype is not None:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    if jax.process_index() != 0:  # across hosts, process 0 writes the export
-        return
-    save_drafter(method.from_run(run_dir, record, dcfg, params), out_dir)
+    if jax.process_index() == 0:  # across hosts, process 0 writes the export
+        save_drafter(method.from_run(run_dir, record, dcfg, params), out_dir)
+    return {"method": method.name, "label": method.label, "step": int(step), "target": record.get("target")}

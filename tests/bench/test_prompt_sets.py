@@ -145,9 +145,11 @@ def test_shipped_files_match_their_recorded_checksums_and_licences():
 
 def test_defaults_do_not_depend_on_the_working_directory(tmp_path, monkeypatch):
     """The shipped sets are found from any directory; a data directory given as an override is
-    used instead, and the training-data default is resolved from the checkout, not the cwd."""
+    used instead, and the training-data default is the project's home's datasets/, not the cwd."""
     monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path / "home"))
     before = default_data_dir()
+    assert before == str(tmp_path / "home" / "datasets")
     monkeypatch.chdir(tmp_path)
     assert locate_prompt_set("gsm8k") == os.path.join(shipped_data_dir(), "gsm8k", "test.jsonl")
     assert default_data_dir() == before

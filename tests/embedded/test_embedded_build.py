@@ -326,17 +326,46 @@ def test_bad_settings_are_refused_before_any_stage_runs(tmp_path, sources, fake_
     assert stages.calls == [] and not (tmp_path / "work").exists()
 
 
-def test_training_data_commands_say_where_to_get_the_data(tmp_path, monkeypatch, capsys):
+GSM8K_DOWNLOAD = ("github.com/openai/grade-school-math", "grade_school_math/data/train.jsonl",
+                  "openai/gsm8k, config main, split train")
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model or tokenizer load in this process fails the test (the data check comes first)."""
+    from dflash_jax.embedded.cli import embedded_prompts
+    from dflash_jax.models import handles
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the training data was checked")
+
+    monkeypatch.setattr(handles, "load_target", loaded)
+    monkeypatch.setattr(embedded_prompts, "drop_long", loaded)  # embedded-prompts' tokenizer
+
+
+def test_training_data_commands_say_where_to_get_the_data(tmp_path, monkeypatch, capsys, no_model_loads):
+    """A missing GSM8K train is one line naming the file, what to download and the path to put
+    it at (under --data-dir, $DFLASH_DATA_DIR or the default), before anything is loaded or
+    written; MBPP ships with the package and is never asked for."""
     from dflash_jax.__main__ import main
 
-    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
-    for cmd in (["build-corpus", "--out", str(tmp_path / "c")], ["embedded-prompts", "--out", str(tmp_path / "p")]):
-        with pytest.raises(SystemExit) as e:
-            main(cmd + ["--data-dir", str(tmp_path / "none")])
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
-        assert "mbpp/sanitized-mbpp.json" in err and "google-research" in err
-    assert not (tmp_path / "c").exists() and not (tmp_path / "p").exists()
+    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path / "home"))
+    for env, given, where in ((None, "none", tmp_path / "none"), ("env", None, tmp_path / "env"),
+                              (None, None, tmp_path / "home" / "datasets")):
+        if env:
+            monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / env))
+        else:
+            monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+        for cmd in (["build-corpus", "--out", str(tmp_path / "c")],
+                    ["embedded-prompts", "--out", str(tmp_path / "p"), "--max-prompt-tokens", "10"]):
+            with pytest.raises(SystemExit) as e:
+                main(cmd + (["--data-dir", str(tmp_path / given)] if given else []))
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+            path = str(where / "gsm8k" / "train.jsonl")
+            assert err.startswith(f"error: {path} not found") and f"to {path} " in err, err
+            assert all(x in err for x in GSM8K_DOWNLOAD) and "mbpp" not in err.lower(), err
+    assert os.listdir(tmp_path) == []  # nothing written
 
 
 
@@ -465,9 +494,9 @@ def test_the_recorded_rebuild_command_is_portable(tmp_path):
     assert cmd == ("`python -m dflash_jax build-embedded --work WORK --assets ASSETS --into-package "
                    "--data-dir DATA_DIR --taps 0 2 --drafter-steps 300 "
                    "--bench-args '--datasets gsm8k --data-dir PATH'`")
-    a = p.parse_args(["--work", "runs/e", "--data-dir", "../shared/datasets"])  # relative: as given
+    a = p.parse_args(["--work", "runs/e", "--data-dir", "../datasets"])  # relative: as given
     assert build.portable_command(a, p) == ("`python -m dflash_jax build-embedded --work runs/e "
-                                            "--data-dir ../shared/datasets`")
+                                            "--data-dir ../datasets`")
     assert build.portable_command(p.parse_args([]), p) == "`python -m dflash_jax build-embedded`"
 
 
@@ -481,22 +510,68 @@ def test_shipped_cards_record_no_machine_paths():
         assert not re.search(r"(^|[\s`'\"(=])/(root|home|work|tmp|usr|opt|mnt|srv|Users)\b", text), name
 
 
-def test_build_embedded_without_any_data_dir_says_what_to_get(tmp_path, monkeypatch, capsys):
+def test_build_embedded_without_any_data_says_what_to_get(tmp_path, monkeypatch, capsys, fake_stages,
+                                                         no_model_loads):
+    """A user's clone with nothing placed: the build stops before any stage (the stages load and
+    compile the models) with one line naming the missing file, the download and its destination
+    under the project's home."""
     from dflash_jax.__main__ import main
-    from dflash_jax import datasets
 
     monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
-    monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
+    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path / "home"))
+    stages = fake_stages()
     with pytest.raises(SystemExit) as e:
         main(["build-embedded", "--work", str(tmp_path / "w")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
-    for needed in ("no data directory was given", "DIR/gsm8k/train.jsonl", "DIR/mbpp/sanitized-mbpp.json",
-                   "github.com/openai/grade-school-math", "grade_school_math/data/train.jsonl",
-                   "openai/gsm8k, config main, split train", "google-research/google-research",
-                   "google-research-datasets/mbpp, config sanitized"):
+    destination = str(tmp_path / "home" / "datasets" / "gsm8k" / "train.jsonl")
+    for needed in (f"{destination} not found", f"to {destination} ", "$DFLASH_JAX_HOME", "--data-dir DIR",
+                   "$DFLASH_DATA_DIR", *GSM8K_DOWNLOAD):
         assert needed in err, needed
-    assert not (tmp_path / "w").exists()
+    assert stages.calls == [] and not (tmp_path / "w").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_default_data_directory_is_under_the_project_home(tmp_path, sources, fake_stages, monkeypatch):
+    """$DFLASH_DATA_DIR unset: the recipes read HOME/datasets ($DFLASH_JAX_HOME), nothing beside
+    the checkout; MBPP sanitized, absent there, is the package's copy."""
+    import shutil
+
+    from dflash_jax import datasets
+    from dflash_jax.bench.prompt_sets import shipped_data_dir
+    from dflash_jax.embedded import build
+    from dflash_jax.embedded.cli import training_prompts
+
+    lib, data = sources
+    monkeypatch.delenv("DFLASH_DATA_DIR", raising=False)
+    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path / "home"))
+    home_data = str(tmp_path / "home" / "datasets")
+    shutil.copytree(os.path.join(data, "gsm8k"), os.path.join(home_data, "gsm8k"))
+    assert datasets.default_data_dir() == home_data == corpus.check_training_data(None)
+    assert corpus.training_file(home_data, corpus.GSM8K_TRAIN) == os.path.join(home_data, "gsm8k", "train.jsonl")
+    assert corpus.training_file(home_data, corpus.MBPP_SANITIZED) == \
+        os.path.join(shipped_data_dir(), "mbpp", "sanitized-mbpp.json")
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "elsewhere"))  # the variable comes first
+    assert datasets.default_data_dir() == str(tmp_path / "elsewhere")
+    monkeypatch.delenv("DFLASH_DATA_DIR")
+    # embedded-prompts draws GSM8K's questions from there
+    rows = training_prompts(["--out", str(tmp_path / "p.jsonl"), "--num", "5", "--styles", "gsm8k"])
+    assert len(rows) == 5 and all("apples" in r for r in rows)
+    # build-embedded checks it and hands it to its stages
+    real = corpus.stdlib_files
+    monkeypatch.setattr(corpus, "stdlib_files", lambda root=None: real(root or lib))
+    monkeypatch.setattr(corpus, "SYNTHETIC_SIZE", 10)
+    stages, given = fake_stages(), {}
+
+    def run(args, cwd):
+        given[args[0]] = args
+        if args[0] == "train-data":  # the stages that read the data have run
+            raise KeyboardInterrupt
+        stages(args, cwd)
+
+    monkeypatch.setattr(build, "_run", run)
+    with pytest.raises(KeyboardInterrupt):
+        build.main(["--work", str(tmp_path / "w"), *FAST_ARGS])
+    assert given["build-corpus"][-2:] == given["embedded-prompts"][-2:] == ["--data-dir", home_data]
 
 
 def test_the_held_out_split_check_is_the_trainers(tmp_path):

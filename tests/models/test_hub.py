@@ -155,6 +155,22 @@ def test_a_revision_picks_its_snapshot(offline):
         hub.resolve_checkpoint(f"{TARGET_REPO}@")
 
 
+def test_a_resolved_directory_is_named_as_the_commands_take_it(offline, tmp_path):
+    """checkpoint_name, the way back from resolve_checkpoint (export's bench command names the
+    run's target so): a snapshot is its repo id at its commit, the shipped model 'embedded', any
+    other directory its path; each resolves to the same directory again."""
+    for name in (TARGET_REPO, f"{TARGET_REPO}@v2", "embedded", str(tmp_path)):
+        path = hub.resolve_checkpoint(name)
+        shown = hub.checkpoint_name(path)
+        assert hub.resolve_checkpoint(shown) == path, (name, shown)
+    assert hub.checkpoint_name(_snapshot(offline, TARGET_REPO, COMMIT_B)) == f"{TARGET_REPO}@{COMMIT_B}"
+    assert hub.checkpoint_name(dj.EMBEDDED_TARGET_DIR) == "embedded"
+    assert hub.checkpoint_name(dj.EMBEDDED_DRAFTER_DIR, kind="drafter") == "embedded"
+    assert hub.checkpoint_name(dj.EMBEDDED_DRAFTER_DIR) == dj.EMBEDDED_DRAFTER_DIR  # not the target
+    inside = _snapshot(offline, TARGET_REPO, COMMIT_A) / "sub"
+    assert hub.checkpoint_name(inside) == str(inside)
+
+
 def test_only_what_a_checkpoint_needs_is_fetched(offline):
     """The download patterns take configs, tokenizer files and safetensors of real repos'
     listings, and nothing else; a cached snapshot that lacks the skipped files resolves offline

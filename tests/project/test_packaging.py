@@ -227,3 +227,31 @@ def test_shipped_cards_record_no_machine_paths():
                 text = open(os.path.join(d, f)).read()
                 found += [(f, m) for m in re.findall(r"(?<![\w.:])/(?:work|root|home|tmp|Users|opt)/\S*", text)]
     assert not found, found
+
+
+DEVELOPER_DATA = re.compile(r"\.\./shared\b|\bshared/datasets\b|[\"']shared[\"'],\s*[\"']datasets[\"']")
+
+
+def developer_data_references(text: str) -> list[str]:
+    """The places in ``text`` that point at the developers' data directory beside the checkout."""
+    return DEVELOPER_DATA.findall(text)
+
+
+def test_the_installed_code_names_no_developer_data_directory():
+    """A clone holds no ``../shared/datasets``: no installed module looks there or tells the user
+    to (the data the recipes need is under --data-dir, $DFLASH_DATA_DIR or the project's home)."""
+    found = {}
+    for folder in PACKAGES.values():
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    hits = developer_data_references(open(path, encoding="utf-8").read())
+                    if hits:
+                        found[os.path.relpath(path, ROOT)] = hits
+    assert not found, found
+    # negative controls: what the library said before is caught
+    assert developer_data_references('"$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout"')
+    assert developer_data_references("os.path.join(repo, 'shared/datasets')")
+    assert developer_data_references('os.path.join(os.path.dirname(repo), "shared", "datasets")')
+    assert not developer_data_references("shared experts, shared_run, $DFLASH_JAX_HOME/datasets")

@@ -350,9 +350,13 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
         DFlashTrainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))
 
 
-def test_train_data_renders_prompts_without_thinking(tmp_path):
+def test_train_data_renders_prompts_without_thinking(tmp_path, capsys):
     """train-data's prompts (text and chat) end in a Qwen3-style template's non-thinking
-    assistant prefix, or with --thinking in the bare assistant header; metadata records it."""
+    assistant prefix, or with --thinking in the bare assistant header; metadata records it. The
+    command ends with what it wrote and a train command that train's parser takes as printed."""
+    import shlex
+
+    from support.doc_commands import parse
     from support.tiny_models import QWEN3_ASSISTANT, QWEN3_LIKE_TEMPLATE, QWEN3_NO_THINK, save_chat_target
     from transformers import AutoTokenizer
 
@@ -373,6 +377,20 @@ def test_train_data_renders_prompts_without_thinking(tmp_path):
         end = QWEN3_ASSISTANT if thinking else QWEN3_NO_THINK
         assert all(t.endswith(end) and t.endswith(QWEN3_NO_THINK) != thinking for t in texts), texts
         assert json.loads((out / "metadata.json").read_text())["settings"]["enable_thinking"] is thinking
+        closing = capsys.readouterr().out.splitlines()
+        i = next(i for i, line in enumerate(closing) if line.startswith(f"wrote {out}: "))
+        responses = int(ds.loss_mask.sum())
+        assert closing[i].startswith(f"wrote {out}: 2 sequences, {responses} response tokens ("), closing[i]
+        assert closing[i].endswith(f"in 1 shard (shard-*.npz, up to 256 sequences of 96 tokens each) and "
+                                   f"{out / 'metadata.json'}"), closing[i]
+        assert closing[i + 1].startswith("next: train a drafter on it")
+        train_cmd = closing[i + 2].strip()
+        assert train_cmd == shlex.join(["python", "-m", "dflash_jax", "train", "--target", target_dir, "--data",
+                                        str(out), "--run", f"{out}-run", "--target-dtype", "float32"])
+        args = parse("dflash_jax", shlex.split(train_cmd)[3:])
+        assert (args.target, args.data, args.run, args.target_dtype) == (target_dir, str(out), f"{out}-run", "float32")
+        mask = tok.mask_token_id is not None
+        assert ("add --mask-token-id" in "\n".join(closing[i + 3:])) != mask
 
 
 def test_gamma_must_be_positive_and_uniform_weights_are_explicit(pair, regenerated, tmp_path, capsys):
@@ -552,6 +570,45 @@ def _tree_snapshot(root):
     return out
 
 
+def test_train_ends_with_the_checkpoint_the_held_out_tau_and_the_next_commands(tmp_path, monkeypatch):
+    """train's closing lines from what the run directory holds: the newest checkpoint (and
+    whether the run is finished), the last held-out tau with its step or why none was measured,
+    and the export / bench commands for that checkpoint with the paths as the user gave them."""
+    import argparse
+
+    from dflash_jax.training.cli.train import closing_lines
+
+    monkeypatch.chdir(tmp_path)
+    for step in (40, 80):
+        (tmp_path / "r" / "checkpoints" / str(step)).mkdir(parents=True)
+    (tmp_path / "r" / "run.json").write_text(json.dumps({"train": {"steps": 100}}))
+    rows = [{"step": 40, "loss": 2.0, "eval_tau": 1.5}, {"step": 80, "loss": 1.0, "eval_tau": 2.3456},
+            {"step": 81, "loss": 1.0}]
+    (tmp_path / "r" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 8')
+    args = argparse.Namespace(run="r/", target="Qwen/Qwen3-8B", eval_prompts=8)
+    assert closing_lines(args, TrainConfig(eval_every=40))[1:] == [
+        "last checkpoint: r/checkpoints/80 (step 80 of 100; the same command continues the run)",
+        "held-out tau: 2.35 at step 80 (metrics.jsonl, eval_tau)",
+        "next: export the drafter, then benchmark it against the target alone:",
+        "  python -m dflash_jax export --run r --out r-step80",
+        "  python -m dflash_jax bench --target Qwen/Qwen3-8B --drafter r-step80"]
+    # no held-out tau in the metrics: each reason
+    (tmp_path / "r" / "metrics.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    for eval_prompts, every, why in ((0, 40, "--eval-prompts N --eval-every K"), (8, 0, "--eval-every N measures"),
+                                     (8, 1000, "multiples of --eval-every 1000; none yet")):
+        args.eval_prompts = eval_prompts
+        line = closing_lines(args, TrainConfig(eval_every=every))[2]
+        assert line.startswith("held-out tau: no held-out evaluation ran (") and why in line, line
+    # a path with a space is quoted so that the commands run as printed
+    (tmp_path / "r" / "checkpoints" / "100").mkdir()
+    args.run = "my runs/r"
+    os.makedirs("my runs")
+    os.rename("r", "my runs/r")
+    lines = closing_lines(args, TrainConfig())
+    assert lines[1] == "last checkpoint: my runs/r/checkpoints/100 (step 100 of 100)"
+    assert lines[-2] == "  python -m dflash_jax export --run 'my runs/r' --out 'my runs/r-step100'"
+
+
 def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, regenerated, tmp_path,
                                                                    monkeypatch, capsys):
     """`train` on a run that has done all its steps prints one line (step, checkpoint, how to
@@ -560,6 +617,8 @@ def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, reg
     a changed drafter shape, or a run without a checkpoint, is told to use a new directory."""
     import re
     import shlex
+
+    from support.doc_commands import parse
 
     from dflash_jax.__main__ import main
 
@@ -571,7 +630,17 @@ def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, reg
         main(cmd + ["--checkpoint-every", "2", *extra])
 
     train("run", 3)
-    capsys.readouterr()
+    # it ends with what the run holds and the commands that come next, with the paths as given
+    closing = capsys.readouterr().out.splitlines()[-6:]
+    target_dir = str(data_dir / "target")
+    assert closing[0].startswith("run directory: run (run.json") and "metrics.jsonl" in closing[0], closing
+    assert closing[1:3] == ["last checkpoint: run/checkpoints/3 (step 3 of 3)",
+                            "held-out tau: no held-out evaluation ran (--eval-prompts N --eval-every K hold out "
+                            "N sequences and measure tau on their prompts every K steps)"], closing
+    assert closing[3].startswith("next: export the drafter, then benchmark it")
+    export_cmd, bench_cmd = closing[4:]
+    assert export_cmd == "  python -m dflash_jax export --run run --out run-step3"
+    assert bench_cmd == f"  python -m dflash_jax bench --target {shlex.quote(target_dir)} --drafter run-step3"
     before = _tree_snapshot(tmp_path / "run")
     assert {"run.json", "metrics.jsonl"} <= set(before) and any(k.startswith("checkpoints/3/") for k in before)
 
@@ -592,12 +661,24 @@ def test_finished_run_says_so_and_extending_it_points_to_init_from(data_dir, reg
     commands = re.findall(r"`python -m dflash_jax ([^`]*)`", err)
     assert commands == ["export --run run --out run-step3", "train --init-from run-step3 --run NEW_RUN_DIR ..."], err
     assert _tree_snapshot(tmp_path / "run") == before
-    # ... and they work: the export, then a new run from it (--init-from's config replaces the shape options)
-    main(shlex.split(commands[0]))
+    # ... and they work: the export (the one train printed), then a new run from it (--init-from's
+    # config replaces the shape options)
+    assert export_cmd.strip() == f"python -m dflash_jax {commands[0]}"
+    main(shlex.split(export_cmd)[3:])
+    exported = capsys.readouterr().out.splitlines()
+    assert exported[0] == ("wrote run-step3: the DFlash drafter of run run at step 3 (architecture "
+                           "DFlashDraftModel: 1 layer, block size 4, weights in float32)"), exported
+    assert exported[1].startswith("files: config.json (") and "model.safetensors (" in exported[1], exported
+    assert exported[2:] == ["next: benchmark it against the target alone:", bench_cmd], exported
+    bench = parse("dflash_jax", shlex.split(bench_cmd)[3:])  # the options bench has, as printed
+    assert (bench.target, bench.drafter) == (target_dir, "run-step3")
+    dj.load_drafter(bench.drafter, dj.load_target(bench.target))  # what bench --drafter loads
     cont = shlex.split(commands[1].replace("NEW_RUN_DIR ...", "cont"))
     main(cont + ["--target", str(data_dir / "target"), "--data", regenerated, "--mask-token-id", "31",
                  "--steps", "5", "--batch-size", "4", "--num-anchors", "8", "--stop-after", "0"])
-    capsys.readouterr()
+    closing = capsys.readouterr().out.splitlines()[-3:]
+    assert closing[0].startswith("run directory: cont (")  # stopped before any checkpoint: nothing to export
+    assert closing[1].startswith("last checkpoint: none yet") and "export" not in "\n".join(closing), closing
     record = json.loads((tmp_path / "cont" / "run.json").read_text())
     assert record["init_from"] == str(tmp_path / "run-step3") and record["train"]["steps"] == 5
     _, params, _ = latest_params("run")

@@ -11,14 +11,16 @@ and ``run(args)``, see ``dflash_jax/cli.py``):
 
 from __future__ import annotations
 
-from dflash_jax import datasets
+DATA_DIR_HELP = ("training data: DIR/gsm8k/train.jsonl (GSM8K train, not shipped) and optionally "
+                 "DIR/mbpp/sanitized-mbpp.json (else the package's copy); default $DFLASH_DATA_DIR, else "
+                 "datasets/ under $DFLASH_JAX_HOME (~/.cache/dflash-jax/datasets)")
+"""The help of ``--data-dir`` in the embedded recipe's commands (``build-embedded`` too)."""
 
 
 def add_data_dir_argument(p) -> None:
-    """``--data-dir``: where the training data is read (build-corpus, embedded-prompts)."""
-    p.add_argument("--data-dir", default=datasets.default_data_dir(),
-                   help="training data (DIR/gsm8k/train.jsonl, DIR/mbpp/sanitized-mbpp.json); default "
-                        "$DFLASH_DATA_DIR, else ../shared/datasets beside the checkout")
+    """``--data-dir``: where the training data is read (build-corpus, embedded-prompts); unset,
+    :func:`dflash_jax.datasets.default_data_dir` when the command runs."""
+    p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
 
 
 def training_prompts(argv=None):

@@ -19,12 +19,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> dict:
 
-    check_training_data(args.data_dir)
+    data_dir = check_training_data(args.data_dir)
     if not 1024 <= args.vocab_size <= 65535:
         raise ValueError("--vocab-size must be within 1024..65535 (tokens are stored as uint16)")
     if args.seq_len < 2:
         raise ValueError(f"--seq-len must be >= 2 (a row predicts its next tokens), got {args.seq_len}")
-    meta = build_corpus(args.out, args.data_dir, args.vocab_size, args.seq_len)
+    meta = build_corpus(args.out, data_dir, args.vocab_size, args.seq_len)
     print(json.dumps({k: meta[k] for k in ("vocab_size", "train", "heldout")}, indent=2))
     return meta
 

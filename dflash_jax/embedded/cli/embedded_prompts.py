@@ -62,7 +62,7 @@ def run(args) -> list[str]:
     styles, weights = parse_styles(args.styles), parse_weights(args.weights)
     check_styles(styles, weights)
     data_dir = args.data_dir
-    if styles is None or {"gsm8k", "mbpp"} & set(styles):  # the styles read from the data directory
+    if styles is None or "gsm8k" in styles:  # the style that needs a file from the data directory
         data_dir = check_training_data(args.data_dir)
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")

@@ -4,12 +4,17 @@ directory written by train-data (optax AdamW, Orbax checkpoints; a run directory
 that exists is resumed). The training settings are the fields of
 TrainConfig (dflash_jax/training/trainer.py), one option each. --mesh data=D,model=M trains on
 D*M devices (batch rows over data, the target tensor-parallel over model, --fsdp to split the
-drafter and its optimizer state over data too); a run resumes on any mesh."""
+drafter and its optimizer state over data too); a run resumes on any mesh.
+
+It ends with what the run holds: the run directory, its last checkpoint, the last held-out tau,
+and the commands that export the drafter and benchmark it."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import shlex
 import sys
 
 from dflash_jax import methods
@@ -17,6 +22,8 @@ from dflash_jax.cli import (add_dataclass_arguments, add_deprecated_alias, comma
                             flag, run_cli)
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments
+from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, held_out_curve, is_complete, metric_rows,
+                                         run_length, saved_steps)
 from dflash_jax.training.trainer import TrainConfig
 
 
@@ -83,10 +90,52 @@ def check_method_options(args) -> None:
                          f"{'it' if len(given) == 1 else 'them'} with --method {args.method}{hint}")
 
 
+def closing_lines(args, cfg: TrainConfig) -> list[str]:
+    """What ``train`` prints when it has trained: the run directory, its last checkpoint (path,
+    step), the last held-out tau (``metrics.jsonl``'s ``eval_tau``, or why there is none), and
+    the ``export`` and ``bench`` commands for that checkpoint, with this run's paths as the user
+    gave them (the export directory is the one the trainer's own messages suggest)."""
+    run = args.run.rstrip("/\\") or args.run
+    steps, saved = run_length(args.run), saved_steps(args.run)
+    lines = [f"run directory: {run} (run.json: settings, {CHECKPOINTS}/, {METRICS_FILE}: one line per step)"]
+    if saved:
+        step = saved[-1]
+        done = steps is None or step >= steps
+        lines.append(f"last checkpoint: {os.path.join(run, CHECKPOINTS, str(step))} (step {step}"
+                     + (f" of {steps}" if steps is not None else "")
+                     + (")" if done else "; the same command continues the run)"))
+    else:
+        lines.append("last checkpoint: none yet (one is saved every --checkpoint-every steps and at the end; "
+                     "the same command starts the run again)")
+    held = held_out_curve(metric_rows(args.run))
+    if held:
+        lines.append(f"held-out tau: {held[-1]['tau']:.2f} at step {held[-1]['step']} ({METRICS_FILE}, eval_tau)")
+    elif not args.eval_prompts:
+        lines.append("held-out tau: no held-out evaluation ran (--eval-prompts N --eval-every K hold out N "
+                     "sequences and measure tau on their prompts every K steps)")
+    elif not cfg.eval_every:
+        lines.append("held-out tau: no held-out evaluation ran (--eval-every N measures it every N steps)")
+    else:
+        lines.append(f"held-out tau: no held-out evaluation ran (it runs at the steps that are multiples of "
+                     f"--eval-every {cfg.eval_every}; none yet)")
+    if saved:
+        export = f"{run}-step{saved[-1]}"
+        lines += ["next: export the drafter, then benchmark it against the target alone:",
+                  "  " + shlex.join(["python", "-m", "dflash_jax", "export", "--run", run, "--out", export]),
+                  "  " + shlex.join(["python", "-m", "dflash_jax", "bench", "--target", args.target,
+                                     "--drafter", export])]
+    return lines
+
+
 def run(args) -> None:
     check_method_options(args)
     cfg = dataclass_from_args(TrainConfig, args)  # the settings are checked before anything is loaded
+    finished_before = is_complete(args.run)  # then the trainer's own line says it all
     training_modules()[args.method].train_from_args(args, cfg)
+    import jax
+
+    if not finished_before and jax.process_index() == 0:
+        print("\n".join(closing_lines(args, cfg)), flush=True)
 
 
 def main(argv=None):

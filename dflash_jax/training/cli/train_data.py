@@ -1,7 +1,11 @@
-"""Regenerate responses to prompts with the target: token shards for training a drafter."""
+"""Regenerate responses to prompts with the target: token shards for training a drafter. It
+ends with what it wrote (the directory, sequences, tokens, shards) and the train command that
+reads it."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 
 from dflash_jax.cli import command_main, run_cli
@@ -44,8 +48,36 @@ def run(args) -> dict:
                       batch_size=args.batch_size, shard_size=args.shard_size, temperature=args.temperature,
                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, source=",".join(args.prompts),
                       enable_thinking=args.thinking)
-    print(f"{meta['sequences']} sequences, {meta['response_tokens']} response tokens in {args.out}")
+    print("\n".join(closing_lines(args, meta, has_mask_token=_mask_token(target) is not None)), flush=True)
     return meta
+
+
+def _mask_token(target) -> int | None:
+    tok = target.tokenizer
+    return getattr(tok, "mask_token_id", None) if tok is not None else None
+
+
+def closing_lines(args, meta: dict, has_mask_token: bool = True) -> list[str]:
+    """What ``train-data`` prints when it has written ``args.out`` (``meta``: its metadata.json):
+    the directory, the sequences and tokens, the shards, and the ``train`` command that reads it
+    (this target and compute dtype; a run directory beside the data; ``--mask-token-id`` named
+    when the target's tokenizer has no mask token, which train then needs)."""
+    out = args.out.rstrip("/\\") or args.out
+    shards = meta["num_shards"]
+    train = ["python", "-m", "dflash_jax", "train", "--target", args.target, "--data", out, "--run", f"{out}-run"]
+    if args.dtype:
+        train += ["--target-dtype", args.dtype]
+    lines = [f"wrote {out}: {meta['sequences']:,} sequences, {meta['response_tokens']:,} response tokens "
+             f"({meta['stopped']:,} responses ended at a stop token) in {shards} shard{'s' if shards != 1 else ''} "
+             f"(shard-*.npz, up to {args.shard_size} sequences of {args.max_len} tokens each) and "
+             f"{os.path.join(out, 'metadata.json')}",
+             "next: train a drafter on it (train --help: the drafter's size, the steps, a held-out evaluation "
+             "with --eval-prompts and --eval-every):",
+             "  " + shlex.join(train)]
+    if not has_mask_token:
+        lines.append("  (the target's tokenizer has no mask token: add --mask-token-id ID, a row of its "
+                     "embedding that is not pad or eos)")
+    return lines
 
 
 def main(argv=None):
