@@ -23,6 +23,7 @@ from dflash_jax.files import atomic_path, check_settings, write_json
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
+START_EVAL_FILE = "start_eval.json"  # the held-out tau of the weights a run started --init-from
 
 
 NEW_RUN_REMEDY = "resume with the same settings or use a new run directory"
@@ -125,6 +126,16 @@ def held_out_curve(rows: list[dict], window: int = 50) -> list[dict]:
             out.append({"step": r["step"], "tau": float(r["eval_tau"]),
                         "loss": float(sum(recent) / len(recent)) if recent else None})
     return out
+
+
+def start_tau(run_dir: str) -> float | None:
+    """The held-out tau a run measured on its starting weights (``--init-from``, before its first
+    step; :data:`START_EVAL_FILE`), or None."""
+    path = os.path.join(run_dir, START_EVAL_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return float(json.load(f)["eval_tau"])
 
 
 def metric_rows(run_dir: str) -> list[dict]:

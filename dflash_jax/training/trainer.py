@@ -37,7 +37,8 @@ from dflash_jax.training import sharding
 from dflash_jax.training.blocks import check_anchor_strategy, check_gamma
 from dflash_jax.training.data import TokenDataset
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
-from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, check_run_file,
+from dflash_jax.files import write_json
+from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, NEW_RUN_REMEDY, RUN_FILE, START_EVAL_FILE, check_run_file,
                                          checkpoint_manager, reading_manager, restore_latest, saved_steps)
 from dflash_jax.hub import checkpoint_name
 from dflash_jax.models.handles import save_drafter
@@ -451,6 +452,19 @@ class Trainer:
                      drafter=self.drafter(params), **self.eval_options())
         return r.tau
 
+    def _evaluate_start(self, state) -> None:
+        """A run that starts from a drafter (``--init-from``) with held-out evaluation measures
+        that drafter's held-out tau before its first step, once (:data:`START_EVAL_FILE`), so
+        that its curve says what the training changed."""
+        path = os.path.join(self.run_dir, START_EVAL_FILE)
+        if (self.init_from is None or not (self.eval_prompts and self.cfg.eval_every)
+                or int(state["step"]) != 0 or os.path.exists(path)):
+            return
+        tau = self.evaluate_tau(state["params"])
+        if jax.process_index() == 0:
+            write_json(path, {"eval_tau": tau, "step": 0})
+            print(f"held-out tau of the starting drafter (--init-from): {tau:.2f}", flush=True)
+
     def run(self, stop_after: int | None = None) -> dict:
         """Trains until the run's length (``num_steps``; or ``stop_after`` more steps); returns
         the final state (:func:`~dflash_jax.training.loop.run_loop`).
@@ -469,8 +483,10 @@ class Trainer:
                 return {"eval_tau": self.evaluate_tau(state["params"])}
             return {}
 
+        state = self.restore_or_init()
+        self._evaluate_start(state)
         return run_loop(
-            self.restore_or_init(), lambda state, *inputs: self._step_fn(state, self.target.params, *inputs),
+            state, lambda state, *inputs: self._step_fn(state, self.target.params, *inputs),
             self.step_inputs, self.manager, os.path.join(self.run_dir, METRICS_FILE),
             num_steps=self.num_steps, checkpoint_every=self.cfg.checkpoint_every,
             tokens_per_step=self.cfg.batch_size * self.data.seq_len, row_metrics=self.row_metrics,

@@ -342,9 +342,15 @@ def test_tiny_end_to_end_training_raises_tau(pair, regenerated, tmp_path):
     assert r.sequences == dj.generate(target, held, 32).sequences
     assert r.tau == pytest.approx(trained)
     # continued training starts from the exported weights; a different config is refused
-    cont = DFlashTrainer(target, dcfg, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"))
+    cont = DFlashTrainer(target, dcfg, data, str(tmp_path / "cont"), cfg, init_from=str(tmp_path / "export"),
+                         eval_prompts=held)
     for x, y in zip(jax.tree.leaves(cont.init_state()["params"]), jax.tree.leaves(state["params"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # ... and, with held-out prompts, first measures its starting drafter's tau (once)
+    from dflash_jax.training.run_dir import start_tau
+
+    cont.run(stop_after=0)
+    assert start_tau(str(tmp_path / "cont")) == pytest.approx(trained)
     other = dj.DrafterConfig.for_target(CFG, 1, 4, 31)
     with pytest.raises(ValueError, match="another config"):
         DFlashTrainer(target, other, data, str(tmp_path / "cont2"), cfg, init_from=str(tmp_path / "export"))
@@ -592,6 +598,10 @@ def test_train_ends_with_the_checkpoint_the_held_out_tau_and_the_next_commands(t
         "next: export the drafter, then benchmark it against the target alone:",
         "  python -m dflash_jax export --run r --out r-step80",
         "  python -m dflash_jax bench --target Qwen/Qwen3-8B --drafter r-step80"]
+    # a run started --init-from measured its starting drafter too: both ends of the curve
+    (tmp_path / "r" / "start_eval.json").write_text(json.dumps({"eval_tau": 2.014, "step": 0}))
+    assert closing_lines(args, TrainConfig(eval_every=40))[2] == (
+        "held-out tau: 2.01 at the start (the --init-from drafter) -> 2.35 at step 80 (metrics.jsonl, eval_tau)")
     # no held-out tau in the metrics: each reason
     (tmp_path / "r" / "metrics.jsonl").write_text(json.dumps(rows[2]) + "\n")
     for eval_prompts, every, why in ((0, 40, "--eval-prompts N --eval-every K"), (8, 0, "--eval-every N measures"),

@@ -22,7 +22,7 @@ from dflash_jax.cli import (add_dataclass_arguments, add_deprecated_alias, comma
                             flag, run_cli)
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments
-from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, held_out_curve, is_complete, metric_rows,
+from dflash_jax.training.run_dir import (CHECKPOINTS, METRICS_FILE, held_out_curve, is_complete, metric_rows, start_tau,
                                          run_length, saved_steps)
 from dflash_jax.training.trainer import TrainConfig
 
@@ -107,9 +107,10 @@ def closing_lines(args, cfg: TrainConfig) -> list[str]:
     else:
         lines.append("last checkpoint: none yet (one is saved every --checkpoint-every steps and at the end; "
                      "the same command starts the run again)")
-    held = held_out_curve(metric_rows(args.run))
+    held, start = held_out_curve(metric_rows(args.run)), start_tau(args.run)
     if held:
-        lines.append(f"held-out tau: {held[-1]['tau']:.2f} at step {held[-1]['step']} ({METRICS_FILE}, eval_tau)")
+        lines.append("held-out tau: " + (f"{start:.2f} at the start (the --init-from drafter) -> " if start else "")
+                     + f"{held[-1]['tau']:.2f} at step {held[-1]['step']} ({METRICS_FILE}, eval_tau)")
     elif not args.eval_prompts:
         lines.append("held-out tau: no held-out evaluation ran (--eval-prompts N --eval-every K hold out N "
                      "sequences and measure tau on their prompts every K steps)")
