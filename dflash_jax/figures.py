@@ -85,11 +85,15 @@ def _numbers(x) -> bool:
     return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(v, (int, float)) for v in x)
 
 
+_BEFORE = ("load_average_before", "load_average_start")
+
+
 def _befores(record) -> list[float]:
-    """The 1-minute loads recorded before measurements (``load_average_before``), at any depth."""
+    """The 1-minute loads recorded before measurements (``load_average_before``, or
+    ``load_average_start``), at any depth."""
     if isinstance(record, Mapping):
-        own = [v[0] for k, v in record.items() if k == "load_average_before" and _numbers(v)]
-        return own + [x for k, v in record.items() if k != "load_average_before" for x in _befores(v)]
+        own = [v[0] for k, v in record.items() if k in _BEFORE and _numbers(v)]
+        return own + [x for k, v in record.items() if k not in _BEFORE for x in _befores(v)]
     if isinstance(record, list):
         return [x for v in record for x in _befores(v)]
     return []
@@ -97,7 +101,8 @@ def _befores(record) -> list[float]:
 
 def load_before(report: Mapping) -> float | None:
     """The 1-minute load the report's measurements began at, as far as it recorded one: the
-    lowest ``load_average_before`` at any depth (each later one includes the run before it);
+    lowest ``load_average_before`` (or ``_start``) at any depth (each later one includes the run
+    before it);
     else ``load_average["before"]`` (the tree and budget ablations); else the lowest load as
     a cell began (an experiments table's rows: ``[before, after]`` pairs); else a top-level
     ``load_average`` recorded beside a ``load_average_after``. None where there is none."""
@@ -153,38 +158,71 @@ def _renderer(fig):
     return get()
 
 
-def _fit(text, room: float, renderer, vertical: bool = False) -> None:
+def _fit(text, room: float, renderer, vertical: bool = False) -> bool:
     """Wraps ``text`` (a title or label) at word boundaries until it spans at most ``room``
-    pixels (its height for a ``vertical`` label), or as narrow as a word allows."""
+    pixels (its height for a ``vertical`` label); where one word is wider than that, shrinks
+    its font (to 6 points at least). Returns whether it changed anything."""
     s = text.get_text()
-    if not s or room <= 0:
-        return
+    if not s or room <= 0 or not text.get_visible():
+        return False
+    changed = False
     for _ in range(6):
         box = text.get_window_extent(renderer)
         span = box.height if vertical else box.width
         if span <= room:
-            return
+            return changed
         longest = max(len(line) for line in s.split("\n"))
         width = max(8, int(longest * room / span * 0.95))
-        if width >= longest:
-            return
-        s = "\n".join(textwrap.fill(line, width, break_long_words=False) or line for line in s.split("\n"))
-        text.set_text(s)
+        wrapped = "\n".join(textwrap.fill(line, width, break_long_words=False) or line for line in s.split("\n"))
+        if wrapped == s:  # a word longer than the room: a smaller font
+            size = text.get_fontsize()
+            if size <= 6:
+                return changed
+            text.set_fontsize(max(6.0, size * room / span))
+        else:
+            s = wrapped
+            text.set_text(s)
+        changed = True
+    return changed
 
 
-def _cell(ax, fig) -> tuple[float, float] | None:
-    """The width and height (pixels) of the grid cell an axes was made in, its share of the
-    figure by the grid's ratios: the room for its title and labels, decorations included."""
+def _fit_texts(fig) -> bool:
+    """One pass of :func:`_fit` over the suptitle (the figure's width) and every axes' titles
+    and x label (centred on the axes as laid out, each may span twice its distance to the
+    nearer side of the axes' grid cell: the layout leaves a title's width to its axes) and y
+    label (likewise, vertically). Returns whether anything changed."""
+    renderer = _renderer(fig)
+    changed = False
+    if fig._suptitle is not None:
+        changed |= _fit(fig._suptitle, 0.96 * fig.bbox.width, renderer)
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        box = ax.get_window_extent(renderer)
+        x0, x1, y0, y1 = _cell(ax, fig)
+        cx, cy = (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2
+        across = 2 * min(cx - x0, x1 - cx) - 4
+        for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label):
+            changed |= _fit(t, across, renderer)
+        changed |= _fit(ax.yaxis.label, 2 * min(cy - y0, y1 - cy) - 4, renderer, vertical=True)
+    return changed
+
+
+def _cell(ax, fig) -> tuple[float, float, float, float]:
+    """The pixels (x0, x1, y0, y1) of the grid cell an axes was made in, its share of the
+    figure by the grid's ratios (the whole figure for an axes outside any grid): the room for
+    its title and labels."""
     spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+    w, h = fig.bbox.width, fig.bbox.height
     if spec is None:
-        return None
+        return 0.0, w, 0.0, h
     grid = spec.get_gridspec()
     nrows, ncols = grid.get_geometry()
-    wr = np.asarray(grid.get_width_ratios() or [1] * ncols, float)
-    hr = np.asarray(grid.get_height_ratios() or [1] * nrows, float)
-    w = wr[spec.colspan.start:spec.colspan.stop].sum() / wr.sum()
-    h = hr[spec.rowspan.start:spec.rowspan.stop].sum() / hr.sum()
-    return w * fig.bbox.width, h * fig.bbox.height
+    wr = np.cumsum([0.0] + list(grid.get_width_ratios() or [1] * ncols))
+    hr = np.cumsum([0.0] + list(grid.get_height_ratios() or [1] * nrows))
+    x0, x1 = wr[spec.colspan.start] / wr[-1] * w, wr[spec.colspan.stop] / wr[-1] * w
+    top, bottom = hr[spec.rowspan.start] / hr[-1], hr[spec.rowspan.stop] / hr[-1]  # rows count from the top
+    return x0, x1, (1 - bottom) * h, (1 - top) * h
 
 
 def _bars(fig) -> list:
@@ -203,23 +241,32 @@ def legend_covers_bars(legend, renderer, bars) -> bool:
 
 def _clear_legends(fig) -> None:
     """Moves each axes legend that covers a bar: to ``loc="best"``, then, where that still
-    covers one, beside its axes (the layout makes room)."""
+    covers one, beside its axes (the layout makes room). A move changes the layout (an axes
+    beside a moved legend narrows), so every legend is checked again until none covers a bar."""
     bars = _bars(fig)
     if not bars:
         return
-    for ax in fig.axes:
-        leg = ax.get_legend()
-        if leg is None:
-            continue
+    stage = {}  # legend -> 1 at "best", 2 beside its axes
+    for _ in range(4):
         renderer = _renderer(fig)
-        if not legend_covers_bars(leg, renderer, bars):
-            continue
-        leg.set_loc("best")
+        covering = [ax for ax in fig.axes if ax.get_legend() is not None and stage.get(ax.get_legend(), 0) < 2
+                    and legend_covers_bars(ax.get_legend(), renderer, bars)]
+        if not covering:
+            return
+        for ax in covering:
+            leg = ax.get_legend()
+            if stage.get(leg, 0) == 0:
+                leg.set_loc("best")
+                stage[leg] = 1
+                continue
+            # beside the axes, in one column: the same entries, drawn anew
+            texts = leg.get_texts()
+            title = leg.get_title().get_text()
+            beside = ax.legend(leg.legend_handles, [t.get_text() for t in texts], loc="upper left",
+                               bbox_to_anchor=(1.02, 1.0), ncols=1, frameon=leg.get_frame_on(),
+                               fontsize=texts[0].get_fontsize() if texts else None, title=title or None)
+            stage[beside] = 2
         fig.draw_without_rendering()
-        if legend_covers_bars(leg, _renderer(fig), bars):
-            leg.set_bbox_to_anchor((1.02, 1.0), transform=ax.transAxes)
-            leg.set_loc("upper left")
-            fig.draw_without_rendering()
 
 
 def finish(fig, notes: Iterable[str | None] = ()):
@@ -240,17 +287,10 @@ def finish(fig, notes: Iterable[str | None] = ()):
         # rebuild: those figures take the tight layout
         bars = any(getattr(ax, "_colorbar", None) is not None for ax in fig.axes)
         fig.set_layout_engine("tight" if bars else "constrained")
-    renderer = _renderer(fig)
-    if fig._suptitle is not None:
-        _fit(fig._suptitle, 0.96 * fig.bbox.width, renderer)
-    for ax in fig.axes:
-        cell = _cell(ax, fig)
-        if cell is None:
-            continue
-        width, height = cell
-        for t in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label):
-            _fit(t, 0.95 * width, renderer)
-        _fit(ax.yaxis.label, 0.9 * height, renderer, vertical=True)
-    fig.draw_without_rendering()
+    fig.draw_without_rendering()  # the layout, then what it cannot do: legends off bars, long titles
     _clear_legends(fig)
+    for _ in range(3):
+        if not _fit_texts(fig):
+            break
+        fig.draw_without_rendering()
     return fig

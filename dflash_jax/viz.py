@@ -253,7 +253,10 @@ def plot_against_paper(table: Mapping, keys: Sequence[str] = ("tau", "speedup"))
             ours.axhline(1.0, color="0.5", lw=0.8, ls="--")
         for s in (list(rows[0]["datasets"]) if rows else []):
             ours.plot(x, [r["datasets"][s][key] for r in rows], "o", ms=4, label=s, color=_set_color(s))
-        ours.set_xticks(x, [_label_text(r["label"]) for r in rows])
+        names = [_label_text(r["label"]) for r in rows]
+        # long labels side by side run into each other (about 11 characters fit per row of 6)
+        slant = {"rotation": 20, "ha": "right"} if len(rows) * max(map(len, names), default=0) > 66 else {}
+        ours.set_xticks(x, names, **slant)
         # the highest finite value shown (a row may have no interval: too few responses)
         shown = np.array(list(ci[:, 1]) + list(avg) + [r["datasets"][s][key] for r in rows for s in r["datasets"]],
                          float)

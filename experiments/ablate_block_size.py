@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_jax import figures, metrics
 from dflash_jax.verification.adaptive import ADAPTIVE, block_size_arg
 from dflash_jax.experiments import framework, paper_numbers as paper
 from dflash_jax.reporting import new_figure
@@ -51,14 +52,20 @@ def plot(table):
         ax.set_yticks(range(len(trains)), trains)
         ax.set_xlabel("inference block size")
         ax.set_ylabel("training block size")
+        shown = 0  # cells with their interval written under the value
         for i in range(len(trains)):
             for j in range(len(evals)):
                 r = next(r for r in table.rows if r["label"] == {"train_block_size": trains[i], "eval_block_size": evals[j]})
-                lo, hi = r["average"][key + "_ci"]
-                ax.text(j, i, f"{m[i, j]:.2f}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center", fontsize=8,
+                text = metrics.interval_text(m[i, j], r["average"][key + "_ci"]).replace(" [", "\n[")
+                shown += "[" in text
+                ax.text(j, i, text, ha="center", va="center", fontsize=8,
                         bbox=dict(boxstyle="round", facecolor="white", alpha=0.7, lw=0))
         fig.colorbar(im, ax=ax)
-        ax.set_title(f"{name} ({table.preset} preset, 95% CI)")
+        counts = [c for c in map(framework.responses_of, table.rows) if c is not None]
+        says = (f"[{figures.INTERVAL}]" if shown == len(table.rows) else
+                f"[{figures.INTERVAL}] where n >= {metrics.MIN_DISTINCT_SAMPLES}" if shown else
+                figures.interval_label(None, min(counts) if counts else None))
+        ax.set_title(f"{name} ({table.preset} preset, {says})")
     return fig
 
 

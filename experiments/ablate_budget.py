@@ -52,7 +52,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import figures, metrics
 from dflash_jax.bench import harness
 from dflash_jax.decoding.tree_args import tree_spec as parse_tree_spec
 from dflash_jax.methods.eagle3.named import EMBEDDED_EAGLE3, RANDOM, load_eagle3_drafter
@@ -337,7 +337,8 @@ STYLE = {"EAGLE-3 chain": ("C3", "o-"), "EAGLE-3 tree": ("C1", "s--"), "DFlash c
 
 def plot(table: dict):
     """tau and decode speedup against the draft's measured ms per iteration: one line per
-    method family through its budgets (labelled), 95 % intervals as error bars."""
+    method family through its budgets (labelled), 95 % intervals as error bars where they exist
+    (the legend says which); a smoke run and a busy machine marked (``figures.report_notes``)."""
     fig, axes = new_figure(1, 2, figsize=(13, 4.8))
     rows = table["rows"]
     for ax, key, title in ((axes[0], "tau", "tau (mean acceptance length)"),
@@ -349,9 +350,10 @@ def plot(table: dict):
             color, fmt = STYLE[fam]
             xs = np.array([r["draft_ms"] for r in rs])
             ys = np.array([r["average"][key] for r in rs])
-            ci = np.array([r["average"][key + "_ci"] for r in rs], float)
-            err = np.where(np.isfinite(ci), np.abs(ci - ys[:, None]), 0).T
-            ax.errorbar(xs, ys, yerr=err, fmt=fmt, color=color, capsize=3, label=fam)
+            err = figures.interval_errors(ys, [r["average"][key + "_ci"] for r in rs])
+            fewest = min((r["responses"] for r in rs if r.get("responses") is not None), default=None)
+            ax.errorbar(xs, ys, yerr=err, fmt=fmt, color=color, capsize=3,
+                        label=f"{fam} ({figures.interval_label(err, fewest)})")
             for r, x, y in zip(rs, xs, ys):
                 ax.annotate(budget_label(r["label"]), (x, y), textcoords="offset points", xytext=(4, 4),
                             fontsize=7, color=color)
@@ -363,7 +365,7 @@ def plot(table: dict):
     env = table["environment"]
     fig.suptitle(f"{NAME}: drafting budget vs draft cost, EAGLE-3 ({table['settings']['eagle3']}) and DFlash "
                  f"({env.get('cpu_model') or env.get('device', '?')})")
-    return fig
+    return figures.finish(fig, figures.report_notes(table))
 
 
 def findings(table: dict) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_jax import figures
 from dflash_jax.experiments import framework, paper_numbers as paper
 from dflash_jax.reporting import new_figure
 
@@ -26,15 +27,16 @@ def plot(table):
     rows = table.rows
     x = [r["label"]["layers"] for r in rows]
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 4))
+    counts = [c for c in map(framework.responses_of, rows) if c is not None]
     for ax, key, name in ((ax1, "tau", "tau"), (ax2, "speedup", "speedup, decode (x)")):
         v = np.array([r["average"][key] for r in rows])
-        ci = np.array([r["average"][key + "_ci"] for r in rows], float).reshape(len(rows), 2)
-        ax.errorbar(x, v, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T, marker="o", capsize=4,
-                    label=f"here ({table.preset} preset, 95% CI)")
+        err = figures.interval_errors(v, [r["average"][key + "_ci"] for r in rows])
+        ax.errorbar(x, v, yerr=err, marker="o", capsize=4,
+                    label=f"here ({table.preset} preset, {figures.interval_label(err, min(counts) if counts else None)})")
         ax.set_xlabel("drafter layers")
         ax.set_ylabel(name)
         ax.set_xticks(x)
-    ax1.set_title(f"tau vs depth ({table.environment['device']})")
+    ax1.set_title(f"tau vs depth ({table.preset} preset on {table.environment['device']})")
     draft = [r["draft_ms"] for r in rows]
     if all(d is not None for d in draft):
         twin = ax2.twinx()

@@ -41,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dflash_jax import metrics
+from dflash_jax import figures, metrics
 from dflash_jax.bench import harness
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
 from dflash_jax.cli import run_cli
@@ -288,7 +288,8 @@ def _order(nodes) -> int:
 
 def plot(table: dict):
     """tau and decode speedup against the verify policy (chain, then node budgets), one line
-    per block size with its 95 % intervals; each prompt set a small marker."""
+    per block size with its 95 % intervals where they exist; each prompt set a small marker; a
+    smoke run and a busy machine marked (``figures.report_notes``)."""
     fig, axes = new_figure(1, 2, figsize=(12, 4.4))
     rows = table["rows"]
     policies = sorted({r["label"]["nodes"] for r in rows}, key=_order)
@@ -299,9 +300,10 @@ def plot(table: dict):
             rs = sorted((r for r in rows if r["label"]["block_size"] == bs), key=lambda r: _order(r["label"]["nodes"]))
             xs = np.array([x[r["label"]["nodes"]] for r in rs]) + 0.08 * (j - 0.5)
             ys = np.array([r["average"][key] for r in rs])
-            ci = np.array([r["average"][key + "_ci"] for r in rs], float)
-            err = np.where(np.isfinite(ci), np.abs(ci - ys[:, None]), 0).T
-            ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, color=f"C{j}", label=f"block {bs}, average, 95% CI")
+            err = figures.interval_errors(ys, [r["average"][key + "_ci"] for r in rs])
+            fewest = min((r["responses"] for r in rs if r.get("responses") is not None), default=None)
+            ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, color=f"C{j}",
+                        label=f"block {bs}, average, {figures.interval_label(err, fewest)}")
             for name in table["settings"]["datasets"]:
                 ax.plot(xs, [r["datasets"][name][key] for r in rs], ".", color=f"C{j}", alpha=0.35)
         if key == "speedup":
@@ -312,7 +314,7 @@ def plot(table: dict):
         ax.legend(fontsize=7)
     fig.suptitle(f"{NAME}: the embedded pair's shipped drafter, top-{table['settings']['tree_topk']} trees "
                  f"({table['environment'].get('device', '?')})")
-    return fig
+    return figures.finish(fig, figures.report_notes(table))
 
 
 def findings(table: dict) -> list[str]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_jax import figures
 from dflash_jax.experiments import framework, paper_numbers as paper
 from dflash_jax.reporting import new_figure
 
@@ -77,10 +78,9 @@ def plot(table):
     for i, t in enumerate(temps):
         sel = {r["label"]["method"]: r for r in rows if r["label"]["temperature"] == t}
         v = np.array([sel[n]["average"]["tau"] if n in sel else np.nan for n in names])
-        ci = np.array([sel[n]["average"].get("tau_ci", [np.nan, np.nan]) if n in sel else [np.nan, np.nan]
-                       for n in names], float).reshape(len(names), 2)
-        err = np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T
-        label = f"T = {t:g}" + (" (95% CI)" if np.isfinite(ci).any() else " (no interval)")
+        err = figures.interval_errors(v, [sel[n]["average"].get("tau_ci") if n in sel else None for n in names])
+        counts = [c for c in (framework.responses_of(r) for r in sel.values()) if c is not None]
+        label = f"T = {t:g} ({figures.interval_label(err, min(counts) if counts else None)})"
         ax1.bar(np.arange(len(names)) + i * width, v, width, yerr=err, capsize=3, label=label)
         for n in names:
             if n in sel:

@@ -1253,7 +1253,11 @@ class Table:
         return "\n".join(lines)
 
     def plot(self):
-        return self.experiment.plot(self)
+        """The experiment's figure, laid out and marked as a smoke run or measured on a busy
+        machine where it was (:func:`dflash_jax.figures.finish`)."""
+        from dflash_jax import figures
+
+        return figures.finish(self.experiment.plot(self), figures.report_notes(self.to_json()))
 
 
 def _label(label: dict, keys) -> str:
@@ -1532,7 +1536,9 @@ def plot_curves(table: "Table"):
     ax.set_ylabel("held-out tau")
     ax.set_title(f"{table.experiment.name}: held-out tau during training ({table.preset} preset)")
     ax.legend(fontsize=8)
-    return fig
+    from dflash_jax import figures
+
+    return figures.finish(fig, [figures.smoke_note(table.preset)] if table.preset in SMOKE_PRESETS else [])
 
 
 def _paper_markdown(experiment: Experiment) -> str:

@@ -55,13 +55,15 @@ import numpy as np
 
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set
-from dflash_jax.files import atomic_path, write_json, write_text
+from dflash_jax.files import write_json, write_text
 from dflash_jax.models.handles import (EMBEDDED_DRAFTER_DIR, load_drafter,
                                        load_target)
 from dflash_jax.experiments import framework, paper_numbers as numbers
 from dflash_jax.bench.harness import average
 from dflash_jax.progress import progress
-from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure, portable_path
+from dflash_jax import figures
+from dflash_jax.reporting import (command_line, cpu_model, environment, load_average, new_figure, portable_path,
+                                  save_figure)
 from dflash_jax.cli import run_cli
 from dflash_jax.decoding import engine
 from dflash_jax.bench import harness
@@ -407,7 +409,7 @@ def table1(s: Session) -> dict:
         out["eagle3"] = e3
     if o.repeats > 1:
         md += "\n\n" + runs_markdown(s, res, e3)
-    return out | {"markdown": md, "findings": finding, "figure": _table1_figure(res, s, e3)}
+    return out | {"markdown": md, "findings": finding}  # the figure: table1_figure, from the JSON
 
 
 def eagle3_columns(s: Session) -> dict:
@@ -530,23 +532,33 @@ def _name(d: str, s: Session) -> str:
         os.path.normpath(d))
 
 
-def _table1_figure(res: dict, s: Session, e3: dict | None = None):
+def _drafter_label(recorded: str) -> str:
+    """A table1 column's drafter as the figure names it (``results`` keys are recorded paths)."""
+    return "embedded drafter" if recorded == framework.EMBEDDED else os.path.basename(os.path.normpath(recorded))
 
-    o = s.opt
-    fig, axes = new_figure(1, 2, figsize=(13, 4))
-    names = list(o.datasets) + ["average"]
-    series = [(d, t) for d in s.drafter_dirs for t in o.temperatures] + [(c, 0.0) for c in (e3 or {})]
+
+def table1_figure(record: dict):
+    """table1.png from table1.json (``record``): speedup and tau per prompt set and on average,
+    for every drafter and temperature (and EAGLE-3's columns where they ran) beside the paper's
+    T = 0 row; 95 % intervals where they exist, the titles saying which
+    (:func:`dflash_jax.figures.interval_label`)."""
+    o, res, e3 = record["options"], record["results"], record.get("eagle3") or {}
+    names = list(o["datasets"]) + ["average"]
+    temps = [f"{t:g}" for t in o["temperatures"]]
+    series = [(f"{_drafter_label(d)}, T={t}", res[d][t]) for d in res for t in temps if t in res[d]]
+    series += [(f"EAGLE-3 {c}, T=0", col) for c, col in e3.items()]
+    fewest = min((col["datasets"][n].get("responses", col["datasets"][n].get("turns")) for _, col in series
+                  for n in o["datasets"]), default=None)
+    fig, axes = new_figure(1, 2, figsize=(13, 4.8), layout="constrained")
     width = 0.8 / (len(series) + 1)
     for ax, key in zip(axes, ("speedup", "tau")):
         x = np.arange(len(names))
-        for i, (d, t) in enumerate(series):
-            col = e3[d] if e3 and d in e3 else res[d][f"{t:g}"]
-            rows = [col["average" if n == "average" else "datasets"] for n in names]
-            rows = [r if n == "average" else r[n] for r, n in zip(rows, names)]
-            v = np.array([r[key] for r in rows])
-            ci = np.array([r[key + "_ci"] for r in rows], float)
-            ax.bar(x + (i - len(series) / 2) * width, v, width, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T,
-                   capsize=2, label=f"EAGLE-3 {d}, T=0" if e3 and d in e3 else f"{_name(d, s)}, T={t:g}")
+        errors = []
+        for i, (label, col) in enumerate(series):
+            rows = [col["average"] if n == "average" else col["datasets"][n] for n in names]
+            v = np.array([r[key] for r in rows], float)
+            errors.append(figures.interval_errors(v, [r[key + "_ci"] for r in rows]))
+            ax.bar(x + (i - len(series) / 2) * width, v, width, yerr=errors[-1], capsize=2, label=label)
         paper = [numbers.TABLE1[0.0].get(n) for n in names]
         ax.bar(x + (len(series) / 2) * width, [np.nan if p is None else p[key == "tau"] for p in paper], width,
                color="0.7", label="the paper, T=0 (Qwen3-8B, H200)")
@@ -554,8 +566,11 @@ def _table1_figure(res: dict, s: Session, e3: dict | None = None):
         ax.set_ylabel("decode speedup (x)" if key == "speedup" else "tau")
         if key == "speedup":
             ax.axhline(1, color="k", lw=0.8)
-        ax.set_title(f"Table 1: {key} ({s.target.config.model_type} target, 95% CI)")
-        ax.legend(fontsize=7)
+        ax.set_title(f"Table 1: {key} ({o['target']} target, {record['preset']} preset, "
+                     f"{figures.interval_label(errors, fewest)})")
+    # one legend for both panels, under them: clear of every bar
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(series) + 1, 4),
+               fontsize=7, frameon=False)
     return fig
 
 
@@ -565,21 +580,8 @@ def acceptance(s: Session) -> dict:
     o = s.opt
     recs = dict(zip(o.datasets, s.grid([(s.main, n, 0.0, None) for n in o.datasets], "acceptance (T=0)")))
     bs = s.drafters[s.main].config.block_size
-    fig, (ax1, ax2) = new_figure(1, 2, figsize=(13, 4))
-    width = 0.8 / len(recs)
-    out = {}
-    for i, (n, r) in enumerate(recs.items()):
-        hist = np.asarray(r["histogram"], float)
-        frac = hist / max(hist.sum(), 1)
-        ax1.bar(np.arange(1, bs + 1) + (i - (len(recs) - 1) / 2) * width, frac, width, label=f"{n} (tau {r['tau']:.2f})")
-        ax2.plot(np.arange(1, bs), r["position_acceptance"], "o-", ms=3, label=n)
-        out[n] = {"histogram": r["histogram"], "position_acceptance": r["position_acceptance"], "tau": r["tau"]}
-    ax1.set(xlabel="acceptance length (accepted drafts + bonus)", ylabel="fraction of iterations",
-            title=f"acceptance lengths, block {bs}, T = 0")
-    ax2.set(xlabel="draft position k", ylabel="P(draft token k accepted)", ylim=(0, 1.02),
-            title="per-position acceptance")
-    ax1.legend(fontsize=7)
-    ax2.legend(fontsize=7)
+    out = {n: {"histogram": r["histogram"], "position_acceptance": r["position_acceptance"], "tau": r["tau"]}
+           for n, r in recs.items()}
     full = {n: r["histogram"][-1] / max(sum(r["histogram"]), 1) for n, r in recs.items()}
     first = {n: r["position_acceptance"][0] for n, r in recs.items()}
     findings = ["P(first draft token accepted): " + ", ".join(f"{n} {p:.2f}" for n, p in first.items())
@@ -590,7 +592,29 @@ def acceptance(s: Session) -> dict:
                 "the per-position acceptance is not monotone: a bug (position k needs every earlier one)",
                 f"tau here {np.mean([r['tau'] for r in recs.values()]):.2f} on average over these sets (block {bs}); "
                 "the paper's Qwen3-8B pair: 6.49 with block 16, so its histogram sits at far longer lengths"]
-    return {"results": out, "findings": findings, "figure": fig}
+    return {"results": out, "findings": findings}  # the figure: acceptance_figure, from the JSON
+
+
+def acceptance_figure(record: dict):
+    """acceptance.png from acceptance.json: the acceptance-length histogram per prompt set and
+    the per-position acceptance (block size: the histogram's length)."""
+    recs = record["results"]
+    bs = max(len(r["histogram"]) for r in recs.values())
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(13, 4))
+    width = 0.8 / len(recs)
+    for i, (n, r) in enumerate(recs.items()):
+        hist = np.asarray(r["histogram"], float)
+        frac = hist / max(hist.sum(), 1)
+        ax1.bar(np.arange(1, len(hist) + 1) + (i - (len(recs) - 1) / 2) * width, frac, width,
+                label=f"{n} (tau {r['tau']:.2f})")
+        ax2.plot(np.arange(1, len(r["position_acceptance"]) + 1), r["position_acceptance"], "o-", ms=3, label=n)
+    ax1.set(xlabel="acceptance length (accepted drafts + bonus)", ylabel="fraction of iterations",
+            title=f"acceptance lengths, block {bs}, T = 0")
+    ax2.set(xlabel="draft position k", ylabel="P(draft token k accepted)", ylim=(0, 1.02),
+            title="per-position acceptance")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    return fig
 
 
 def block_size_curve(s: Session) -> dict:
@@ -602,18 +626,7 @@ def block_size_curve(s: Session) -> dict:
     for (_, n, _, b), r in zip(jobs, recs):
         res.setdefault(b, {})[n] = r
     table = {b: {"average": _average(per), "datasets": {n: _strip(r) for n, r in per.items()}} for b, per in res.items()}
-    fig, axes = new_figure(1, 2, figsize=(12, 4))
     bs = sorted(table)
-    for ax, key in zip(axes, ("tau", "speedup")):
-        v = np.array([table[b]["average"][key] for b in bs])
-        ci = np.array([table[b]["average"][key + "_ci"] for b in bs], float)
-        ax.errorbar(bs, v, yerr=np.where(np.isfinite(ci), np.abs(ci - v[:, None]), 0).T, marker="o", capsize=4,
-                    color="k", label="average, 95% CI")
-        for n in o.datasets:
-            ax.plot(bs, [table[b]["datasets"][n][key] for b in bs], ".--", alpha=0.6, label=n)
-        ax.set(xlabel="inference block size", ylabel="tau" if key == "tau" else "decode speedup (x)", xticks=bs,
-               title=f"{key} vs block size (drafter trained at {s.drafters[s.main].config.block_size})")
-        ax.legend(fontsize=7)
     lines = ["| block size | tau [95% CI] | speedup, decode [95% CI] | " + " | ".join(f"{n} tau" for n in o.datasets) + " |",
              "|" + "---|" * (3 + len(o.datasets))]
     for b in bs:
@@ -633,7 +646,56 @@ def block_size_curve(s: Session) -> dict:
                 "add accepted tokens, but costs a longer verify",
                 "the paper (8-layer drafters, MATH-500): tau 5.09 at block 8 vs 6.33 at 16 for a drafter trained "
                 "at 16: tau rises with the block size"]
-    return {"results": table, "markdown": "\n".join(lines), "findings": findings, "figure": fig}
+    # the figure: block_size_curve_figure, from the JSON
+    return {"results": table, "drafter_block_size": s.drafters[s.main].config.block_size,
+            "markdown": "\n".join(lines), "findings": findings}
+
+
+def _trained_block_size(record: dict) -> int | None:
+    """The block size the measured drafter was trained at: recorded since the figure is drawn
+    from the JSON; for an earlier record, the shipped drafter's (it measured the default)."""
+    if record.get("drafter_block_size") is not None:
+        return int(record["drafter_block_size"])
+    if record["options"].get("drafter") in (None, framework.EMBEDDED):
+        with open(os.path.join(EMBEDDED_DRAFTER_DIR, "config.json")) as f:
+            return json.load(f).get("block_size")
+    return None
+
+
+def block_size_curve_figure(record: dict):
+    """block_size_curve.png from block_size_curve.json: tau and the decode speedup against the
+    inference block size, the average with its 95 % interval where it has one (the legend
+    says which), each prompt set a dashed line."""
+    table = {int(b): v for b, v in record["results"].items()}
+    bs = sorted(table)
+    trained = _trained_block_size(record)
+    fewest = min((table[b]["average"].get("responses") for b in bs if table[b]["average"].get("responses") is not None),
+                 default=None)
+    fig, axes = new_figure(1, 2, figsize=(12, 4))
+    for ax, key in zip(axes, ("tau", "speedup")):
+        v = np.array([table[b]["average"][key] for b in bs])
+        err = figures.interval_errors(v, [table[b]["average"][key + "_ci"] for b in bs])
+        ax.errorbar(bs, v, yerr=err, marker="o", capsize=4, color="k",
+                    label=f"average, {figures.interval_label(err, fewest)}")
+        for n in record["options"]["datasets"]:
+            ax.plot(bs, [table[b]["datasets"][n][key] for b in bs], ".--", alpha=0.6, label=n)
+        ax.set(xlabel="inference block size", ylabel="tau" if key == "tau" else "decode speedup (x)", xticks=bs,
+               title=f"{key} vs block size" + (f" (drafter trained at {trained})" if trained else ""))
+        ax.legend(fontsize=7)
+    return fig
+
+
+# items whose figure is drawn from their JSON alone (training_curve's needs the runs' metrics)
+FIGURES = {"table1": table1_figure, "acceptance": acceptance_figure, "block_size_curve": block_size_curve_figure}
+
+
+def item_figure(record: dict, fig=None):
+    """The figure of a paper item's JSON ``record`` (``fig``: the one the item drew itself, for
+    training_curve), laid out and marked: a smoke run, a busy machine
+    (:func:`dflash_jax.figures.report_notes`)."""
+    if fig is None:
+        fig = FIGURES[record["item"]](record)
+    return figures.finish(fig, figures.report_notes(record))
 
 
 CONTINUED_METRICS = "continued_metrics.jsonl"  # the first continued stage's metrics (older recipes name none)
@@ -703,23 +765,17 @@ def _rows(path: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- outputs
 def _write(out: str, name: str, result: dict, opt: Options, preset: str, command: str) -> None:
-    import matplotlib.pyplot as plt
-
+    """``name``.png (drawn from the record as the JSON holds it: :func:`item_figure`), .md, then
+    .json, which marks the item done."""
     os.makedirs(out, exist_ok=True)
-    fig = result.pop("figure")
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    with atomic_path(os.path.join(out, f"{name}.png"), keep_extension=True) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
+    fig = result.pop("figure", None)
+    record = {"item": name, "preset": preset, "smoke": preset in framework.SMOKE_PRESETS,
+              "options": recorded_options(opt), "command": command, "environment": environment(),
+              "load_average": load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S"), **result}
+    save_figure(item_figure(json.loads(json.dumps(record)), fig), os.path.join(out, f"{name}.png"))
     if "markdown" in result:
         write_text(os.path.join(out, f"{name}.md"), f"`{command}`\n\n{result['markdown']}\n")
-    write_json(os.path.join(out, f"{name}.json"), {"item": name, "preset": preset,
-                                                   "smoke": preset in framework.SMOKE_PRESETS,
-                                                   "options": recorded_options(opt),
-                                                   "command": command, "environment": environment(),
-                                                   "load_average": load_average(),
-                                                   "time": time.strftime("%Y-%m-%d %H:%M:%S"), **result})
+    write_json(os.path.join(out, f"{name}.json"), record)
 
 
 def check_out(out: str, preset: str, opt: Options, overwrite: bool) -> None:

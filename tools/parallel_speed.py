@@ -48,8 +48,9 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode, round_up
 from dflash_jax.models.handles import Drafter, Target
 from dflash_jax.config import TargetConfig
-from dflash_jax.reporting import command_line, cpu_model, environment, load_average, new_figure
-from dflash_jax.files import atomic_path, write_json, write_text
+from dflash_jax.reporting import (command_line, cpu_model, environment, load_average, new_figure, report_figure,
+                                  save_figure)
+from dflash_jax.files import write_json, write_text
 from dflash_jax.cli import command_main, invocation
 
 DEVICES = 8
@@ -410,18 +411,11 @@ def markdown(report: dict) -> str:
 
 
 def write_outputs(report: dict, out_dir: str) -> str:
-    import matplotlib.pyplot as plt
-
-
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, STEM + ("_quick" if report["quick"] else ""))
     write_json(path + ".json", report)
     write_text(path + ".md", markdown(report))
-    fig = plot(report)
-    fig.tight_layout()
-    with atomic_path(path + ".png", keep_extension=True) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
+    save_figure(report_figure(report, plot), path + ".png")
     print(f"wrote {path}.json, {path}.md and {path}.png")
     return path
 

@@ -142,34 +142,41 @@ def paired(a, b) -> dict:
     return {"brier_difference": float(diff.mean()), "ci": _bootstrap(prompt, lambda i: float(diff[i].mean()))}
 
 
-def plot(report: dict, path: str) -> None:
+def plot(report: dict):
     """The reliability diagram (mean predicted chance vs observed acceptance per bin, the
-    diagonal perfect) and the Brier score per block row, one line per predictor."""
+    diagonal perfect) and the Brier score per block row, one line per predictor; each
+    predictor's Brier with its 95 % interval in the legend where it has one (the title says
+    so only then). No busy-machine mark: nothing here is timed."""
+    from dflash_jax import figures, metrics
     from dflash_jax.reporting import new_figure
 
     fig, (ax1, ax2) = new_figure(1, 2, figsize=(11, 4.5))
     ax1.plot([0, 1], [0, 1], color="0.6", linestyle=":", label="perfectly calibrated")
+    with_ci = 0
     for name, s in report["drafters"].items():
         bins = s["reliability"]
-        ax1.plot([b["mean_p"] for b in bins], [b["accepted"] for b in bins], marker="o",
-                 label=f"{name}: Brier {s['brier']:.3f} [{s['brier_ci'][0]:.3f}, {s['brier_ci'][1]:.3f}]")
+        brier = metrics.interval_text(s["brier"], s.get("brier_ci"), digits=3)
+        with_ci += "[" in brier
+        ax1.plot([b["mean_p"] for b in bins], [b["accepted"] for b in bins], marker="o", label=f"{name}: Brier {brier}")
         ax2.plot([r["row"] + 1 for r in s["per_row"]], [r["brier"] for r in s["per_row"]], marker="o", label=name)
     ax1.set_xlabel("predicted chance the row is accepted (bin mean)")
     ax1.set_ylabel("observed acceptance")
-    ax1.set_title(f"reliability, {report['dataset']} x {report['prompts']} prompts (Brier with 95% CI)")
+    says = (f"legend: Brier [{figures.INTERVAL}]" if with_ci == len(report["drafters"]) else
+            f"legend: Brier [{figures.INTERVAL}] where there is one" if with_ci else "Brier, no interval")
+    ax1.set_title(f"reliability, {report['dataset']} x {report['prompts']} prompts ({says})")
     ax1.legend(fontsize=7)
     ax2.set_xlabel("block row (draft k)")
     ax2.set_ylabel("Brier score (no interval)")
     ax2.set_title("Brier per block row (lower is better)")
     ax2.legend(fontsize=7)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return figures.finish(fig)
 
 
 def main(argv=None) -> dict:
     from dflash_jax.bench.prompt_sets import load_prompt_set
     from dflash_jax.files import write_json
     from dflash_jax.prompts import encode_prompt
-    from dflash_jax.reporting import environment, machine_fields, portable_path, start_measurement
+    from dflash_jax.reporting import environment, machine_fields, portable_path, save_figure, start_measurement
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="embedded")
@@ -217,7 +224,7 @@ def main(argv=None) -> dict:
     report["machine"] = machine_fields(cpu, load_before, warning)  # the numbers do not depend on it
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "calibration.json"), report)
-    plot(report, os.path.join(args.out, "calibration.png"))
+    save_figure(plot(report), os.path.join(args.out, "calibration.png"))
     return report
 
 

@@ -184,8 +184,7 @@ def test_plot_puts_speedup_and_tau_on_their_own_axes_and_legends_clear_of_bars()
                            for n, (s, t, sa, ta) in sets.items()},
               "average": entry(1.05, 5.15) | {"iteration_cost_ar_steps": 3.5},
               "average_adaptive": entry(1.2, 4.65)}
-    fig = harness.plot(report)
-    fig.tight_layout()
+    fig = harness.plot(report)  # laid out as it is written (figures.finish)
     fig.canvas.draw()
     by_label = {ax.get_ylabel(): ax for ax in fig.axes}
     speed = by_label["decode speedup over AR (x)"]
