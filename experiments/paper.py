@@ -308,9 +308,11 @@ class Session:
         args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
                                      block_size=bs, thinking=False, num_denoise_steps=1,
                                      tree=tree[0] if tree else None, tree_topk=tree[1] if tree else None)
-        samples = load_prompt_set(dataset, None, o.max_samples, o.seed, subset=o.subset)
+        sets = {n: load_prompt_set(n, None, o.max_samples, o.seed, subset=o.subset) for n in {*o.datasets, dataset}}
         load = load_average()
-        record = harness.bench_dataset(harness.Runner(self.target, drafter, args), samples, bar)
+        runner = harness.Runner(self.target, drafter, args)
+        # one program shape for every prompt set of the run: compiled once per block and drafter shape
+        record = harness.bench_dataset(runner, sets[dataset], bar, runner.program_shape(sets.values()))
         record["load_average_before"] = load
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, {"key": key, "record": record, "environment": environment(),
