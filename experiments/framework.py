@@ -221,7 +221,7 @@ class Settings:
             prompts: needs nothing outside the repository), 'embedded-recipe' (the embedded
             drafter's mix: GSM8K train, MBPP non-test, stdlib functions; MBPP and the standard
             library ship, GSM8K train does not: DIR/gsm8k/train.jsonl in --data-dir,
-            $DFLASH_DATA_DIR or $DFLASH_JAX_HOME/data), or a .jsonl prompt file (train-data's
+            $DFLASH_DATA_DIR or $DFLASH_JAX_HOME/datasets), or a .jsonl prompt file (train-data's
             formats)
         data_dir: directory of the training datasets for 'embedded-recipe' (DIR/gsm8k/train.jsonl;
             DIR/mbpp/sanitized-mbpp.json when present, else the package's copy)
@@ -1653,19 +1653,19 @@ def check_experiment(experiment: Experiment, preset: str, overrides: dict) -> tu
 
 def recipe_files(settings: Settings, preset: str | None = None) -> dict[str, str]:
     """The two data files of the 'embedded-recipe' prompts: ``{"gsm8k/train.jsonl": path,
-    "mbpp/sanitized-mbpp.json": path}``. GSM8K train is looked for in ``data_dir``, else
-    ``$DFLASH_DATA_DIR`` (or the developer's data directory, :func:`dflash_jax.datasets.default_data_dir`),
-    else ``HOME/data`` (:func:`home`); MBPP sanitized in the same directory when it holds it,
-    else the package's copy (the same file: ``dflash_jax/bench/data/README.md``). Raises
-    FileNotFoundError in one line saying what to download and where to put it."""
-    dirs = [settings.data_dir] if settings.data_dir else [d for d in (default_data_dir(), os.path.join(home(), "data"))
-                                                          if d]
+    "mbpp/sanitized-mbpp.json": path}``. GSM8K train is looked for in ``data_dir``, else the
+    library's data directory (:func:`dflash_jax.datasets.default_data_dir`: ``$DFLASH_DATA_DIR``,
+    else ``HOME/datasets``), else ``HOME/data`` (where earlier versions asked for it); MBPP
+    sanitized in the same directory when it holds it, else the package's copy (the same file:
+    ``dflash_jax/bench/data/README.md``). Raises FileNotFoundError in one line saying what to
+    download and where to put it."""
+    dirs = [settings.data_dir] if settings.data_dir else [default_data_dir(), os.path.join(home(), "data")]
     for d in dirs:
         if os.path.isfile(os.path.join(d, GSM8K_TRAIN)):
             mbpp = os.path.join(d, MBPP_FILE)
             return {GSM8K_TRAIN: os.path.join(d, GSM8K_TRAIN),
                     MBPP_FILE: mbpp if os.path.isfile(mbpp) else os.path.join(shipped_data_dir(), MBPP_FILE)}
-    where = os.path.join(settings.data_dir or os.environ.get(DATA_DIR_ENV) or os.path.join(home(), "data"), GSM8K_TRAIN)
+    where = os.path.join(settings.data_dir or default_data_dir(), GSM8K_TRAIN)
     who = f"the {preset} preset" if preset else f"--prompt-source {settings.prompt_source}"
     raise FileNotFoundError(
         f"{who} trains on the embedded drafter's prompt mix, and its GSM8K train split is the one file "
@@ -1739,6 +1739,8 @@ def run_experiment(experiment: Experiment, preset: str = "smoke", *, out: str | 
     table = Table(experiment, preset, recorded_settings(settings) | {"train": train, "axes": _jsonable(axes)}, budget,
                   aggregate(cells, records), command, env, (time.perf_counter() - t0) / 60)
     write_outputs(table, out, identity)
+    title = " ".join(experiment.description.split()).split(":")[0]  # e.g. "Drafter depth"
+    print(f"\n## {experiment.name}: {title} ({preset} preset)\n")  # a heading: `paper all` prints several
     print(table.to_markdown())
     if preset in SMOKE_PRESETS:
         print(smoke_note(preset), file=sys.stderr)

@@ -196,11 +196,10 @@ def test_the_cpu_preset_names_the_one_file_to_download(tmp_path, monkeypatch, ca
 
     monkeypatch.setenv(framework.HOME_ENV, str(tmp_path / "home"))
     monkeypatch.delenv(datasets.DATA_DIR_ENV, raising=False)
-    monkeypatch.setattr(framework, "default_data_dir", lambda: None)
     with pytest.raises(SystemExit) as e:
         ablate_depth.main([])
     err = capsys.readouterr().err
-    target = os.path.join(str(tmp_path / "home"), "data", "gsm8k", "train.jsonl")
+    target = os.path.join(str(tmp_path / "home"), "datasets", "gsm8k", "train.jsonl")  # the library's place
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert framework.GSM8K_TRAIN_URL in err and target in err and "--prompt-source shipped" in err
     assert "mbpp" not in err.lower().split("(mbpp")[0], err  # MBPP is named as shipped, not asked for
@@ -220,6 +219,10 @@ def test_the_cpu_preset_names_the_one_file_to_download(tmp_path, monkeypatch, ca
     shutil.copy(files[framework.MBPP_FILE], own / "mbpp")
     files = framework.recipe_files(framework.dataclasses.replace(s, data_dir=str(own)))
     assert files[framework.MBPP_FILE] == str(own / framework.MBPP_FILE)
+    # where earlier versions asked for it (HOME/data) is still read
+    legacy = os.path.join(str(tmp_path / "home"), "data")
+    os.rename(os.path.dirname(os.path.dirname(target)), legacy)
+    assert framework.recipe_files(s)[framework.GSM8K_TRAIN] == os.path.join(legacy, framework.GSM8K_TRAIN)
 
 
 def tqdm_users(root: str) -> list[str]:
