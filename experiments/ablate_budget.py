@@ -549,6 +549,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
     """``python -m experiments.ablate_budget``: parses the options and runs the ablation."""
+    owns_process = argv is None  # the command line: Ctrl-C handling, the compilation cache (run_cli)
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}
 
@@ -559,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         result["table"] = run(args.preset, out=args.out, overwrite=args.overwrite,
                               command=command_line(f"experiments.{NAME}", a), **overrides)
 
-    run_cli(go, argv)
+    run_cli(go, argv, owns_process=owns_process)
     return result.get("table")
 
 

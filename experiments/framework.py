@@ -1883,6 +1883,7 @@ def _show(v) -> str:
 
 def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
     """``python -m experiments.<name>``: parses the options and runs the experiment."""
+    owns_process = argv is None  # the command line: Ctrl-C handling, the compilation cache (run_cli)
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}
 
@@ -1896,5 +1897,5 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None) -> Table:
                                          command=command_line(f"experiments.{experiment.name}", a),
                                          **overrides)
 
-    run_cli(go, argv)
+    run_cli(go, argv, owns_process=owns_process)
     return result.get("table")

@@ -1048,6 +1048,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> dict:
 
+    owns_process = argv is None  # the command line: Ctrl-C handling, the compilation cache (run_cli)
     argv = list(sys.argv[1:] if argv is None else argv)
     result = {}
 
@@ -1059,7 +1060,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                           overwrite=args.overwrite, command=command_line("experiments.paper", a),
                           prompt_source=args.prompt_source, fresh=args.fresh, verbose=args.verbose, **overrides))
 
-    run_cli(go, argv)
+    run_cli(go, argv, owns_process=owns_process)
     return result
 
 

@@ -70,3 +70,16 @@ def test_a_second_command_loads_what_the_first_compiled(tmp_path):
     assert second.keys() == first.keys()  # nothing compiled anew ...
     assert all(second[k] > first[k] for k in first)  # ... and every program read back
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["experiments.ablate_depth", "experiments.paper", "experiments.ablate_tree",
+                                    "experiments.ablate_budget"])
+def test_an_experiment_run_from_the_command_line_uses_it_too(tmp_path, module):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["DFLASH_JAX_HOME"] = str(tmp_path / "home")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", module, "--help"], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "home" / "xla-cache").is_dir()  # configured before the options were parsed
