@@ -116,6 +116,32 @@ def test_bad_options_are_refused_before_anything_is_loaded(argv, monkeypatch, ca
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --"), err
 
 
+@pytest.mark.parametrize("extra, named", [
+    ([], "no-data"), (["--init-from", "no-drafter"], "no-drafter"), (["--features", "no-features"], "no-features"),
+], ids=["data", "init-from", "features"])
+def test_train_finds_its_files_before_it_loads_the_target(extra, named, tmp_path, monkeypatch, capsys):
+    """A missing --data, --init-from or --features directory is one error line naming it, before
+    the target (minutes for a large one) is loaded."""
+    from dflash_jax.methods.dflash import training
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the target was loaded before the files were found")
+
+    monkeypatch.setattr(training, "load_target", loaded)
+    monkeypatch.chdir(tmp_path)
+    if named != "no-data":  # a data directory (one shard), so that the later path is the one missing
+        from dflash_jax.training.data import shard_path, write_npz_atomic
+
+        os.makedirs("data")
+        write_npz_atomic(shard_path("data", 0), tokens=np.ones((4, 8), np.int32),
+                         loss_mask=np.ones((4, 8), bool), lengths=np.full(4, 8))
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--target", "embedded", "--data", "no-data" if named == "no-data" else "data",
+              "--run", "run", *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and named in err, err
+
+
 def test_debug_shows_the_exception_instead(bad_inputs):
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         main(["generate", "--prompt", "hi", "--temperature", "-1", "--debug"])

@@ -247,17 +247,20 @@ def train_from_args(args, cfg) -> None:
         raise ValueError("--fsdp splits the drafter over the mesh's data axis: give --mesh too")
     if mesh is not None:
         sharding.check_batch(mesh, cfg.batch_size)  # the target's split: load_target checks it
+    # the data, the held-out split, the starting drafter and the feature store are found (or
+    # refused) before the target loads, which takes minutes for a large one
+    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
+    data = TokenDataset(args.data)
+    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
+    dcfg = DrafterConfig.from_pretrained(init_from) if init_from else None
+    feats = FeatureStore(args.features, dcfg.target_layer_ids if dcfg else None) if args.features else None
     target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
                          mesh=mesh)
     mask = mask_token(args, target)
-    init_from = os.fspath(resolve_checkpoint(args.init_from, kind="drafter")) if args.init_from else None
-    if init_from:
-        dcfg = DrafterConfig.from_pretrained(init_from)
-    else:
+    if dcfg is None:
         dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE, mask,
                                         tuple(args.taps) if args.taps else None, conditioning=args.conditioning)
-    data = TokenDataset(args.data)
-    eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
-    feats = FeatureStore(args.features, dcfg.target_layer_ids) if args.features else None
+        if feats is not None:
+            feats = FeatureStore(args.features, dcfg.target_layer_ids)  # its taps checked against the drafter's
     DFlashTrainer(target, dcfg, data, args.run, cfg, feats, eval_prompts, init_from=init_from,
                   mesh=mesh, fsdp=args.fsdp, loss=loss, dpace_alpha=dpace_alpha).run(stop_after=args.stop_after)
