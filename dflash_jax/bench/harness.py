@@ -163,7 +163,12 @@ class Runner:
         a = self.args
         bound = max(len(self.encode(chat(s.turns, ["x"] * (len(s.turns) - 1))))
                     + (len(s.turns) - 1) * (a.max_new_tokens + 8) for samples in sets for s in samples)
-        return round_up(bound, 16), round_up(bound + a.max_new_tokens + self.block_rows(), 64)
+        rows = self.block_rows()
+        cache = round_up(bound + a.max_new_tokens + rows, 64)
+        max_len = getattr(self.target, "max_len", None)  # never past what the target's cache can hold
+        if max_len:
+            cache = min(cache, max_len + rows)
+        return min(round_up(bound, 16), cache - rows), cache
 
     def warm_up(self, first, pad_to, adaptive: bool, bar) -> None:
         """Compiles (or loads from the persistent compilation cache) the AR and speculative

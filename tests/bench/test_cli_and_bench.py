@@ -158,6 +158,32 @@ def test_kernel_speed_smoke(tmp_path):
         assert r["max_abs_err"] < 1e-4 and r["pallas_us"] > 0 and r["xla_us"] > 0
 
 
+def test_one_program_shape_serves_every_set_and_fits_the_target():
+    """Runner.program_shape: the longest prompt over every set and turn (a later turn carries the
+    earlier answers, max_new_tokens + 8 each) rounded up to 16, its cache with the new tokens and
+    the verified block rounded up to 64, never past the target's max_len + block."""
+    import types
+
+    from dflash_jax.bench import harness
+    from dflash_jax.bench.prompt_sets import Sample
+
+    encode = lambda turns: [0] * sum(len(t["content"]) for t in turns)  # a token per character
+    args = types.SimpleNamespace(max_new_tokens=20, block_size=4, tree=None, thinking=False)
+    runner = harness.Runner(types.SimpleNamespace(tokenizer=None, stop_token_ids=[0], max_len=1000), None, args)
+    runner.encode = encode
+    one = [Sample("a/0", ["x" * 30]), Sample("a/1", ["x" * 50])]
+    two = [Sample("b/0", ["y" * 10, "z" * 12])]  # 10 + 1 ("x" answer) + 12 = 23, + 28 for turn 1's answer
+    assert runner.program_shape([one]) == (64, 128)  # 50 -> 64; 50 + 20 + 4 = 74 -> 128
+    assert runner.program_shape([one, two]) == (64, 128)
+    assert runner.program_shape([two]) == (64, 128)  # 23 + 28 = 51 -> 64; 51 + 24 = 75 -> 128
+    args.max_new_tokens = 2000  # past the target's cache: capped there
+    assert runner.program_shape([one]) == (64, 1004)
+    args.max_new_tokens, args.tree = 20, 32  # a tree's nodes, not the block, are the rows past the tokens
+    assert runner.program_shape([one]) == (64, 128)
+    runner.target.max_len = 80
+    assert runner.program_shape([one]) == (64, 112)  # 80 + 32 rows; the width fits beside the rows
+
+
 @pytest.mark.slow
 def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatch):
     """bench renders every prompt (both turns of mt-bench too) with a Qwen3-style template's
