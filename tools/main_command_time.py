@@ -2,20 +2,24 @@
 
     python -m tools.main_command_time --runs 3 --out results/main_command
 
-Each of ``--runs`` rounds starts the command twice in a fresh project home (a new temporary
-``$DFLASH_JAX_HOME``, so an empty persistent compilation cache, and a new measured-costs cache):
-the first run is cold (every program compiled, the adaptive block's costs measured), the second
-warm (the programs loaded from the compilation cache, the costs read back). Each run is a
+Each of ``--runs`` rounds starts the command three times in a fresh project home (a new
+temporary ``$DFLASH_JAX_HOME``, so an empty persistent compilation cache, and a new
+measured-costs cache): ``cold`` (every program compiled, the adaptive block's costs measured),
+``warm`` (the programs loaded from the compilation cache, the costs read back) and ``warm, no
+compilation cache`` (the costs read back, every program compiled again:
+``DFLASH_JAX_COMPILATION_CACHE=off``), which tells the cache's share of the difference from the
+costs'. Each run is a
 ``python -m dflash_jax bench ...`` process of its own, timed from its start to its exit
-(imports, loading, compiling, the runs, the report); the load average before each run and the
+(imports, loading, compiling, the runs, the report), and the bench's own warm-up lines ("ready in
+N s": compiling or loading the programs) are summed; the load average before each run and the
 CPU are recorded. Writes ``main_command.json`` and ``main_command.md`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -38,7 +42,11 @@ def time_run(command: list[str], env: dict, cwd: str) -> dict:
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} failed (status {done.returncode}):\n{done.stderr[-2000:]}")
-    return {"wall_s": wall, "load_average_before": load}
+    warm_up = [int(x) for x in re.findall(r"^ready in (\d+) s$", done.stderr, re.M)]
+    return {"wall_s": wall, "warm_up_s": sum(warm_up), "load_average_before": load}
+
+
+KINDS = {"cold": {}, "warm": {}, "warm, no compilation cache": {"DFLASH_JAX_COMPILATION_CACHE": "off"}}
 
 
 def measure(command: str, runs: int) -> dict:
@@ -52,14 +60,15 @@ def measure(command: str, runs: int) -> dict:
             env |= {"DFLASH_JAX_HOME": home, "DFLASH_CACHE_DIR": os.path.join(home, "costs")}
             out = os.path.join(home, "out")
             one = {}
-            for kind in ("cold", "warm"):
-                one[kind] = time_run(args + ["--out", out], env, home)
+            for kind, extra in KINDS.items():
+                one[kind] = time_run(args + ["--out", out], env | extra, home)
                 print(f"round {i + 1}/{runs} {kind}: {one[kind]['wall_s']:.0f} s "
                       f"(load before {one[kind]['load_average_before']})", file=sys.stderr, flush=True)
             rounds.append(one)
     summary = {kind: {"median_s": float(np.median([r[kind]["wall_s"] for r in rounds])),
                       "min_s": float(min(r[kind]["wall_s"] for r in rounds)),
-                      "max_s": float(max(r[kind]["wall_s"] for r in rounds))} for kind in ("cold", "warm")}
+                      "max_s": float(max(r[kind]["wall_s"] for r in rounds)),
+                      "warm_up_median_s": float(np.median([r[kind]["warm_up_s"] for r in rounds]))} for kind in KINDS}
     return {"command": command, "runs": rounds, "summary": summary, "cpu": cpu_info(),
             "environment": environment(), "load_average_after": load_average()}
 
@@ -67,20 +76,22 @@ def measure(command: str, runs: int) -> dict:
 def markdown(result: dict) -> str:
     s = result["summary"]
     rows = [f"| {kind} | {s[kind]['median_s']:.0f} s | {s[kind]['min_s']:.0f} - {s[kind]['max_s']:.0f} s | "
+            f"{s[kind]['warm_up_median_s']:.0f} s | "
             + ", ".join(f"{r[kind]['load_average_before'][0]:.2f}" for r in result["runs"]) + " |"
-            for kind in ("cold", "warm")]
+            for kind in KINDS]
     return (f"# `{result['command']}`: wall time, cold and warm\n\n"
             f"{len(result['runs'])} rounds on {cpu_description(result['cpu'])}; each round a fresh "
-            "`$DFLASH_JAX_HOME` (cold: empty compilation cache and costs; warm: the same home again). "
-            "Whole process, start to exit.\n\n"
-            "| run | median | range | 1-minute load before each |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+            "`$DFLASH_JAX_HOME` (cold: empty compilation cache and costs; warm: the same home again; then "
+            "the same home with the compilation cache off). Whole process, start to exit; warm-up: the "
+            "bench's compile-or-load of its programs.\n\n"
+            "| run | median | range | warm-up (median) | 1-minute load before each |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m tools.main_command_time", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--command", default=DEFAULT_COMMAND, help=f"the command (default: {DEFAULT_COMMAND})")
-    p.add_argument("--runs", type=int, default=3, help="rounds of a cold and a warm run (default 3)")
+    p.add_argument("--runs", type=int, default=3, help="rounds of a cold, a warm and an uncached warm run (default 3)")
     p.add_argument("--out", default="runs/main_command", help="where main_command.json / .md go")
     a = p.parse_args(argv)
     if a.runs < 1:
