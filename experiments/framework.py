@@ -1183,8 +1183,8 @@ def _evaluate_cell(work: Work, cell: Cell, training: dict, command: str, bar, ou
                                  sampled_draft=ev.get("sampled_draft", False))
     runner = harness.Runner(work.target, drafter, args)
     sets = {n: load_prompt_set(n, None, ev["max_samples"], ev["seed"], subset=ev["subset"]) for n in ev["datasets"]}
-    shape = runner.program_shape(sets.values())  # one program for every set (compiled once)
-    datasets = {n: harness.bench_dataset(runner, samples, bar, shape) for n, samples in sets.items()}
+    # each set at its own program shape: its decode timings are its own (bench --program-shape)
+    datasets = {n: harness.bench_dataset(runner, samples, bar) for n, samples in sets.items()}
     timing = {}
     if work.settings.timing_repeats:
         first = runner.encode(harness.chat(next(iter(sets.values()))[0].turns[:1], []))

@@ -308,11 +308,10 @@ class Session:
         args = types.SimpleNamespace(max_new_tokens=o.max_new_tokens, temperature=float(temperature), seed=o.seed,
                                      block_size=bs, thinking=False, num_denoise_steps=1,
                                      tree=tree[0] if tree else None, tree_topk=tree[1] if tree else None)
-        sets = {n: load_prompt_set(n, None, o.max_samples, o.seed, subset=o.subset) for n in {*o.datasets, dataset}}
+        samples = load_prompt_set(dataset, None, o.max_samples, o.seed, subset=o.subset)
         load = load_average()
-        runner = harness.Runner(self.target, drafter, args)
-        # one program shape for every prompt set of the run: compiled once per block and drafter shape
-        record = harness.bench_dataset(runner, sets[dataset], bar, runner.program_shape(sets.values()))
+        # the set at its own program shape: its decode timings are its own (bench --program-shape)
+        record = harness.bench_dataset(harness.Runner(self.target, drafter, args), samples, bar)
         record["load_average_before"] = load
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, {"key": key, "record": record, "environment": environment(),

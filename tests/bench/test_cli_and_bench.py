@@ -209,8 +209,8 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
               "--max-new-tokens", "3", "--no-adaptive"]
     report = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference",
                            "--out", str(tmp_path / "off")])
-    # AR + DFlash: one warm-up for both sets (one program shape), 2 gsm8k and 2x2 mt-bench turns
-    assert len(seen) == 2 * (1 + 2 + 4)
+    # AR + DFlash: a warm-up per set (each at its own program shape), 2 gsm8k and 2x2 mt-bench turns
+    assert len(seen) == 2 * (1 + 2) + 2 * (1 + 4)
     # docs/method.md section 6's metrics, recomputed with numpy from the saved per-response records
     check_report(json.loads((tmp_path / "off" / "bench.json").read_text()))
     texts = [tok.decode(ids) for ids in seen]
@@ -226,6 +226,19 @@ def test_bench_prompts_thinking_switch_and_reference_subset(tmp_path, monkeypatc
     random.shuffle(ids)
     ran = [r["id"] for r in report["datasets"]["gsm8k"]["samples"]]
     assert ran == ids[:2] and ran != ["gsm8k/0", "gsm8k/1"]
+
+    shapes = {n: (r["program_shape"]["prompt_width"], r["program_shape"]["cache_length"])
+              for n, r in report["datasets"].items()}
+    assert shapes["mt-bench"][1] > shapes["gsm8k"][1]  # turn 2 carries turn 1's answer
+    # --program-shape one: one warm-up, every set at the longest set's shape
+    seen.clear()
+    one = harness.main([*common, "--datasets", "gsm8k", "mt-bench", "--subset", "reference", "--program-shape", "one",
+                        "--out", str(tmp_path / "one")])
+    assert len(seen) == 2 * (1 + 2 + 4)
+    assert {(r["program_shape"]["prompt_width"], r["program_shape"]["cache_length"])
+            for r in one["datasets"].values()} == {shapes["mt-bench"]}
+    assert all(a["dflash"]["acceptance_lengths"] == b["dflash"]["acceptance_lengths"] and b["same_output"]
+               for n in shapes for a, b in zip(report["datasets"][n]["samples"], one["datasets"][n]["samples"]))
 
     seen.clear()
     harness.main([*common, "--datasets", "gsm8k", "--max-samples", "1", "--thinking",
