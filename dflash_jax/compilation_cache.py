@@ -1,6 +1,7 @@
 """JAX's persistent compilation cache for the command line: a second run of a command loads the
 programs the first one compiled instead of compiling them again (on a 2-core CPU the engine's
-programs take minutes to compile; loading them takes seconds).
+programs take tens of seconds to minutes to compile; loading them takes seconds:
+``results/main_command``).
 
 Every ``python -m dflash_jax <command>`` and ``python -m experiments.<name>`` turns it on
 (:func:`configure`, from :func:`dflash_jax.cli.run_cli`) under the project's home,
@@ -87,7 +88,12 @@ def use_compilation_cache(path: str | None = None, max_bytes: int = DEFAULT_MAX_
     environ = os.environ if environ is None else environ
     path = os.path.abspath(os.path.expanduser(path or default_dir(environ)))
     os.makedirs(path, exist_ok=True)
-    min_seconds = float(environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", MIN_COMPILE_SECONDS))
+    value = environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", MIN_COMPILE_SECONDS)
+    try:
+        min_seconds = float(value)
+    except ValueError:
+        raise ValueError(f"$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS={value!r}: give the shortest compile time "
+                         "worth storing in seconds (e.g. 0.5), or unset it") from None
     values = {"jax_compilation_cache_dir": path, "jax_compilation_cache_max_size": int(max_bytes),
               "jax_persistent_cache_min_compile_time_secs": min_seconds}
     for name, value in values.items():

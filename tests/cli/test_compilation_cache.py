@@ -38,6 +38,8 @@ def test_where_it_goes_and_when_it_is_off(tmp_path):
 
     with pytest.raises(ValueError, match=r"DFLASH_JAX_COMPILATION_CACHE_MAX_GB='-1'.*> 0"):
         cc.configure({"DFLASH_JAX_HOME": str(tmp_path / "h5"), cc.MAX_GB_ENV: "-1"})
+    with pytest.raises(ValueError, match=r"MIN_COMPILE_TIME_SECS='soon': give the shortest compile time"):
+        cc.configure({"DFLASH_JAX_HOME": str(tmp_path / "h6"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "soon"})
 
 
 def _accesses(cache: str) -> dict[str, int]:
