@@ -80,8 +80,8 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, shipped_data_dir
 from dflash_jax.cli import argument_kwargs, field_help, flag, run_cli
-from dflash_jax.files import (HOME_ENV, atomic_path, exclusive, home as files_home, lock_holder, write_json,
-                              write_text)
+from dflash_jax.files import (HOME_ENV, atomic_path, exclusive, home as files_home, lock_holder, write_json,  # noqa: F401
+                              write_text)  # (HOME_ENV: the run home's variable, read by users of this module)
 from dflash_jax.models.handles import EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR, load_drafter, load_target
 from dflash_jax.nn.attention import DEFAULT_ANCHOR_CHUNK, DEFAULT_CONTEXT_CHUNK
 from dflash_jax.methods.dflash.training import DFlashTrainer, batch_for_step
@@ -89,7 +89,7 @@ from dflash_jax.training.trainer import TrainConfig, export_run
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
 from dflash_jax.verification.adaptive import ADAPTIVE
-from dflash_jax.datasets import DATA_DIR_ENV, default_data_dir
+from dflash_jax.datasets import default_data_dir
 from dflash_jax.embedded import corpus
 from dflash_jax.prompts import encode_prompt, humaneval_prompt
 from dflash_jax.training.data import TokenDataset, read_prompt_file, regenerate
