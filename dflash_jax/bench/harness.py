@@ -151,12 +151,14 @@ class Runner:
         self.stops = target.stop_token_ids
         self.warmed: set = set()  # the program shapes whose programs this runner has compiled
 
-    def block_rows(self) -> int:
-        """Rows the cache holds past the committed tokens: the verified block (the drafter's
-        default or ``--block-size``), or a tree's nodes."""
+    def block_size(self) -> int:
+        """The verified block: ``--block-size``, else the drafter's default."""
         a = self.args
-        bs = drafter_block_size(self.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
-        return max(bs, getattr(a, "tree", None) or 0)
+        return drafter_block_size(self.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
+
+    def block_rows(self) -> int:
+        """Rows the cache holds past the committed tokens: the verified block, or a tree's nodes."""
+        return max(self.block_size(), getattr(self.args, "tree", None) or 0)
 
     def program_shape(self, sets) -> tuple[int, int]:
         """One (prompt width, cache length) that serves every turn of every sample of ``sets``
@@ -186,7 +188,7 @@ class Runner:
         key = (tuple(pad_to), adaptive)
         if key in self.warmed:
             return
-        bar.write(f"compiling the AR and {'speculative' if self.drafter is not None else ''} programs "
+        bar.write("compiling the AR and speculative programs "
                   f"(prompt width {pad_to[0]}, cache {pad_to[1]}) and warming up; the timings exclude this",
                   file=sys.stderr)
         t0 = time.perf_counter()
@@ -240,7 +242,7 @@ def bench_dataset(runner: Runner, samples, bar, pad_to: tuple[int, int] | None =
     first set that uses it."""
     a, tok = runner.args, runner.target.tokenizer
 
-    bs = drafter_block_size(runner.drafter) if a.block_size in (None, ADAPTIVE) else a.block_size
+    bs = runner.block_size()
     adaptive = bool(getattr(a, "adaptive", False)) and getattr(a, "tree", None) is None
     pad_to = runner.program_shape([samples]) if pad_to is None else pad_to
     runner.warm_up(runner.encode(chat(samples[0].turns[:1], [])), pad_to, adaptive, bar)
