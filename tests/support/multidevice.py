@@ -31,7 +31,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from support.fast_compile import flags as fast_compile_flags
+from support.fast_compile import flags as fast_compile_flags, names as fast_compile_names
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "RESULT "
@@ -41,8 +41,7 @@ def device_env(devices: int, fast_compile: bool = False) -> dict:
     """The environment of a subprocess with ``devices`` host CPU devices (and, with
     ``fast_compile``, :func:`fast_compile_flags`)."""
     env = dict(os.environ)
-    own = ("force_host_platform_device_count",) + (
-        ("xla_backend_optimization_level", "xla_cpu_use_fusion_emitters") if fast_compile else ())
+    own = ("force_host_platform_device_count",) + (fast_compile_names() if fast_compile else ())
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not any(o in f for o in own)]
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]
                                 + (list(fast_compile_flags()) if fast_compile else []))
