@@ -88,6 +88,7 @@ from dflash_jax.methods.dflash.training import DFlashTrainer, batch_for_step
 from dflash_jax.training.trainer import TrainConfig, export_run
 from dflash_jax.config import TargetConfig
 from dflash_jax.methods.dflash.config import DrafterConfig
+from dflash_jax.methods.dflash.grow import start_difference
 from dflash_jax.verification.adaptive import ADAPTIVE
 from dflash_jax.datasets import default_data_dir
 from dflash_jax.embedded import corpus
@@ -241,7 +242,12 @@ class Settings:
             ('embedded': the drafter shipped in the package, or a directory in the released
             layout; its layers, block size, taps and mask token must be the cell's): an
             ablation in the trained regime at a fine-tuning budget. With --steps 0 the cells
-            measure that drafter as it is (no training data is made)
+            measure that drafter as it is (no training data is made). A cell may train it at
+            another block size (the weights do not depend on it)
+        grow: with init_from, a cell of more layers than the starting drafter starts from it
+            grown: new layers appended, copies of its last layer whose output and MLP down
+            projections are zero, so that its drafts are unchanged at step 0
+            (``dflash_jax.methods.dflash.grow``)
         layers: drafter layers (a grid may vary it)
         block_size: training block size (a grid may vary it)
         taps: target layer ids the drafter reads (default: docs/method.md section 2's formula)
@@ -273,6 +279,7 @@ class Settings:
     curve_prompts: int = 0
     curve_every: int = 0
     init_from: str | None = None
+    grow: bool = False
     layers: int = 1
     block_size: int = 16
     taps: tuple[int, ...] | None = None
@@ -472,6 +479,8 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
     if s.regen_temperature < 0:
         raise ValueError(f"regen_temperature must be >= 0, got {s.regen_temperature}")
+    if s.grow and s.init_from is None:
+        raise ValueError("--grow adds layers to a trained drafter: give --init-from DRAFTER too")
     start = init_config(s.init_from)
     cells = []
     for seed in range(s.seed, s.seed + s.seeds):
@@ -512,15 +521,21 @@ def check_settings(experiment: Experiment, settings: Settings, train: dict, axes
             cfg = DrafterConfig.for_target(target_config, d["layers"], d["block_size"], d["mask_token_id"],
                                            tuple(d["taps"]) if d["taps"] else None, conditioning=d["conditioning"])
             cfg.check_target(target_config)
-            if start is not None and start != cfg:
+            why = None if start is None else start_difference(start, cfg, s.grow)
+            if why is not None:
                 raise ValueError(f"--init-from {s.init_from} holds another drafter than cell {spec['label']} "
-                                 f"trains: {_config_difference(start, cfg)}; give the cell's settings of that "
-                                 "drafter (--layers, --block-size, --taps, --mask-token-id) or another --init-from")
+                                 f"trains: {why}; give the cell's settings of that drafter (--layers, --taps, "
+                                 "--mask-token-id; more --layers with --grow) or another --init-from")
             tr = train | spec.get("train", {}) | {"seed": seed}
             if tr.get("steps") == 0:  # the starting drafter measured as it is
                 if start is None:
                     raise ValueError("steps 0 trains nothing: give --init-from DRAFTER to measure that drafter as "
                                      "it is, or --steps N >= 1")
+                if start != cfg:
+                    raise ValueError(f"cell {spec['label']} trains nothing (steps 0): it measures the starting "
+                                     f"drafter as it is, so its settings must be that drafter's ({start.num_layers} "
+                                     f"layer(s), trained at block {start.block_size}; the inference block is "
+                                     "--eval-block-size's), or give --steps N >= 1")
             else:
                 TrainConfig(**tr)  # its own checks
             ev = cell_evaluation(s, spec, ev_bs, s.num_denoise_steps)
@@ -622,12 +637,6 @@ def init_config(init_from: str | None) -> DrafterConfig | None:
         raise FileNotFoundError(f"--init-from {init_from!r}: no drafter there (a directory with config.json and "
                                 "model.safetensors in the released layout, or 'embedded')")
     return DrafterConfig.from_pretrained(path)
-
-
-def _config_difference(have: DrafterConfig, want: DrafterConfig) -> str:
-    diff = [f"{f.name} {getattr(have, f.name)!r} (the cell: {getattr(want, f.name)!r})"
-            for f in dataclasses.fields(DrafterConfig) if getattr(have, f.name) != getattr(want, f.name)]
-    return ", ".join(diff) or "another config"
 
 
 @functools.lru_cache(maxsize=None)  # every key of every cell asks; the weights are hashed once per run
@@ -844,6 +853,8 @@ class Work:
             return {"source": drafter_identity(cell.drafter["source"]), "steps": 0}
         if self.settings.init_from is not None:
             key["init_from"] = drafter_identity(self.settings.init_from)
+            if self.settings.grow and cell.drafter["layers"] > init_config(self.settings.init_from).num_layers:
+                key["grown"] = True  # (a cell of the start's own depth is the same fine-tune either way)
             if cell.untrained:  # no training: the starting drafter alone decides it
                 key = {"drafter": key["drafter"], "init_from": key["init_from"], "steps": 0}
         return key
@@ -1078,9 +1089,10 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         trainer = DominoTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, held_out,
                                 init_from=init_from)
     else:
+        grow = s.grow and init_from is not None and d["layers"] > init_config(s.init_from).num_layers
         trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
                                 init_from=init_from, loss=d.get("loss", "dflash"),
-                                dpace_alpha=d.get("dpace_alpha", 0.5))
+                                dpace_alpha=d.get("dpace_alpha", 0.5), grow=grow)
     start_path = os.path.join(root, START_TAU_FILE)
     if held_out and s.curve_every and trainer.manager.latest_step() is None and not os.path.exists(start_path):
         # the curve's step 0: the starting drafter on the held-out prompts (a resume keeps the file)
@@ -1586,7 +1598,10 @@ def readme(table: Table, md: str) -> str:
                 f"elsewhere: {', '.join(f'`{x}`' for x in b['sources'])} (outside this budget)"]
                if b.get("source_cells") else []),
              *([f"- starting weights: every {'other ' if b.get('source_cells') else ''}cell's drafter is `{s['init_from']}`"
-                + (", fine-tuned from there (an ablation in the trained regime)" if b["steps"] else ", as it is")]
+                + (", fine-tuned from there (an ablation in the trained regime)" if b["steps"] else ", as it is")
+                + ("; a deeper cell's drafter is it grown: new layers appended, copies of its last layer with "
+                   "their output and MLP down projections at zero, so that its drafts are unchanged at step 0"
+                   if s.get("grow") and b["steps"] else "")]
                if s.get("init_from") else []),
              *([f"- target features: offline, computed once per data and taps and shared by every cell "
                 f"(stored in {FEATURE_DTYPE}; the frozen target does not run in the training steps)"]

@@ -192,6 +192,31 @@ def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling
     assert text.count("against a ceiling of") == 4 and "training data at T=0 -> T=1" in text
 
 
+def test_grown_cells_start_from_the_shipped_drafters_drafts(run, tmp_path):
+    """--init-from embedded --grow: the 2-layer cell starts from the shipped drafter grown (its
+    held-out tau before the first step is the shipped drafter's, its first loss the 1-layer
+    fine-tune's, both exactly), its key says so, the 1-layer cell is the plain fine-tune (one
+    drafter for both experiments), and the README says what the cells are."""
+    fixture, fixture_work, _ = run
+    work = _copy(fixture_work, tmp_path / "w")
+    kw = dict(OFFLINE, init_from="embedded", work=work)
+    grown = ablate_depth.run(PRESET, grow=True, depths=(1, 2), out=str(tmp_path / "o"), **kw)
+    tuned = ablate_depth.run(PRESET, depths=(1,), out=str(tmp_path / "o2"), **kw)
+    assert grown.rows[0]["cells"] == tuned.rows[0]["cells"]  # depth 1: the same fine-tune either way
+    one, two = ([t for t in r["training"]][0] for r in grown.rows)
+    assert two["curve"][0]["step"] == 0 and two["curve"][0]["tau"] == one["curve"][0]["tau"]
+    keys = {json.load(open(os.path.join(r, "key.json")))["drafter"]["layers"]: json.load(open(os.path.join(r, "key.json")))
+            for r in glob.glob(os.path.join(work, "drafters", "*")) if "init_from" in json.load(open(os.path.join(r, "key.json")))}
+    assert keys[2].get("grown") is True and "grown" not in keys[1]
+    first = {}
+    for root in glob.glob(os.path.join(work, "drafters", "*")):
+        key = json.load(open(os.path.join(root, "key.json")))
+        if "init_from" in key:
+            first[key["drafter"]["layers"]] = json.loads(open(os.path.join(root, "run", "metrics.jsonl")).readline())["loss"]
+    assert first[2] == pytest.approx(first[1], rel=1e-5)
+    assert "a deeper cell's drafter is it grown" in open(tmp_path / "o" / "README.md").read()
+
+
 def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_path):
     """--init-from embedded --steps 0: every cell's drafter is the shipped one, byte for byte,
     no training data is made, and its key does not depend on the data settings (another
@@ -247,8 +272,13 @@ def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(run,
     assert start["step"] == 0 and start["loss"] is None and start["tau"] == pytest.approx(shipped.tau, rel=1e-6)
     assert fresh.rows[0]["average"]["tau"] < tuned.rows[0]["average"]["tau"]
     assert fresh.rows[0]["cells"] == fixture.rows[0]["cells"] != tuned.rows[0]["cells"]
-    with pytest.raises(ValueError, match=r"num_layers 1 \(the cell: 2\)"):
+    with pytest.raises(ValueError, match=r"num_layers 1 \(the run's 2\).*more --layers with --grow"):
         ablate_depth.run("smoke", init_from="embedded", depths=(2,), work="/nonexistent/w", out="/nonexistent/o")
+    with pytest.raises(ValueError, match="--grow adds layers to a trained drafter: give --init-from"):
+        ablate_depth.run("smoke", grow=True, depths=(2,), work="/nonexistent/w", out="/nonexistent/o")
+    with pytest.raises(ValueError, match=r"trains nothing \(steps 0\).*1 layer\(s\), trained at block 16"):
+        ablate_depth.run("smoke", init_from="embedded", grow=True, steps=0, depths=(2,), work="/nonexistent/w",
+                         out="/nonexistent/o")
     with pytest.raises(FileNotFoundError, match="no drafter there"):
         ablate_depth.run("smoke", init_from=str(tmp_path / "none"), work="/nonexistent/w", out="/nonexistent/o")
     with pytest.raises(ValueError, match="steps 0 trains nothing"):

@@ -18,6 +18,7 @@ from dflash_jax.config import read_config_json
 from dflash_jax.hub import resolve_checkpoint
 from dflash_jax.methods.dflash.checkpoint import check_drafter_conditioning, load_drafter_params
 from dflash_jax.methods.dflash.config import DrafterConfig
+from dflash_jax.methods.dflash.grow import grow_params, start_difference
 from dflash_jax.methods.dflash.handle import Drafter
 from dflash_jax.methods.dflash.loss import LOSS_TYPES, check_loss_type, drafter_loss
 from dflash_jax.methods.dflash.model import init_drafter_params
@@ -66,8 +67,15 @@ class DFlashTrainer(Trainer):
     def __init__(self, target, drafter_config: DrafterConfig, data: TokenDataset, run_dir: str,
                  cfg: TrainConfig, features: FeatureStore | None = None,
                  eval_prompts: Sequence[Sequence[int]] | None = None, init_from: str | None = None,
-                 mesh=None, fsdp: bool = False, loss: str = "dflash", dpace_alpha: float = 0.5):
+                 mesh=None, fsdp: bool = False, loss: str = "dflash", dpace_alpha: float = 0.5,
+                 grow: bool = False):
+        """``init_from`` may hold a drafter trained at another block size (its weights do not
+        depend on it), and with ``grow`` one of fewer layers, grown to ``drafter_config``'s with
+        new layers that change no draft at step 0 (``methods.dflash.grow``)."""
         check_loss_type(loss, dpace_alpha)
+        if grow and init_from is None:
+            raise ValueError("--grow adds layers to a trained drafter: give --init-from DRAFTER too")
+        self.grow = bool(grow)
         self.loss_type, self.dpace_alpha = loss, float(dpace_alpha)
         if features is not None and len(features) != len(data):
             raise ValueError(f"offline features have {len(features)} rows but the dataset has {len(data)}")
@@ -77,13 +85,20 @@ class DFlashTrainer(Trainer):
 
     def _check_init_from(self, init_from: str) -> None:
         check_drafter_conditioning(init_from, self.dcfg)  # before the config: it names the conditioning
-        super()._check_init_from(init_from)
+        why = start_difference(self._start_config(init_from), self.dcfg, self.grow)
+        if why is not None:
+            raise ValueError(f"{init_from} holds another drafter than this run trains: {why}")
 
     def init_params(self, key):
         return init_drafter_params(self.dcfg, key, jnp.float32)
 
+    def _start_config(self, init_from: str) -> DrafterConfig:
+        """The config of the drafter in ``init_from``, read as this method reads its own."""
+        return methods.method(self.method).config_from_hf(read_config_json(init_from))
+
     def load_params(self, init_from: str):
-        return load_drafter_params(init_from, self.dcfg, dtype=jnp.float32)
+        params = load_drafter_params(init_from, self._start_config(init_from), dtype=jnp.float32)
+        return grow_params(params, self.dcfg.num_layers) if self.grow else params
 
     def _loss_weights(self) -> jax.Array:
         """The loss's weights: float32[bs] of the block rows."""
@@ -92,7 +107,8 @@ class DFlashTrainer(Trainer):
     def record_settings(self) -> dict:
         # a D-PACE run records its loss (DFlash's runs, recorded before it, name none)
         loss = {} if self.loss_type == "dflash" else {"loss": {"type": self.loss_type, "dpace_alpha": self.dpace_alpha}}
-        return {"features": None if self.features is None else "offline"} | loss
+        grown = {"grow": True} if self.grow else {}  # (runs before --grow record none)
+        return {"features": None if self.features is None else "offline"} | loss | grown
 
     def batch(self, step: int):
         """(tokens int32[B, W], loss_mask bool[B, W], taps [B, W, k*D] or None (online),
@@ -152,7 +168,8 @@ class BackboneTrainer(DFlashTrainer):
                 raise ValueError(f"{init_from} holds a DFlash drafter whose {self.handle.label} start "
                                  f"({start.config}) is not the drafter trained here ({self.dcfg})")
             return
-        super()._check_init_from(init_from)
+        check_drafter_conditioning(init_from, self.dcfg)
+        Trainer._check_init_from(self, init_from)  # the method's own drafter: the same config
 
     def load_params(self, init_from: str):
         if holds_dflash_drafter(init_from):
