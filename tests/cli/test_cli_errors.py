@@ -2,7 +2,6 @@
 mistake (the traceback only with --debug), real program names and defaults in every --help,
 --version, and the generate command's output equal to the library's."""
 
-import json
 import os
 import re
 import shutil
@@ -223,29 +222,3 @@ def test_generate_command_equals_the_library(capsys):
     assert capsys.readouterr().out == tok.decode(ref.sequences[0]) + "\n"  # greedy AR == DFlash
 
 
-@pytest.mark.slow
-def test_bench_keeps_finished_sets_when_interrupted(tmp_path, monkeypatch, capsys):
-    """Ctrl-C during the second set: the first set's results are on disk, one line is printed,
-    the status is 130."""
-    from dflash_jax.bench import harness
-
-    real = harness.bench_dataset
-    calls = []
-
-    def interrupt_second(runner, samples, bar, *shape):
-        calls.append(len(samples))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(runner, samples, bar, *shape)
-
-    monkeypatch.setattr(harness, "bench_dataset", interrupt_second)
-    with pytest.raises(SystemExit) as e:
-        main(["bench", "--datasets", "gsm8k", "mbpp", "--max-samples", "1", "--max-new-tokens", "8",
-              "--out", str(tmp_path)])
-    assert e.value.code == 130
-    err = capsys.readouterr().err
-    assert "interrupted during mbpp: kept the finished sets (gsm8k)" in err
-    saved = json.loads((tmp_path / "bench.json").read_text())
-    assert list(saved["datasets"]) == ["gsm8k"] and saved["complete"] is False
-    assert saved["datasets"]["gsm8k"]["turns"] == 1 and os.path.exists(tmp_path / "bench.png")
-    assert np.isfinite(saved["average"]["tau"])
