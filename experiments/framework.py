@@ -130,7 +130,7 @@ HASH_ADDED = {"drafter": {"conditioning": "kv"},
                         "context_chunk": DEFAULT_CONTEXT_CHUNK},
               "evaluation": {"sampled_draft": False},
               "settings": {"offline_features": False, "curve_prompts": 0, "curve_every": 0,
-                           "regen_temperature": 0.0, "init_from": None},
+                           "regen_temperature": 0.0, "init_from": None, "grow": False},
               # axes added to an experiment after its tables were written, at the value they had
               "axes": {"train_temperatures": [0.0]}}
 
