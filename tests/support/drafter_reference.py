@@ -143,11 +143,12 @@ def reference_draft(dcfg, tparams, dparams, taps, anchor, start, bs, steps):
     return np.where(filled, fill, logits.argmax(-1)), margin, decisive
 
 
-def recording(proposer_class):
+def recording(proposer_class, logp: bool = False):
     """``proposer_class`` (a chain proposer dataclass) whose proposals are unchanged but each
     iteration's (block start int32[B], anchor int32[B], draft int32[B, bs-1]) is also copied to
-    ``records``, in loop order. Compared and hashed by identity, so every instance is traced
-    anew with its own list."""
+    ``records``, in loop order (with ``logp``, the drafter's log-probability of each draft token
+    float32[B, bs-1] as a fourth entry). Compared and hashed by identity, so every instance is
+    traced anew with its own list."""
 
     @dataclasses.dataclass(frozen=True, eq=False)
     class Recording(proposer_class):
@@ -156,9 +157,10 @@ def recording(proposer_class):
         __hash__ = object.__hash__
 
         def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp)
-            jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)),
-                               committed.start, committed.bonus, proposal.tokens, ordered=True)
+            proposal, state = super().propose(spec, tparams, params, state, committed, key, want_logp or logp)
+            seen = (committed.start, committed.bonus, proposal.tokens) + ((proposal.logp,) if logp else ())
+            jax.debug.callback(lambda *xs: self.records.append(tuple(np.asarray(x) for x in xs)), *seen,
+                               ordered=True)
             return proposal, state
 
     Recording.__name__ = Recording.__qualname__ = f"Recording{proposer_class.__name__}"

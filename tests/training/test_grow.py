@@ -20,6 +20,8 @@ from dflash_jax.methods.dflash.training import DFlashTrainer
 from dflash_jax.training.data import TokenDataset, regenerate
 from dflash_jax.training.trainer import TrainConfig
 
+from support.drafter_reference import recording
+
 pytestmark = pytest.mark.xdist_group("test_grow")
 
 CFG = dj.TargetConfig("qwen3", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
@@ -45,23 +47,11 @@ def _grown(start, layers: int) -> dj.Drafter:
 
 
 def _decode(target, drafter, prompts):
-    """(sequences, per iteration: the draft tokens and the drafter's log-probability of each)
-    of a greedy decode whose proposer also reports its confidence."""
-    seen = []
-
-    @dataclasses.dataclass(frozen=True, eq=False)
-    class Recording(DFlashProposer):
-        __eq__ = object.__eq__
-        __hash__ = object.__hash__
-
-        def propose(self, spec, tparams, params, state, committed, key, want_logp=False):
-            proposal, state = super().propose(spec, tparams, params, state, committed, key, True)
-            jax.debug.callback(lambda *xs: seen.append([np.asarray(x) for x in xs]),
-                               proposal.tokens, proposal.logp, ordered=True)
-            return proposal, state
-
-    out = dj.generate(target, prompts, 24, drafter=drafter, proposer=Recording(drafter.config))
-    return np.asarray(out.sequences), seen
+    """(sequences, per iteration: (start, anchor, draft tokens, the drafter's log-probability of
+    each)) of a greedy decode."""
+    proposer = recording(DFlashProposer, logp=True)(drafter.config)
+    out = dj.generate(target, prompts, 24, drafter=drafter, proposer=proposer)
+    return np.asarray(out.sequences), proposer.records
 
 
 def test_grown_layers_are_copies_with_zero_residual_writes(setup):
@@ -89,13 +79,13 @@ def test_a_grown_drafter_drafts_exactly_as_the_one_it_grew_from(setup):
     want, want_drafts = _decode(target, start, prompts[:2])
     got, got_drafts = _decode(target, _grown(start, 3), prompts[:2])
     assert np.array_equal(got, want) and len(got_drafts) == len(want_drafts) > 2
-    for (t1, l1), (t2, l2) in zip(want_drafts, got_drafts):
-        assert np.array_equal(t1, t2) and np.array_equal(l1, l2)
+    for a, b in zip(want_drafts, got_drafts):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
     leaky = grow_params(start.params, 2)
     down = leaky["layers"]["mlp"]["down_proj"]["kernel"]
     leaky["layers"]["mlp"]["down_proj"]["kernel"] = down.at[1].set(start.params["layers"]["mlp"]["down_proj"]["kernel"][0])
     _, leaky_drafts = _decode(target, dj.Drafter(dataclasses.replace(start.config, num_layers=2), leaky), prompts[:2])
-    assert any(not np.array_equal(a[1], b[1]) for a, b in zip(want_drafts, leaky_drafts))
+    assert any(not np.array_equal(a[3], b[3]) for a, b in zip(want_drafts, leaky_drafts))
 
 
 def test_a_grown_run_starts_at_the_start_drafters_loss_and_trains_every_layer(setup, tmp_path):
