@@ -88,6 +88,7 @@ def test_a_grown_drafter_drafts_exactly_as_the_one_it_grew_from(setup):
     assert any(not np.array_equal(a[3], b[3]) for a, b in zip(want_drafts, leaky_drafts))
 
 
+@pytest.mark.slow  # a training run (the drafts' check above is the fast tier's)
 def test_a_grown_run_starts_at_the_start_drafters_loss_and_trains_every_layer(setup, tmp_path):
     root, target, data, start, _ = setup
     one = DFlashTrainer(target, start.config, data, str(tmp_path / "one"), TRAIN, init_from=str(root / "start"))
