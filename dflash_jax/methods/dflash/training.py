@@ -87,7 +87,7 @@ class DFlashTrainer(Trainer):
         check_drafter_conditioning(init_from, self.dcfg)  # before the config: it names the conditioning
         why = start_difference(self._start_config(init_from), self.dcfg, self.grow)
         if why is not None:
-            raise ValueError(f"{init_from} holds another drafter than this run trains: {why}")
+            raise ValueError(f"{init_from} holds a drafter with another config than this run trains: {why}")
 
     def init_params(self, key):
         return init_drafter_params(self.dcfg, key, jnp.float32)
