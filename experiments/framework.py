@@ -853,11 +853,17 @@ class Work:
             return {"source": drafter_identity(cell.drafter["source"]), "steps": 0}
         if self.settings.init_from is not None:
             key["init_from"] = drafter_identity(self.settings.init_from)
-            if self.settings.grow and cell.drafter["layers"] > init_config(self.settings.init_from).num_layers:
+            if self.grows(cell):
                 key["grown"] = True  # (a cell of the start's own depth is the same fine-tune either way)
             if cell.untrained:  # no training: the starting drafter alone decides it
                 key = {"drafter": key["drafter"], "init_from": key["init_from"], "steps": 0}
         return key
+
+    def grows(self, cell: Cell) -> bool:
+        """Whether ``cell``'s drafter starts from the ``init_from`` drafter grown (``--grow`` and
+        more layers than it has)."""
+        s = self.settings
+        return s.grow and s.init_from is not None and cell.drafter["layers"] > init_config(s.init_from).num_layers
 
     def cell_key(self, cell: Cell) -> dict:
         return {"drafter": self.drafter_key(cell), "evaluation": _hashed("evaluation", cell.evaluation),
@@ -1089,10 +1095,9 @@ def _train_drafter(work: Work, cell: Cell, data_dir: str, root: str, record_path
         trainer = DominoTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, held_out,
                                 init_from=init_from)
     else:
-        grow = s.grow and init_from is not None and d["layers"] > init_config(s.init_from).num_layers
         trainer = DFlashTrainer(work.target, dcfg, data, os.path.join(root, "run"), cfg, features, held_out,
                                 init_from=init_from, loss=d.get("loss", "dflash"),
-                                dpace_alpha=d.get("dpace_alpha", 0.5), grow=grow)
+                                dpace_alpha=d.get("dpace_alpha", 0.5), grow=work.grows(cell))
     start_path = os.path.join(root, START_TAU_FILE)
     if held_out and s.curve_every and trainer.manager.latest_step() is None and not os.path.exists(start_path):
         # the curve's step 0: the starting drafter on the held-out prompts (a resume keeps the file)

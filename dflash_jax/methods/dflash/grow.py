@@ -39,10 +39,10 @@ def start_difference(start: DrafterConfig, run: DrafterConfig, grow: bool) -> st
             return (f"--grow adds layers: the run's {run.num_layers} layer(s) are fewer than the starting "
                     f"drafter's {start.num_layers}")
         allowed["num_layers"] = run.num_layers
-    if dataclasses.replace(start, **allowed) == run:
+    comparable = dataclasses.replace(start, **allowed)
+    if comparable == run:
         return None
-    fields = [f.name for f in dataclasses.fields(DrafterConfig)
-              if getattr(dataclasses.replace(start, **allowed), f.name) != getattr(run, f.name)]
+    fields = [f.name for f in dataclasses.fields(DrafterConfig) if getattr(comparable, f.name) != getattr(run, f.name)]
     return ", ".join(f"{n} {getattr(start, n)!r} (the run's {getattr(run, n)!r})" for n in fields)
 
 
