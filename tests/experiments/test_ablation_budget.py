@@ -192,31 +192,6 @@ def test_temperature_ablation_trains_on_sampled_answers_and_measures_the_ceiling
     assert text.count("against a ceiling of") == 4 and "training data at T=0 -> T=1" in text
 
 
-def test_grown_cells_start_from_the_shipped_drafters_drafts(run, tmp_path):
-    """--init-from embedded --grow: the 2-layer cell starts from the shipped drafter grown (its
-    held-out tau before the first step is the shipped drafter's, its first loss the 1-layer
-    fine-tune's, both exactly), its key says so, the 1-layer cell is the plain fine-tune (one
-    drafter for both experiments), and the README says what the cells are."""
-    fixture, fixture_work, _ = run
-    work = _copy(fixture_work, tmp_path / "w")
-    kw = dict(OFFLINE, init_from="embedded", work=work)
-    grown = ablate_depth.run(PRESET, grow=True, depths=(1, 2), out=str(tmp_path / "o"), **kw)
-    tuned = ablate_depth.run(PRESET, depths=(1,), out=str(tmp_path / "o2"), **kw)
-    assert grown.rows[0]["cells"] == tuned.rows[0]["cells"]  # depth 1: the same fine-tune either way
-    one, two = ([t for t in r["training"]][0] for r in grown.rows)
-    assert two["curve"][0]["step"] == 0 and two["curve"][0]["tau"] == one["curve"][0]["tau"]
-    keys = {json.load(open(os.path.join(r, "key.json")))["drafter"]["layers"]: json.load(open(os.path.join(r, "key.json")))
-            for r in glob.glob(os.path.join(work, "drafters", "*")) if "init_from" in json.load(open(os.path.join(r, "key.json")))}
-    assert keys[2].get("grown") is True and "grown" not in keys[1]
-    first = {}
-    for root in glob.glob(os.path.join(work, "drafters", "*")):
-        key = json.load(open(os.path.join(root, "key.json")))
-        if "init_from" in key:
-            first[key["drafter"]["layers"]] = json.loads(open(os.path.join(root, "run", "metrics.jsonl")).readline())["loss"]
-    assert first[2] == pytest.approx(first[1], rel=1e-5)
-    assert "a deeper cell's drafter is it grown" in open(tmp_path / "o" / "README.md").read()
-
-
 def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_path):
     """--init-from embedded --steps 0: every cell's drafter is the shipped one, byte for byte,
     no training data is made, and its key does not depend on the data settings (another
@@ -238,27 +213,36 @@ def test_init_from_steps_0_measures_the_shipped_drafter_itself_without_data(tmp_
     assert "drafter is `embedded`, as it is" in open(tmp_path / "out" / "README.md").read()
 
 
-def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(run, tmp_path):
+def test_init_from_fine_tunes_the_given_weights_grows_them_and_refuses_another_drafter(run, tmp_path):
     """With --steps N the trainer starts from the --init-from weights: the first step's loss is
     the trained drafter's (a random start is near ln(vocab)); the start is in the drafter's key.
-    A drafter of another shape, a missing one, and steps 0 without one are refused up front. In a
-    copy of the fixture's work directory with its settings: the drafter trained from random
-    weights is the fixture's random-anchor one."""
+    With --grow the 2-layer cell starts from the shipped drafter grown: its held-out tau before
+    the first step is the shipped drafter's and its first loss the 1-layer fine-tune's, its key
+    says `grown`, the 1-layer cell is the plain fine-tune (one drafter whether or not --grow is
+    given), and the README says what the cells are. A drafter of another shape, a missing one,
+    and steps 0 without one are refused up front. In a copy of the fixture's work directory with
+    its settings: the drafter trained from random weights is the fixture's random-anchor one."""
     fixture, fixture_work, _ = run
     work = _copy(fixture_work, tmp_path / "w")
+    tuned = ablate_depth.run(PRESET, init_from="embedded", grow=True, work=work, out=str(tmp_path / "o"),
+                             **dict(OFFLINE, depths=(1, 2)))
     kw = dict(OFFLINE, depths=(1,))
-    tuned = ablate_depth.run(PRESET, init_from="embedded", work=work, out=str(tmp_path / "o"), **kw)
     fresh = ablate_depth.run(PRESET, work=work, out=str(tmp_path / "o2"), **kw)
 
-    losses = {}  # the first step's loss of each run, by whether it started from the shipped weights
+    losses, keys = {}, {}  # the first step's loss of each 1-layer run, by whether it started from the shipped weights
     for root in glob.glob(os.path.join(work, "drafters", "*")):
         key = json.load(open(os.path.join(root, "key.json")))
-        if not _random_anchors(key):  # the fixture's fixed-anchor drafter
-            continue
         first = json.loads(open(os.path.join(root, "run", "metrics.jsonl")).readline())
+        if "init_from" in key:
+            keys[key["drafter"]["layers"]] = (key, first["loss"])
+        if not _random_anchors(key):  # the fixture's fixed-anchor drafter, the grown one
+            continue
         assert ("init_from" in key) not in losses  # one drafter of each start
         losses["init_from" in key] = first["loss"]
-    assert sorted(losses) == [False, True]
+    assert sorted(losses) == [False, True] and sorted(keys) == [1, 2]
+    assert keys[2][0].get("grown") is True and "grown" not in keys[1][0]
+    assert keys[2][1] == pytest.approx(keys[1][1], rel=1e-5)
+    assert "a deeper cell's drafter is it grown" in open(tmp_path / "o" / "README.md").read()
     assert losses[True] < 3.0 < np.log(8192) - 1 < losses[False], losses
     # the fine-tune's curve starts at the shipped drafter's own held-out tau (measured here again)
     from dflash_jax.api import generate
@@ -270,6 +254,11 @@ def test_init_from_fine_tunes_the_given_weights_and_refuses_another_drafter(run,
     shipped = generate(target, held, 64, drafter=load_drafter(EMBEDDED_DRAFTER_DIR, target, dtype=target.dtype))
     (start,) = [t["curve"][0] for t in tuned.rows[0]["training"]]
     assert start["step"] == 0 and start["loss"] is None and start["tau"] == pytest.approx(shipped.tau, rel=1e-6)
+    (grown,) = [t["curve"][0] for t in tuned.rows[1]["training"]]
+    assert grown["step"] == 0 and grown["tau"] == start["tau"]
+    plain = ablate_depth.run(PRESET, init_from="embedded", work=work, out=str(tmp_path / "o3"), **kw)
+    assert plain.rows[0]["cells"] == tuned.rows[0]["cells"]  # reused: the same fine-tune either way
+    assert len(glob.glob(os.path.join(work, "drafters", "*"))) == 4  # the fixture's two, the fine-tune, the grown one
     assert fresh.rows[0]["average"]["tau"] < tuned.rows[0]["average"]["tau"]
     assert fresh.rows[0]["cells"] == fixture.rows[0]["cells"] != tuned.rows[0]["cells"]
     with pytest.raises(ValueError, match=r"num_layers 1 \(the run's 2\).*more --layers with --grow"):
