@@ -5,9 +5,8 @@ suite compiles with XLA:CPU's LLVM backend at optimisation level 0 and, where th
 them, the elemental (pre-MLIR) fusion emitters (``--xla_cpu_use_fusion_emitters=false``; newer
 jaxlibs removed the flag and XLA aborts on a flag it does not know, so a subprocess asks first), and
 LLVM's code generation in one piece rather than split over threads
-(``--xla_cpu_parallel_codegen_split_count=1``), and Eigen's matrix products on the calling thread
-(``--xla_cpu_multi_thread_eigen=false``): the suite runs one pytest-xdist worker per core, so
-those threads only contend with the other worker. The HLO passes (fusion, SPMD partitioning,
+(``--xla_cpu_parallel_codegen_split_count=1``): the suite runs one pytest-xdist worker per core, so
+the split's threads only contend with the other worker. The HLO passes (fusion, SPMD partitioning,
 hence every collective) are the same; the fused kernels' machine code differs, so floating-point
 results may differ in the last bits from a default-flag process. Every comparison in the suite is
 between programs of one run (one set of flags), or against an oracle with a tolerance (transformers,
@@ -18,10 +17,7 @@ s; ``tests/decoding/test_speculative.py`` and ``tests/targets/test_target_parity
 took 77 s instead of 109 s wall, 84 s instead of 139 s CPU. The serial code generation, measured on
 the 2-core Xeon (the embedded pair's first DFlash and AR ``generate``, XLA's own backend-compile
 time, two such processes at once as the suite's two workers are, 3 rounds): 2.0-2.5 s -> 1.5-1.6 s
-backend compile, 3.7-4.7 s -> 3.1-3.3 s per process; alone, 1.6-1.8 s -> 1.4-1.6 s. Single-threaded
-Eigen, the same machine, ``tests/decoding`` on two workers, runs alternated: 228 and 212 s with
-it multi-threaded, 183 and 200 s without (408 and 397 s of user CPU against 340 and 373): the
-tests' matrices are small, and handing them between threads costs more than it gains.
+backend compile, 3.7-4.7 s -> 3.1-3.3 s per process; alone, 1.6-1.8 s -> 1.4-1.6 s.
 ``DFLASH_TESTS_DEFAULT_XLA=1`` runs the suite with XLA's default settings instead (also any flag of
 these names the user's own ``XLA_FLAGS`` sets is kept as the user set it)."""
 
@@ -34,8 +30,7 @@ import sys
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 SERIAL_CODEGEN = "--xla_cpu_parallel_codegen_split_count=1"
-SERIAL_EIGEN = "--xla_cpu_multi_thread_eigen=false"
-OPTIONAL = (ELEMENTAL_EMITTERS, SERIAL_CODEGEN, SERIAL_EIGEN)  # used where this jaxlib's XLA knows them
+OPTIONAL = (ELEMENTAL_EMITTERS, SERIAL_CODEGEN)  # used where this jaxlib's XLA knows them
 
 
 def _known_variable(flag: str) -> str:
