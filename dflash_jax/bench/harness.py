@@ -49,6 +49,7 @@ import time
 import numpy as np
 
 from dflash_jax import methods, metrics
+from dflash_jax import quantization
 from dflash_jax.bench.prompt_sets import DATASETS, SUBSETS, load_prompt_set, locate_prompt_set
 from dflash_jax.cli import check_minimum, check_sampling_options, command_main, command_parser, invocation, options, run_cli, status
 from dflash_jax.hub import CHECKPOINT_HELP, EMBEDDED, expand_embedded, resolve_checkpoint
@@ -135,6 +136,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype of the target and drafter (default float32 on CPU, the checkpoint's "
                         "elsewhere)")
+    quantization.add_argument(p)
     p.add_argument("--out", default="runs/bench", help="output directory (bench.json, bench.md, bench.png)")
 
     parallel_cli.add_arguments(p)  # one prompt at a time: a mesh with data=1 (model=N: TP)
@@ -530,7 +532,7 @@ def run(args) -> dict:
                                                    for m in methods.registered() if m.shipped_name}}
     shown = lambda name, path: shipped_names.get(os.path.abspath(path), name)
     status(f"loading {shown(args.target, target_name)} and {shown(args.drafter, drafter_dir)} ...")
-    target = load_target(target_path, dtype=dtype, mesh=mesh)
+    target = load_target(target_path, dtype=dtype, mesh=mesh, quantize=args.quantize)
     if target.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; the benchmark prompts are text")
     drafter = load_drafter(drafter_path, target, dtype=dtype)

@@ -13,6 +13,7 @@ from dflash_jax.verification.adaptive import ADAPTIVE, Adaptive, block_size_arg
 from dflash_jax.decoding.generation import generate as run_generate
 from dflash_jax.decoding import tree_args
 from dflash_jax.prompts import encode_prompt
+from dflash_jax import quantization
 
 
 def _parse_token_ids(text: str) -> list[int]:
@@ -58,6 +59,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling (with --temperature > 0)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="compute dtype of the target and drafter (default: the checkpoint's)")
+    quantization.add_argument(p)
     parallel_cli.add_arguments(p)
 
 
@@ -77,7 +79,7 @@ def run(args):
     dtype = jnp.dtype(args.dtype) if args.dtype else None
     mesh = parallel_cli.mesh_from_args(args)
     target = load_target(args.target, dtype=dtype, max_len=args.max_len,
-                         allow_extrapolation=args.allow_extrapolation, mesh=mesh)
+                         allow_extrapolation=args.allow_extrapolation, mesh=mesh, quantize=args.quantize)
     drafter = load_drafter(args.drafter, target, dtype=dtype) if args.drafter else None
     if args.block_size is not None and drafter is None:
         raise ValueError("--block-size needs --drafter (autoregressive decoding has block size 1)")

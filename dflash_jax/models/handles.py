@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dflash_jax import methods
+from dflash_jax import quantization
 from dflash_jax.checkpoints import load_target_params, save_target_params, save_tokenizer
 from dflash_jax.config import TargetConfig, read_config_json
 from dflash_jax.hub import (ASSETS_DIR, EMBEDDED_DRAFTER_DIR, EMBEDDED_TARGET_DIR,  # noqa: F401 (re-exported)
@@ -49,6 +50,9 @@ class Target:
     mesh: Any = None
 
     def __post_init__(self):
+        if self.mesh is not None and quantization.is_quantized(self.params):
+            raise ValueError("a quantized target runs on one device for now: load it without a mesh, "
+                             "or without quantize=")
         if self.mesh is not None:
             rules.check_mesh_split(self.config, self.mesh)
             self.params = rules.shard_params(self.params, self.mesh,
@@ -76,6 +80,11 @@ class Target:
         return self.params["embed_tokens"]["embedding"].dtype
 
     @property
+    def quantization(self) -> str | None:
+        """"int8" / "fp8" when the linear layers are quantized (``dflash_jax.quantization``), else None."""
+        return quantization.quantized_kind(self.params)
+
+    @property
     def stop_token_ids(self) -> list[int]:
         """The config's eos ids, plus the tokenizer's eos when it is another id."""
         stops = list(self.config.eos_token_id)
@@ -93,13 +102,17 @@ class Target:
 
     def save(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
         """Writes config.json + safetensors (and the tokenizer, when there is one)."""
+        if quantization.is_quantized(self.params):
+            raise ValueError(f"this target's weights are quantized ({self.quantization}) in memory: save the "
+                             "float target it was loaded from (quantize= applies on load)")
         save_target_params(path, self.config, self.params, max_shard_bytes)
         if self.tokenizer is not None:
             save_tokenizer(self.tokenizer, path)
 
 
 def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None, *,
-                allow_extrapolation: bool = False, mesh=None, revision: str | None = None) -> Target:
+                allow_extrapolation: bool = False, mesh=None, revision: str | None = None,
+                quantize: str | None = None) -> Target:
     """Loads a Hugging Face checkpoint of a registered target family (Qwen3, Llama-3.x;
     ``dflash_jax.targets``).
 
@@ -115,7 +128,15 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
         sharded as they load (each process reads only its devices' slices of the safetensors
         files) and ``generate`` runs on the mesh. None: one device.
       revision: with a repo id: its branch, tag or commit (or write ``org/name@revision``).
+      quantize: ``"int8"`` / ``"fp8"``: the linear layers weight-only quantized per output channel
+        after loading (``dflash_jax.quantization``: 1-byte values and float32 scales, dequantized
+        layer by layer inside the compiled step; embeddings, LM head, norms and routers kept);
+        ``"none"``: a quantized checkpoint dequantized; None: the weights as stored. One device.
     """
+    quantization.check_kind(quantize)
+    if quantize in quantization.KINDS and mesh is not None:
+        raise ValueError(f"quantize={quantize!r} with a mesh: quantized targets run on one device for now; "
+                         "drop the mesh or the quantization")
     path = os.fspath(resolve_checkpoint(path, revision, kind="target"))
     if mesh is not None:
         config = TargetConfig.from_pretrained(path)
@@ -124,6 +145,10 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
                                             sharding_of=rules.sharding_of(mesh, family_of(config).param_axes(config)))
     else:
         config, params = load_target_params(path, dtype=dtype)
+    if quantize in quantization.KINDS:
+        params = quantization.quantize_params(params, quantize)
+    elif quantize == "none":
+        params = quantization.dequantize_params(params)
     tokenizer = None
     if any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer

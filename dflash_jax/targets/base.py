@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import jax
 
 from dflash_jax.nn import head
+from dflash_jax.quantization import is_quantized
 
 SPLIT_MAX_BYTES = 2 << 30
 """Layer weights above this many bytes keep the stacked layout in the CPU decode loop
@@ -139,8 +140,13 @@ class TargetFamily:
         on the embedded target, 2 cores: AR step 4.1 -> 3.3-3.6 ms, DFlash block-16 iteration
         14.7 -> 13.1-13.5 ms). The split holds a second copy of the layer weights during the
         call, so targets whose layer weights exceed :data:`SPLIT_MAX_BYTES` keep the stacked
-        layout (and the copies). On GPU, XLA reads the slices in place (``xla_flags``)."""
+        layout (and the copies). On GPU, XLA reads the slices in place (``xla_flags``). Quantized
+        layers (``dflash_jax.quantization``) stay stacked: the fusion that dequantizes a layer's
+        matrices reads their slice of the stack itself, so there is no copy for the split to save,
+        and split layers would let XLA hoist every layer's dequantization out of the loop."""
         if self.split_layers is None or jax.default_backend() != "cpu" or "layers" not in params:
+            return params
+        if is_quantized(params["layers"]):  # its dequantization reads the slice in place already
             return params
         size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params["layers"]))
         return self.split_layers(params) if size <= SPLIT_MAX_BYTES else params

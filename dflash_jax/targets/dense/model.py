@@ -37,6 +37,7 @@ from dflash_jax.nn.head import LMHeadKernel, embed_rows, lm_head
 from dflash_jax.nn.layers import out_projection, random_module_params
 from dflash_jax.nn import tree_attention
 from dflash_jax.nn.tree_attention import TreeAttention
+from dflash_jax.quantization import dequantize_tree
 
 
 class SelfAttention(nn.Module):
@@ -105,6 +106,11 @@ class DecoderLayer(nn.Module):
         return (h, cache, taps, layer + 1), None
 
 
+# the layer as the model applies it: a quantized layer's matrices dequantized inside the layer's
+# own step (dflash_jax.quantization), one layer at a time; a float layer passes unchanged
+_Layer = nn.map_variables(DecoderLayer, "params", trans_in_fn=dequantize_tree, init=True, mutable=True)
+
+
 class TargetModel(nn.Module):
     """Decoder-only LM returning logits, tapped hidden states and the updated cache.
 
@@ -139,11 +145,11 @@ class TargetModel(nn.Module):
         layer_args = (cfg, tuple(self.tap_layer_ids), self.param_dtype, self.attention_impl,
                       self.model_axis)
         if self.split_layers:
-            self.layer_list = [DecoderLayer(*layer_args, name=f"{SPLIT_PREFIX}{i}")
+            self.layer_list = [_Layer(*layer_args, name=f"{SPLIT_PREFIX}{i}")
                                for i in range(cfg.num_layers)]
         else:
             self.layers = nn.scan(
-                DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                _Layer, variable_axes={"params": 0}, split_rngs={"params": True},
                 in_axes=nn.broadcast, length=cfg.num_layers,
             )(*layer_args, name="layers")
         self.norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="norm")

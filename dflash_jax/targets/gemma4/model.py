@@ -55,6 +55,7 @@ from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.head import embed, embed_rows, lm_head
 from dflash_jax.nn.layers import apply_rope
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
+from dflash_jax.quantization import dequantize_tree
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -231,6 +232,7 @@ def _attention(cfg, i: int, p, x, rope, masks, positions, state, block_kv, model
 
 
 def _layer(cfg, i: int, lp, h, ple, rope, masks, positions, state, block_kv, model_axis, expert_axis, moe_impl):
+    lp = dequantize_tree(lp, h)  # a quantized layer's matrices, inside its own step (dflash_jax.quantization)
     eps = cfg.rms_norm_eps
     a, state = _attention(cfg, i, lp["self_attn"], rms_norm(h, lp["input_layernorm"]["weight"], eps),
                           rope, masks, positions, state, block_kv, model_axis)

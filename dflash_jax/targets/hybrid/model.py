@@ -69,6 +69,7 @@ from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.nn.layers import apply_rope
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
 from dflash_jax.targets.moe.qwen3_5_moe import block_param_shapes, moe_block
+from dflash_jax.quantization import dequantize_tree
 
 
 # ---------------------------------------------------------------------------- the decode state
@@ -279,6 +280,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
     def gdn_layer(carry, xs, mlp_kind):
         h, taps, layer = carry
         lp, mp, window, s0 = xs
+        lp, mp = dequantize_tree((lp, mp), h)  # a quantized layer's matrices, in its own step (dflash_jax.quantization)
         y, rec = gdn_mixer(cfg, lp["linear_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
                            window, s0, form, record)
         h = finish(lp, mlp_kind, mp, h, y)
@@ -287,6 +289,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
     def attn_layer(carry, xs, mlp_kind):
         h, cache, taps, layer, index = carry
         lp, mp = xs
+        lp, mp = dequantize_tree((lp, mp), h)  # as in gdn_layer
         y, cache = attention_mixer(cfg, lp["self_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
                                    cos, sin, positions, mask, cache, index, attention_impl)
         h = finish(lp, mlp_kind, mp, h, y)

@@ -63,6 +63,7 @@ from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.layers import apply_rope
 from dflash_jax.targets.moe.qwen3_moe_model import decoder_forward, split_layer_params
+from dflash_jax.quantization import dequantize_tree
 
 LATENT_NORM_EPS = 1e-6
 """eps of the q and kv latent norms (transformers' ``DeepseekV3RMSNorm(rank)`` default)."""
@@ -195,6 +196,7 @@ def moe_block(cfg, p, x, *, impl: str = "auto", return_routing: bool = False,
 def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, mla_form, moe_impl, model_axis, expert_axis):
     """One decoder layer on carry = (h [B, T, D], state, taps, layer index)."""
     h, cache, taps, layer = carry
+    lp = dequantize_tree(lp, h)  # a quantized layer's matrices, inside its own step (dflash_jax.quantization)
     cos, sin, positions, mask, _ = shared  # a tree's visibility is in the mask already
     a, cache = mla_attention(cfg, lp["self_attn"], rms_norm(lp["input_layernorm"]["weight"], h, cfg.rms_norm_eps),
                              cos, sin, positions, mask, cache, layer, mla_form, model_axis)

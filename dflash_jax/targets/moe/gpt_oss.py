@@ -67,6 +67,7 @@ from dflash_jax.parallel import experts as experts_mesh
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
 from dflash_jax.targets.moe import mxfp4
+from dflash_jax.quantization import dequantize_tree
 
 MODEL_TYPE = "gpt_oss"
 ARCHITECTURE = "GptOssForCausalLM"
@@ -223,6 +224,7 @@ def target_forward(cfg: GptOssConfig, params, tokens, positions, cache: KVCache 
     def layer_fn(carry, xs):
         h, cache, taps = carry
         p, layer, slides = xs
+        p = dequantize_tree(p, h)  # a quantized layer's matrices, inside its own step (dflash_jax.quantization)
         mask = jnp.where(slides, sliding, full)
         a, cache = attention(cfg, p["self_attn"], rms_norm(h, p["input_layernorm"]["weight"],
                                                            cfg.rms_norm_eps),

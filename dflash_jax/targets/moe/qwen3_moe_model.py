@@ -32,6 +32,7 @@ from dflash_jax.nn import MLP, RMSNorm, moe
 from dflash_jax.nn.attention import check_attention_impl
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.targets.dense.model import SelfAttention, check_forward_inputs, collect_taps, rope_and_mask
+from dflash_jax.quantization import dequantize_tree
 
 SPLIT_PREFIX = "layers_"
 ATTENTION_KEYS = ("input_layernorm", "post_attention_layernorm", "self_attn")
@@ -83,6 +84,7 @@ def _layer(cfg, lp, is_moe: bool, carry, shared, tap_layer_ids, attention_impl, 
            expert_axis, moe_impl):
     """One decoder layer on carry = (h [B, T, D], cache, taps, layer index)."""
     h, cache, taps, layer = carry
+    lp = dequantize_tree(lp, h)  # a quantized layer's matrices, inside its own step (dflash_jax.quantization)
     cos, sin, positions, mask, tree_visible = shared
     attn = SelfAttention(cfg, attention_impl=attention_impl, model_axis=model_axis)
     a, cache = attn.apply({"params": lp["self_attn"]}, _norm(cfg, lp["input_layernorm"]["weight"], h),
