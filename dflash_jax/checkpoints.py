@@ -20,7 +20,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from dflash_jax import targets
+from dflash_jax import quantization, targets
 from dflash_jax.config import TargetConfig
 from dflash_jax.files import atomic_path, write_json
 
@@ -387,7 +387,7 @@ def _atomic_save(tensors: dict[str, np.ndarray], file: str) -> None:
 
 # ---------------------------------------------------------------------------- target API
 def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None, dtype=None,
-                       sharding_of=None):
+                       sharding_of=None, keep_fp8: bool = True):
     """Loads a target checkpoint directory into (config, params).
 
     ``dtype`` (e.g. ``jnp.bfloat16``) casts every tensor; None keeps the stored dtype.
@@ -401,6 +401,12 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     read -> the ``tensor_specs`` names, raising :class:`CheckpointError` naming a bad tensor),
     which runs when the checkpoint holds names outside its specs. Such a checkpoint is read
     whole on the host, then placed (``sharding_of``).
+
+    Block-FP8 weights (the released ``-FP8`` files: ``quantization_config`` ``quant_method``
+    "fp8", ``float8_e4m3fn`` weights and ``weight_scale_inv`` block scales), in a family that does
+    not read them itself: ``keep_fp8`` loads them as they are (``quantization.QuantizedWeight``,
+    dequantized layer by layer inside the compiled step), else dequantized to float32 on load
+    (then cast to ``dtype``).
     """
     cfg = cfg or TargetConfig.from_pretrained(path)
     specs = target_tensor_specs(cfg)
@@ -408,6 +414,11 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     what = f"target checkpoint {os.fspath(path)!r}"
     convert = getattr(targets.family_of(cfg), "convert_checkpoint_tensors", None)
     stored = set(checkpoint_files(path))
+    if any(n.endswith(quantization.SCALE_INV) for n in stored) and getattr(cfg, "fp8_weight_block_size", None) is None:
+        if sharding_of is not None:
+            raise ValueError(f"{what} holds block-FP8 weights: quantized targets load on one device for now "
+                             "(no mesh)")
+        return cfg, _load_block_fp8(path, cfg, specs, ignore, what, dtype, convert, keep_fp8)
     direct = convert is None or stored <= set(specs) | set(ignore)
     check = getattr(targets.family_of(cfg), "check_checkpoint_tensors", None)
     if check is not None and direct:  # the family's one-line messages before the generic listing
@@ -422,6 +433,40 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
         params = jax.tree_util.tree_map_with_path(
             lambda p, x: jax.device_put(x, sharding_of(tuple(k.key for k in p), x.ndim)), params)
     return cfg, params
+
+
+def _load_block_fp8(path, cfg, specs, ignore, what, dtype, convert, keep_fp8: bool):
+    """:func:`load_target_params` of a checkpoint with released block-FP8 weights."""
+    from dflash_jax.config import read_config_json
+
+    block = quantization.fp8_block_size(read_config_json(path).get("quantization_config"), what)
+    tensors, scales = quantization.split_block_fp8(read_tensors(path), block, what)
+    if not keep_fp8:
+        tensors = {n: quantization.dequantize_block_fp8(a, scales[n], block) if n in scales else a
+                   for n, a in tensors.items()}
+        if set(tensors) - set(specs) - set(ignore) and convert is not None:
+            tensors = convert(cfg, tensors, what)
+        return tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore, what=what)
+    unknown = sorted(n for n in scales if n not in specs)
+    if unknown:
+        raise CheckpointError(f"{what}: {unknown[0]} is block-FP8 but not a tensor of the {cfg.model_type} layout "
+                              "read quantized: load it with quantize='none' (dequantized on load)")
+    values = tensors_to_params(tensors, specs, dtype=None, ignore=ignore, what=what)
+    scale_specs = {n: specs[n]._replace(shape=tuple(scales[n].shape)) for n in scales}
+    scale_tree = tensors_to_params({n: np.asarray(a, np.float32) for n, a in scales.items()}, scale_specs,
+                                   what=what)
+    float_dtype = jnp.dtype(dtype or next(a.dtype for n, a in tensors.items() if n not in scales
+                                          and np.issubdtype(a.dtype, np.floating))).name
+    b_out, b_in = block
+
+    def merge(v, s):
+        if isinstance(v, dict):
+            return {k: merge(x, s.get(k) if isinstance(s, dict) else None) for k, x in v.items()}
+        if s is not None:
+            return quantization.QuantizedWeight(v, s, (b_in, b_out), float_dtype)
+        return v.astype(float_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+
+    return merge(values, scale_tree)
 
 
 def save_target_params(path: str | os.PathLike, cfg: TargetConfig, params,

@@ -232,3 +232,60 @@ def add_argument(p) -> None:
                    help="the target's linear layers weight-only quantized on load: int8 or fp8 "
                         "(float8_e4m3fn), one scale per output channel (docs/quantization.md); 'none' "
                         "dequantizes a quantized checkpoint; default: the weights as stored")
+
+
+# ---------------------------------------------------------------------------- released FP8 files
+SCALE_INV = "_scale_inv"  # ``<name>.weight_scale_inv``: the block scales of ``<name>.weight``
+
+
+def fp8_block_size(q, what: str) -> tuple[int, int] | None:
+    """The ``weight_block_size`` [b_out, b_in] of a block-FP8 ``quantization_config`` (the
+    released Qwen3-FP8 and DeepSeek-V3 files: ``quant_method`` "fp8", ``fmt`` "e4m3"); None
+    without a quantization_config; another quantization, or a bad block size, is a one-line
+    ValueError naming the field."""
+    if not q:
+        return None
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read for this target "
+                         "family (only block FP8, quant_method 'fp8'): dequantize the checkpoint to bf16 first")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"{what}: quantization_config fmt={q.get('fmt')!r}: only e4m3 FP8 weights are read")
+    block = q.get("weight_block_size")
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
+        raise ValueError(f"{what}: quantization_config weight_block_size must be two positive integers "
+                         f"[out, in], got {block!r}")
+    return int(block[0]), int(block[1])
+
+
+def split_block_fp8(tensors: dict, block: tuple[int, int] | None, what: str) -> tuple[dict, dict]:
+    """(the tensors without their ``weight_scale_inv``, {weight name: its scale}) of a checkpoint;
+    an FP8 weight without its scale, a scale without its weight, a non-FP8 weight with a scale,
+    or FP8 weights without a ``quantization_config`` are one-line CheckpointErrors naming the
+    tensor; each scale's shape is checked against its weight (:func:`from_block_fp8`)."""
+    from dflash_jax.checkpoints import CheckpointError
+
+    scales = {n[:-len(SCALE_INV)]: n for n in tensors if n.endswith(SCALE_INV)}
+    fp8 = sorted(n for n, a in tensors.items() if "float8" in str(a.dtype))
+    if (scales or fp8) and block is None:
+        name = (sorted(scales.values()) or fp8)[0]
+        raise CheckpointError(f"{what}: {name} is FP8 block-quantized, but config.json has no "
+                              "quantization_config with its weight_block_size")
+    for w, sname in sorted(scales.items()):
+        if w not in tensors:
+            raise CheckpointError(f"{what}: {sname} has no weight {w} to scale")
+    for n in fp8:
+        if n not in scales:
+            raise CheckpointError(f"{what}: {n} is stored in FP8 ({tensors[n].dtype}) without its {n}{SCALE_INV}")
+    for w in scales:  # checked here, so nothing is built from a bad pair
+        from_block_fp8(tensors[w], tensors[scales[w]], block, "float32", w, what)
+    rest = {n: a for n, a in tensors.items() if n not in scales.values()}
+    return rest, {w: tensors[s] for w, s in scales.items()}
+
+
+def dequantize_block_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """float32 ``w * scale_inv`` per block of a released FP8 weight [out, in] (exact: the
+    product of an e4m3 value and a float32 scale is computed in float64, then rounded once)."""
+    s = np.repeat(np.repeat(scale_inv.astype(np.float64), block[0], 0), block[1], 1)[:w.shape[0], :w.shape[1]]
+    return (w.astype(np.float64) * s).astype(np.float32)

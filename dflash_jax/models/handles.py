@@ -144,7 +144,7 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
         config, params = load_target_params(path, config, dtype=dtype,
                                             sharding_of=rules.sharding_of(mesh, family_of(config).param_axes(config)))
     else:
-        config, params = load_target_params(path, dtype=dtype)
+        config, params = load_target_params(path, dtype=dtype, keep_fp8=quantize in (None, "fp8"))
     if quantize in quantization.KINDS:
         params = quantization.quantize_params(params, quantize)
     elif quantize == "none":

@@ -5,6 +5,7 @@ in a compiled decode loop; greedy DFlash == AR at every accepted length on quant
 and hybrid targets; the quantized embedded target's logits within their stated bound of the
 float32 ones; bad input refused before anything loads."""
 
+import json
 import os
 
 import jax
@@ -259,3 +260,94 @@ def test_generate_command_quantizes_the_target(capsys):
     cli.main(["--prompt", "The capital of France is", "--max-new-tokens", "12", "--dtype", "float32",
               "--quantize", "int8", "--drafter", "embedded"])
     assert want in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- released FP8 files
+def test_a_released_block_fp8_checkpoint_loads_as_stored_or_dequantized(tmp_path):
+    """A tiny random Qwen3 written in the released block-FP8 layout (``tools/fp8_checkpoint.py``:
+    float8_e4m3fn weights, float32 ``weight_scale_inv`` per [16, 16] block, partial edge blocks,
+    the released ``quantization_config``): loaded as stored, its matrices are those blocks (the
+    values bit for bit, the scales transposed to [in, out]) and its logits equal the forward on
+    the float64 dequantization; ``quantize='none'`` loads that dequantization; ``'int8'`` quantizes
+    it per channel."""
+    from dflash_jax.checkpoints import read_tensors
+    from dflash_jax.tools import fp8_checkpoint
+
+    src, out = tmp_path / "float", tmp_path / "fp8"
+    cfg = TargetConfig(model_type="qwen3", vocab_size=96, hidden_size=40, intermediate_size=72, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=12, max_position_embeddings=128)
+    dj.Target.random(cfg, seed=4, init_scale=0.1).save(src)
+    names = fp8_checkpoint.main([str(src), str(out), "--block", "16", "16"])
+    assert len(names) == 2 * 7 and not any("embed" in n or "norm" in n for n in names)
+    stored = read_tensors(out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                             "quant_method": "fp8", "weight_block_size": [16, 16]}
+    t = dj.load_target(out)
+    assert t.quantization == "fp8"
+    q = t.params["layers"]["mlp"]["down_proj"]["kernel"]  # [2, 72, 40]: in 72 = 4.5 blocks of 16
+    assert isinstance(q, Q.QuantizedWeight) and q.block == (16, 16) and q.scale.shape == (2, 5, 3)
+    w = stored["model.layers.1.mlp.down_proj.weight"]
+    np.testing.assert_array_equal(np.asarray(q.q[1]).view(np.uint8), w.T.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(q.scale[1]), stored["model.layers.1.mlp.down_proj.weight_scale_inv"].T)
+    tokens = jnp.asarray([[5, 9, 81, 33, 2, 70]], jnp.int32)
+    positions = jnp.arange(6, dtype=jnp.int32)[None]
+    fwd = jax.jit(lambda p: target_forward(t.config, p, tokens, positions)[0])
+    with jax.default_matmul_precision("highest"):
+        want = np.asarray(fwd(float64_dequantized(t.params)))
+        np.testing.assert_allclose(np.asarray(fwd(t.params)), want, rtol=1e-5, atol=1e-5)
+        plain = dj.load_target(out, quantize="none")
+        assert plain.quantization is None
+        np.testing.assert_array_equal(np.asarray(plain.params["layers"]["mlp"]["down_proj"]["kernel"]),
+                                      np.asarray(float64_dequantized(t.params)["layers"]["mlp"]["down_proj"]["kernel"]))
+        np.testing.assert_allclose(np.asarray(fwd(plain.params)), want, rtol=1e-5, atol=1e-5)
+    assert dj.load_target(out, quantize="int8").quantization == "int8"
+    assert dj.load_target(out, quantize="fp8").params["layers"]["mlp"]["up_proj"]["kernel"].block == (16, 16)
+    # greedy DFlash == AR on it, as stored
+    prompts = [[x % 96 for x in p] for p in PROMPTS]
+    reference = dj.generate(t, prompts, MAX_NEW).sequences
+    dflash_at_every_accepted_length(t, prompts, MAX_NEW, reference, BS)
+
+
+def test_bad_block_fp8_checkpoints_are_refused_naming_the_tensor_or_field(tmp_path):
+    from dflash_jax.checkpoints import read_tensors
+    from dflash_jax.tools import fp8_checkpoint
+
+    src, good = tmp_path / "float", tmp_path / "fp8"
+    cfg = TargetConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1,
+                       num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64)
+    dj.Target.random(cfg, seed=1).save(src)
+    fp8_checkpoint.main([str(src), str(good), "--block", "16", "16"])
+    tensors = read_tensors(good)
+    config = json.loads((good / "config.json").read_text())
+    scale = "model.layers.0.mlp.up_proj.weight_scale_inv"
+
+    def variant(name, tensors=tensors, config=config):
+        d = tmp_path / name
+        d.mkdir()
+        fp8_checkpoint.write_safetensors_raw(tensors, str(d / "model.safetensors"))
+        (d / "config.json").write_text(json.dumps(config))
+        return str(d)
+
+    cases = [
+        (variant("wrong-shape", {**tensors, scale: tensors[scale][:1]}),
+         r"model.layers.0.mlp.up_proj.weight_scale_inv has shape \[1, 2\], but FP8 blocks of \[16, 16\] over "
+         r"\[48, 32\] need \[3, 2\]"),
+        (variant("int-scale", {**tensors, scale: tensors[scale].astype(np.int32)}),
+         "weight_scale_inv is int32: FP8 block scales are float32"),
+        (variant("no-scale", {n: a for n, a in tensors.items() if n != scale}),
+         r"model.layers.0.mlp.up_proj.weight is stored in FP8 \(float8_e4m3fn\) without its "
+         "model.layers.0.mlp.up_proj.weight_scale_inv"),
+        (variant("no-config", tensors, {k: v for k, v in config.items() if k != "quantization_config"}),
+         "is FP8 block-quantized, but config.json has no quantization_config with its weight_block_size"),
+        (variant("bad-block", tensors, {**config, "quantization_config": {**config["quantization_config"],
+                                                                          "weight_block_size": [16, 0]}}),
+         r"weight_block_size must be two positive integers \[out, in\], got \[16, 0\]"),
+        (variant("other-method", tensors, {**config, "quantization_config": {"quant_method": "gptq"}}),
+         "quant_method='gptq' is not read"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message):
+            dj.load_target(path)
+    with pytest.raises(FileExistsError):
+        fp8_checkpoint.main([str(src), str(good)])
