@@ -103,6 +103,8 @@ def regenerate(target, prompts: Sequence[Any], out_dir: str, *, max_new_tokens: 
                     top_k=top_k, top_p=top_p, seed=seed, stop_token_ids=stops, shard_size=shard_size,
                     num_prompts=len(prompts), target=target.path, source=source,
                     enable_thinking=bool(enable_thinking))
+    if getattr(target, "quantization", None):  # answers of a quantized target are other data
+        settings["target_quantization"] = target.quantization
     meta_file = os.path.join(out_dir, "metadata.json")
     # data written before enable_thinking was recorded resumes when the template has no such
     # switch: the prompts are the same either way

@@ -312,7 +312,8 @@ class Trainer:
         return ({"method": self.method} if self.record_names_method else {}) | {
             "drafter": self.dcfg.to_hf_dict(), "train": train | {"steps": self.num_steps},
             "target": self.target.path, "data_dir": os.path.abspath(self.data.data_dir)} | (
-            self.record_settings()) | ({"init_from": self.init_from} if self.init_from else {})
+            self.record_settings()) | ({"init_from": self.init_from} if self.init_from else {}) | (
+            {"target_quantization": self.target.quantization} if getattr(self.target, "quantization", None) else {})
 
     def _method_flag(self) -> str:
         """What the messages' `train` commands add for this method (nothing for the default)."""
@@ -533,4 +534,5 @@ def export_run(run_dir: str, out_dir: str, dtype=None) -> dict:
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     if jax.process_index() == 0:  # across hosts, process 0 writes the export
         save_drafter(method.from_run(run_dir, record, dcfg, params), out_dir)
-    return {"method": method.name, "label": method.label, "step": int(step), "target": record.get("target")}
+    return {"method": method.name, "label": method.label, "step": int(step), "target": record.get("target"),
+            "target_quantization": record.get("target_quantization")}

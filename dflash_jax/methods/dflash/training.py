@@ -271,7 +271,7 @@ def train_from_args(args, cfg) -> None:
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     dcfg = DrafterConfig.from_pretrained(init_from) if init_from else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids if dcfg else None) if args.features else None
-    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None, quantize=getattr(args, "quantize", None),
                          mesh=mesh)
     mask = mask_token(args, target)
     if dcfg is None:

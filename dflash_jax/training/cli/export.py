@@ -48,7 +48,9 @@ def closing_lines(args, exported: dict) -> list[str]:
             f"(architecture {architecture}: {', '.join(x for x in shape if x)})",
             "files: " + ", ".join(f"{f} ({_size(os.path.getsize(os.path.join(args.out, f)))})" for f in files),
             "next: benchmark it against the target alone:",
-            "  " + shlex.join(["python", "-m", "dflash_jax", "bench", "--target", target, "--drafter", out])]
+            "  " + shlex.join(["python", "-m", "dflash_jax", "bench", "--target", target, "--drafter", out]
+                              + (["--quantize", exported["target_quantization"]]
+                                 if exported.get("target_quantization") else []))]
 
 
 def run(args) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from dflash_jax import quantization
 from dflash_jax.cli import command_main, run_cli
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.parallel.cli import add_arguments as add_parallel_arguments, mesh_from_args
@@ -19,6 +20,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass of the target")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="compute dtype of the target (default: the checkpoint's)")
+    quantization.add_argument(p)
 
     add_parallel_arguments(p)
 
@@ -29,7 +31,8 @@ def run(args) -> None:
     import jax.numpy as jnp
 
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh)
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, mesh=mesh,
+                         quantize=args.quantize)
     write_features(target, args.data, args.out, args.taps, args.batch_size)
 
 

@@ -18,6 +18,7 @@ import shlex
 import sys
 
 from dflash_jax import methods
+from dflash_jax import quantization
 from dflash_jax.cli import (add_dataclass_arguments, add_deprecated_alias, command_main, dataclass_from_args,
                             flag, run_cli)
 from dflash_jax.hub import CHECKPOINT_HELP
@@ -54,6 +55,7 @@ def add_arguments(p) -> None:
                    help="dtype the target is loaded and computes in (default: the checkpoint's); the "
                         "drafter's is --compute-dtype")
     add_deprecated_alias(p, "--dtype", "--target-dtype")  # --dtype is the compute dtype elsewhere
+    quantization.add_argument(p)  # the target as train-data answered with it
     for name, part in parts.items():
         if name != methods.DEFAULT:
             part.add_train_arguments(p)
@@ -124,7 +126,8 @@ def closing_lines(args, cfg: TrainConfig) -> list[str]:
         lines += ["next: export the drafter, then benchmark it against the target alone:",
                   "  " + shlex.join(["python", "-m", "dflash_jax", "export", "--run", run, "--out", export]),
                   "  " + shlex.join(["python", "-m", "dflash_jax", "bench", "--target", args.target,
-                                     "--drafter", export])]
+                                     "--drafter", export]
+                                    + (["--quantize", args.quantize] if getattr(args, "quantize", None) else []))]
     return lines
 
 

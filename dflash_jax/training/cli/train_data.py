@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 
+from dflash_jax import quantization
 from dflash_jax.cli import command_main, run_cli
 from dflash_jax.hub import CHECKPOINT_HELP
 from dflash_jax.models.handles import load_target
@@ -36,13 +37,15 @@ def add_arguments(p) -> None:
                         "drafter in the same mode); recorded in metadata.json")
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="compute dtype of the target (default: the checkpoint's)")
+    quantization.add_argument(p)
 
 
 def run(args) -> dict:
     import jax.numpy as jnp
 
 
-    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, max_len=args.max_len)
+    target = load_target(args.target, dtype=jnp.dtype(args.dtype) if args.dtype else None, max_len=args.max_len,
+                         quantize=args.quantize)
     prompts = [q for f in args.prompts for q in read_prompt_file(f)][:args.max_prompts]
     meta = regenerate(target, prompts, args.out, max_new_tokens=args.max_new_tokens, max_len=args.max_len,
                       batch_size=args.batch_size, shard_size=args.shard_size, temperature=args.temperature,
@@ -67,6 +70,8 @@ def closing_lines(args, meta: dict, has_mask_token: bool = True) -> list[str]:
     train = ["python", "-m", "dflash_jax", "train", "--target", args.target, "--data", out, "--run", f"{out}-run"]
     if args.dtype:
         train += ["--target-dtype", args.dtype]
+    if getattr(args, "quantize", None):
+        train += ["--quantize", args.quantize]
     lines = [f"wrote {out}: {meta['sequences']:,} sequences, {meta['response_tokens']:,} response tokens "
              f"({meta['stopped']:,} responses ended at a stop token) in {shards} shard{'s' if shards != 1 else ''} "
              f"(shard-*.npz, up to {args.shard_size} sequences of {args.max_len} tokens each) and "
