@@ -152,6 +152,7 @@ MEANINGS = {
     "--out": ("out", r"output director|to write"),
     "--preset": ("preset", r"model (shape|size)"),
     "--process-id": ("process_id", r"multi-host: this process's id"),
+    "--quantize": ("quantize", r"weight-only quantized on load"),
     "--prompt-len": ("prompt_len", r"prompt tokens"),
     "--repeats": ("repeats", r"timed runs"),
     "--run": ("run", r"run directory"),
