@@ -249,13 +249,19 @@ def fp8_block_size(q, what: str) -> tuple[int, int] | None:
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read for this target "
                          "family (only block FP8, quant_method 'fp8'): dequantize the checkpoint to bf16 first")
+    return block_fp8_size(q, what)
+
+
+def block_fp8_size(q, what: str) -> tuple[int, int]:
+    """The ``weight_block_size`` of an ``fp8`` ``quantization_config`` (e4m3 weights in blocks);
+    another format or a bad size is a one-line ValueError naming the field."""
     if q.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"{what}: quantization_config fmt={q.get('fmt')!r}: only e4m3 FP8 weights are read")
     block = q.get("weight_block_size")
     if (not isinstance(block, (list, tuple)) or len(block) != 2
             or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
-        raise ValueError(f"{what}: quantization_config weight_block_size must be two positive integers "
-                         f"[out, in], got {block!r}")
+        raise ValueError(f"{what}: quantization_config weight_block_size must be two positive integers, "
+                         f"got {block!r}")
     return int(block[0]), int(block[1])
 
 

@@ -342,7 +342,7 @@ def test_bad_block_fp8_checkpoints_are_refused_naming_the_tensor_or_field(tmp_pa
          "is FP8 block-quantized, but config.json has no quantization_config with its weight_block_size"),
         (variant("bad-block", tensors, {**config, "quantization_config": {**config["quantization_config"],
                                                                           "weight_block_size": [16, 0]}}),
-         r"weight_block_size must be two positive integers \[out, in\], got \[16, 0\]"),
+         r"weight_block_size must be two positive integers, got \[16, 0\]"),
         (variant("other-method", tensors, {**config, "quantization_config": {"quant_method": "gptq"}}),
          "quant_method='gptq' is not read"),
     ]

@@ -44,6 +44,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.nn import partitioning
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.layers import random_init
+from dflash_jax.quantization import block_fp8_size
 from dflash_jax.targets import packed_int
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.mla import model
@@ -161,14 +162,7 @@ def quantization(q: Any, what: str) -> tuple[tuple[int, int] | None, packed_int.
 
 def fp8_block_size(q: Mapping[str, Any], what: str) -> tuple[int, int]:
     """The ``weight_block_size`` of an FP8 ``quantization_config`` (e4m3 weights in blocks)."""
-    if q.get("fmt", "e4m3") != "e4m3":
-        raise ValueError(f"{what}: quantization_config fmt={q.get('fmt')!r}: only e4m3 FP8 weights are read")
-    block = q.get("weight_block_size")
-    if (not isinstance(block, (list, tuple)) or len(block) != 2
-            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
-        raise ValueError(f"{what}: quantization_config weight_block_size must be two positive integers, "
-                         f"got {block!r}")
-    return int(block[0]), int(block[1])
+    return block_fp8_size(q, what)
 
 
 def dequantize_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str,
