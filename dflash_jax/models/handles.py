@@ -141,7 +141,7 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
     if mesh is not None:
         config = TargetConfig.from_pretrained(path)
         rules.check_mesh_split(config, mesh)
-        config, params = load_target_params(path, config, dtype=dtype,
+        config, params = load_target_params(path, config, dtype=dtype, keep_fp8=quantize in (None, "fp8"),
                                             sharding_of=rules.sharding_of(mesh, family_of(config).param_axes(config)))
     else:
         config, params = load_target_params(path, dtype=dtype, keep_fp8=quantize in (None, "fp8"))

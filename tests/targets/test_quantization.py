@@ -302,6 +302,14 @@ def test_a_released_block_fp8_checkpoint_loads_as_stored_or_dequantized(tmp_path
                                       np.asarray(float64_dequantized(t.params)["layers"]["mlp"]["down_proj"]["kernel"]))
         np.testing.assert_allclose(np.asarray(fwd(plain.params)), want, rtol=1e-5, atol=1e-5)
     assert dj.load_target(out, quantize="int8").quantization == "int8"
+    from dflash_jax.parallel import make_mesh
+
+    mesh = make_mesh(data=1, model=1)
+    with pytest.raises(ValueError, match="holds block-FP8 weights: quantized targets run on one device"):
+        dj.load_target(out, mesh=mesh)
+    on_mesh = dj.load_target(out, quantize="none", mesh=mesh)  # dequantized on the host, then placed
+    np.testing.assert_array_equal(np.asarray(on_mesh.params["layers"]["mlp"]["down_proj"]["kernel"]),
+                                  np.asarray(plain.params["layers"]["mlp"]["down_proj"]["kernel"]))
     assert dj.load_target(out, quantize="fp8").params["layers"]["mlp"]["up_proj"]["kernel"].block == (16, 16)
     # greedy DFlash == AR on it, as stored
     prompts = [[x % 96 for x in p] for p in PROMPTS]
