@@ -17,9 +17,9 @@ import os
 import numpy as np
 
 from dflash_jax import metrics
-from dflash_jax.figures import finish, interval_errors, interval_label, report_notes
+from dflash_jax.figures import interval_errors, interval_label
 from dflash_jax.files import write_json, write_text
-from dflash_jax.reporting import cpu_description, new_figure
+from dflash_jax.reporting import command_line, cpu_description, new_figure, report_figure, save_figure
 
 
 def _tau_by_response(bench: dict, name: str) -> dict[tuple, float]:
@@ -87,7 +87,7 @@ def markdown(report: dict) -> str:
         cells += [f"{row[n]['ar_ms_per_token']:.2f}" if "ar_ms_per_token" in row[n] else "" for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     runs = report["runs"]
-    env = runs[names[0]]
+    env = report
     loads = ", ".join(f"{n} {runs[n]['load_average_before'][0]:.2f}" for n in names)
     return "\n".join([
         "# The shipped drafter on the quantized embedded target",
@@ -137,15 +137,72 @@ def plot(report: dict):
     b.set_ylabel(f"tau difference, paired ({interval_label(errs)})")
     b.set_title(f"tau change against the {names[0]} target")
     b.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=max(1, len(names) - 1))
-    return finish(fig, report_notes(report["runs"][names[0]]))
+    return fig
+
+
+def timing(runs: dict[str, list[dict]]) -> dict:
+    """Per run name (several bench runs each, e.g. three rounds alternated) and set: the AR and
+    DFlash decode ms/token and the decode speedup of every run, with their medians."""
+    out = {}
+    for name, benches in runs.items():
+        for s in benches[0]["datasets"]:
+            per = [b["datasets"][s] for b in benches]
+            row = {k: [float(p[k]) for p in per] for k in ("ar_decode_ms_per_token", "dflash_decode_ms_per_token",
+                                                          "speedup")}
+            row |= {f"{k}_median": float(np.median(v)) for k, v in list(row.items())}
+            row["load_average_before"] = [b["load_average_before"][0] for b in benches]
+            out.setdefault(name, {})[s] = row
+    return out
+
+
+def timing_markdown(table: dict, benches: dict[str, list[dict]]) -> str:
+    names = list(table)
+    lines = ["# Decode times of the embedded pair by target precision", "",
+             f"{len(benches[names[0]])} bench runs per precision, alternated ({', '.join(names)}, then again); "
+             "per set the median over the runs and every run's value. AR and DFlash: decode ms per output token; "
+             "speedup: AR / DFlash, decode only. Made by `python -m dflash_jax.tools.quantized_report --timing`.", "",
+             "| precision | set | AR ms/token, median (runs) | DFlash ms/token, median (runs) | speedup, median (runs) |",
+             "|---|---|---|---|---|"]
+    for n in names:
+        for s, r in table[n].items():
+            cell = lambda k: f"{r[k + '_median']:.2f} ({', '.join(f'{x:.2f}' for x in r[k])})"
+            lines.append(f"| {n} | {s} | {cell('ar_decode_ms_per_token')} | {cell('dflash_decode_ms_per_token')} | "
+                         f"{cell('speedup')} |")
+    first = benches[names[0]][0]
+    loads = sorted(x for n in names for r in table[n].values() for x in r["load_average_before"])
+    command = first["command"].split(" --quantize ")[0]
+    lines += ["", f"Command of each run: `{command} --quantize Q --out DIR`.",
+              f"Machine: {cpu_description(first['cpu'])}; 1-minute load average before the runs {loads[0]:.2f} to "
+              f"{loads[-1]:.2f} (mostly the previous run's own: they ran back to back).", ""]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m dflash_jax.tools.quantized_report", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", nargs="+", required=True, metavar="NAME=DIR",
+    p.add_argument("--runs", nargs="+", metavar="NAME=DIR",
                    help="bench output directories, the reference first (e.g. float32=results/quantized/bench-none)")
+    p.add_argument("--timing", nargs="+", metavar="NAME=DIR",
+                   help="instead: repeated bench runs (a NAME once per run) for the decode-time table "
+                        "(timing.json, timing.md)")
     p.add_argument("--out", required=True, help="directory for quantized.json, README.md and quantized.png")
     args = p.parse_args(argv)
+    if bool(args.runs) == bool(args.timing):
+        p.error("give --runs (the tau comparison) or --timing (repeated runs), not both")
+    if args.timing:
+        benches: dict[str, list[dict]] = {}
+        for item in args.timing:
+            name, _, path = item.partition("=")
+            if not path or not os.path.exists(os.path.join(path, "bench.json")):
+                p.error(f"--timing {item!r}: give NAME=DIR with a bench.json in DIR")
+            with open(os.path.join(path, "bench.json")) as f:
+                benches.setdefault(name, []).append(json.load(f))
+        table = timing(benches)
+        os.makedirs(args.out, exist_ok=True)
+        write_json(os.path.join(args.out, "timing.json"), table)
+        text = timing_markdown(table, benches)
+        write_text(os.path.join(args.out, "timing.md"), text)
+        print(text)
+        return {"timing": table}
     runs = {}
     for item in args.runs:
         name, _, path = item.partition("=")
@@ -153,12 +210,18 @@ def main(argv=None) -> dict:
             p.error(f"--runs {item!r}: give NAME=DIR with a bench.json in DIR")
         with open(os.path.join(path, "bench.json")) as f:
             runs[name] = json.load(f)
-    report = {"runs": runs, "table": compare(runs)}
+    ref = runs[next(iter(runs))]
+    # the report holds what its table, text and figure are drawn from (tools/replot.py redraws it)
+    report = {"command": command_line("dflash_jax.tools.quantized_report", argv), "table": compare(runs),
+              "runs": {n: {k: r[k] for k in ("command", "load_average_before", "busy_warning")}
+                       for n, r in runs.items()},
+              "cpu": ref["cpu"], "environment": ref["environment"],
+              "load_average_before": min((r["load_average_before"] for r in runs.values()), key=lambda x: x[0]),
+              "busy_warning": next((r["busy_warning"] for r in runs.values() if r["busy_warning"]), None)}
     os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "quantized.json"), report["table"])
+    write_json(os.path.join(args.out, "quantized.json"), report)
     write_text(os.path.join(args.out, "README.md"), markdown(report))
-    fig = plot(report)
-    fig.savefig(os.path.join(args.out, "quantized.png"), dpi=110)
+    save_figure(report_figure(report, plot), os.path.join(args.out, "quantized.png"))
     print(markdown(report))
     return report
 
