@@ -13,12 +13,11 @@ from dflash_jax.training.data import TokenDataset
 
 from support.doc_commands import parse
 
-pytestmark = pytest.mark.slow
-
 PROMPTS = ["What is 7 times 8?", "Name a prime number above 20.", "Write a Python one-liner that sums a list.",
            "What is the capital of Spain?"]
 
 
+@pytest.mark.slow
 def test_train_data_train_and_export_on_a_quantized_target(tmp_path, capsys):
     from dflash_jax.__main__ import main
 
@@ -52,3 +51,25 @@ def test_train_data_train_and_export_on_a_quantized_target(tmp_path, capsys):
     main(["export", "--run", str(run), "--out", str(tmp_path / "exported")])
     bench = next(line.strip() for line in capsys.readouterr().out.splitlines() if "dflash_jax bench" in line)
     assert shlex.split(bench)[-2:] == ["--quantize", "fp8"]
+
+
+def test_a_drafter_of_another_target_is_refused_in_one_line(tmp_path, capsys):
+    """Re-aligning starts from a released drafter: one made for another target is named in one
+    line (not a missing mask token: a drafter started --init-from brings its own)."""
+    import dflash_jax as dj
+    from dflash_jax.__main__ import main
+    from dflash_jax.config import TargetConfig
+
+    cfg = TargetConfig(model_type="qwen3", vocab_size=96, hidden_size=40, intermediate_size=72, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=12, max_position_embeddings=128)
+    dj.Target.random(cfg).save(tmp_path / "other")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt_ids": [5, 6, 7, 8]}) + "\n")
+    main(["train-data", "--target", str(tmp_path / "other"), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+          str(tmp_path / "data"), "--max-new-tokens", "4", "--max-len", "16", "--batch-size", "1"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", "--target", str(tmp_path / "other"), "--data", str(tmp_path / "data"), "--run",
+              str(tmp_path / "run"), "--init-from", "embedded", "--steps", "2"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: drafter and target do not match: hidden_size: drafter 512, target 40"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()

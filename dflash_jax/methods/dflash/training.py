@@ -271,10 +271,10 @@ def train_from_args(args, cfg) -> None:
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     dcfg = DrafterConfig.from_pretrained(init_from) if init_from else None
     feats = FeatureStore(args.features, dcfg.target_layer_ids if dcfg else None) if args.features else None
-    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None, quantize=getattr(args, "quantize", None),
-                         mesh=mesh)
-    mask = mask_token(args, target)
-    if dcfg is None:
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+                         quantize=getattr(args, "quantize", None), mesh=mesh)
+    if dcfg is None:  # a drafter started --init-from brings its own mask token
+        mask = mask_token(args, target)
         dcfg = DrafterConfig.for_target(target.config, args.drafter_layers, args.block_size or DEFAULT_BLOCK_SIZE, mask,
                                         tuple(args.taps) if args.taps else None, conditioning=args.conditioning)
         if feats is not None:

@@ -128,7 +128,8 @@ def train_from_args(args, cfg: TrainConfig) -> None:
     _check_args(args)
     schedule = {k: v for k, v in (("lambda_base_start", args.lambda_base_start),
                                   ("lambda_base_decay_ratio", args.lambda_base_decay_ratio)) if v is not None}
-    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None, quantize=getattr(args, "quantize", None))
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+                         quantize=getattr(args, "quantize", None))
     init_from, dcfg, data, eval_prompts = backbone_run(
         args, target, DominoConfig, from_dflash, lambda on_dflash: fields_from_args(args, target.config.hidden_size,
                                                                                    on_dflash), DEFAULT_BLOCK_SIZE)

@@ -112,7 +112,8 @@ def train_from_args(args, cfg: TrainConfig) -> None:
                                               ("confidence_alpha", args.dspark_confidence_alpha)) if value is not None}
     if args.markov_rank is not None and args.markov_rank < 1:
         raise ValueError(f"--markov-rank {args.markov_rank}: the Markov head's rank must be >= 1")
-    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None, quantize=getattr(args, "quantize", None))
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+                         quantize=getattr(args, "quantize", None))
     fields = fields_from_args(args, target.config.vocab_size)
     init_from, dcfg, data, eval_prompts = backbone_run(args, target, DSparkConfig, from_dflash, lambda _: fields,
                                                        DEFAULT_BLOCK_SIZE)

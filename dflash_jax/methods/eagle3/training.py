@@ -317,7 +317,8 @@ def train_from_args(args, cfg: TrainConfig) -> None:
     """``train --method eagle3``: an EAGLE-3 drafter, on one device."""
     eagle = Eagle3TrainConfig(**{k: getattr(args, k) for k in ("ttt_steps", "ttt_decay")
                                  if getattr(args, k) is not None})
-    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None, quantize=getattr(args, "quantize", None))
+    target = load_target(args.target, dtype=jnp.dtype(args.target_dtype) if args.target_dtype else None,
+                         quantize=getattr(args, "quantize", None))
     data = TokenDataset(args.data)
     eval_prompts = data.hold_out(args.eval_prompts) if args.eval_prompts else None
     init_from = handle.resolve(args.init_from) if args.init_from else None
