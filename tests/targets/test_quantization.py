@@ -180,15 +180,18 @@ def test_a_decode_loop_keeps_no_float_copy_of_the_quantized_layers(name):
     assert all_layers > 2.5 * layer  # the bound tells one layer from all of them
 
 
-@pytest.mark.parametrize("name", tiered(["embedded", "qwen3_moe", "qwen3_5_text"], fast=["embedded"]))
-def test_greedy_dflash_equals_the_quantized_targets_autoregressive_output_at_every_length(name):
+GREEDY_CASES = [("embedded", "int8"), ("embedded", "fp8"), ("qwen3_moe", "int8"), ("qwen3_5_text", "int8")]
+
+
+@pytest.mark.parametrize("case", tiered(GREEDY_CASES, fast=[("embedded", "int8")], ids="-".join))
+def test_greedy_dflash_equals_the_quantized_targets_autoregressive_output_at_every_length(case):
+    name, kind = case
     t = family_target(name)
-    for kind in (Q.KINDS if name == "embedded" else ("int8",)):
-        qt = dj.Target(t.config, Q.quantize_params(t.params, kind), t.tokenizer)
-        assert qt.quantization == kind
-        prompts = [[x % t.config.vocab_size for x in p] for p in PROMPTS]
-        reference = dj.generate(qt, prompts, MAX_NEW).sequences
-        dflash_at_every_accepted_length(qt, prompts, MAX_NEW, reference, BS)
+    qt = dj.Target(t.config, Q.quantize_params(t.params, kind), t.tokenizer)
+    assert qt.quantization == kind
+    prompts = [[x % t.config.vocab_size for x in p] for p in PROMPTS]
+    reference = dj.generate(qt, prompts, MAX_NEW).sequences
+    dflash_at_every_accepted_length(qt, prompts, MAX_NEW, reference, BS)
 
 
 @pytest.mark.slow
