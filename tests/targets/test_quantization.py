@@ -205,9 +205,9 @@ def test_the_shipped_drafter_on_the_quantized_embedded_target():
     taus = {}
     for kind in (None, *Q.KINDS):
         qt = t if kind is None else dj.Target(t.config, Q.quantize_params(t.params, kind), tok)
-        ar = dj.generate(qt, prompts, 64).sequences
         r = dj.generate(qt, prompts, 64, drafter=dj.load_drafter("embedded", qt))
-        assert r.sequences == ar
+        if kind is not None:  # (the float32 target's: tests/embedded)
+            assert r.sequences == dj.generate(qt, prompts, 64).sequences
         taus[kind] = np.mean([np.mean(a) for a in r.acceptance_lengths])
     assert taus[None] > 4  # measured 5.2 (int8 5.4, FP8 5.3)
     for kind in Q.KINDS:
