@@ -414,26 +414,25 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     what = f"target checkpoint {os.fspath(path)!r}"
     convert = getattr(targets.family_of(cfg), "convert_checkpoint_tensors", None)
     stored = set(checkpoint_files(path))
-    if any(n.endswith(quantization.SCALE_INV) for n in stored) and getattr(cfg, "fp8_weight_block_size", None) is None:
+    block_fp8 = (any(n.endswith(quantization.SCALE_INV) for n in stored)
+                 and getattr(cfg, "fp8_weight_block_size", None) is None)  # (deepseek_v3 reads its own)
+    if block_fp8:
         if sharding_of is not None and keep_fp8:
             raise ValueError(f"{what} holds block-FP8 weights: quantized targets run on one device for now; "
                              "load it without a mesh, or dequantized (quantize='none')")
         params = _load_block_fp8(path, cfg, specs, ignore, what, dtype, convert, keep_fp8)
-        if sharding_of is not None:  # dequantized on the host, then placed
-            params = jax.tree_util.tree_map_with_path(
-                lambda p, x: jax.device_put(x, sharding_of(tuple(k.key for k in p), x.ndim)), params)
-        return cfg, params
-    direct = convert is None or stored <= set(specs) | set(ignore)
-    check = getattr(targets.family_of(cfg), "check_checkpoint_tensors", None)
-    if check is not None and direct:  # the family's one-line messages before the generic listing
-        check(cfg, stored_shapes(path), what)
-    if sharding_of is not None and direct:
-        return cfg, read_sharded_params(path, specs, sharding_of, dtype, ignore, what)
-    tensors = read_tensors(path)
-    if not direct:  # another stored layout (fused experts, quantized blocks): the family converts
-        tensors = convert(cfg, tensors, what)
-    params = tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore, what=what)
-    if sharding_of is not None:
+    else:
+        direct = convert is None or stored <= set(specs) | set(ignore)
+        check = getattr(targets.family_of(cfg), "check_checkpoint_tensors", None)
+        if check is not None and direct:  # the family's one-line messages before the generic listing
+            check(cfg, stored_shapes(path), what)
+        if sharding_of is not None and direct:
+            return cfg, read_sharded_params(path, specs, sharding_of, dtype, ignore, what)
+        tensors = read_tensors(path)
+        if not direct:  # another stored layout (fused experts, quantized blocks): the family converts
+            tensors = convert(cfg, tensors, what)
+        params = tensors_to_params(tensors, specs, dtype=dtype, ignore=ignore, what=what)
+    if sharding_of is not None:  # read whole on the host, then placed
         params = jax.tree_util.tree_map_with_path(
             lambda p, x: jax.device_put(x, sharding_of(tuple(k.key for k in p), x.ndim)), params)
     return cfg, params

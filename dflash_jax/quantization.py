@@ -23,7 +23,7 @@ convolution filters and recurrent-decay vectors stay as they are (:func:`quantiz
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import jax
 import jax.numpy as jnp
@@ -152,12 +152,15 @@ def quantizable(keys: Iterable[str], leaf) -> bool:
     return len(keys) >= 2 and keys[-2] == "experts" and not keys[-1].endswith("bias")
 
 
+def _check_storage_kind(kind, what: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"{what} needs one of {KINDS}, got {kind!r}")
+
+
 def quantize_array(w, kind: str, dtype=None) -> QuantizedWeight:
     """Per-output-channel weight-only quantization of ``w`` [..., in, out] (module docstring).
     ``dtype``: what it dequantizes to (default ``w``'s dtype)."""
-    check_kind(kind)
-    if kind not in KINDS:
-        raise ValueError(f"quantize_array needs one of {KINDS}, got {kind!r}")
+    _check_storage_kind(kind, "quantize_array")
     dtype = jnp.dtype(dtype or w.dtype).name
     wf = jnp.asarray(w, jnp.float32)
     amax = jnp.max(jnp.abs(wf), axis=-2, keepdims=True)
@@ -176,9 +179,7 @@ _quantize_jit = jax.jit(quantize_array, static_argnums=(1, 2))
 def quantize_params(params, kind: str):
     """``params`` with every :func:`quantizable` matrix quantized per output channel to ``kind``
     ("int8" / "fp8"); matrices already quantized are kept as they are."""
-    check_kind(kind)
-    if kind not in KINDS:
-        raise ValueError(f"quantize_params needs one of {KINDS}, got {kind!r}")
+    _check_storage_kind(kind, "quantize_params")
 
     def one(path, x):
         if is_quantized_leaf(x):
@@ -202,26 +203,33 @@ def param_bytes(params) -> int:
     return total
 
 
+def check_block_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str, what: str) -> None:
+    """A released block-FP8 weight and its scale as :func:`from_block_fp8` reads them: a
+    float8_e4m3fn matrix, float scales of the shape its blocks need; else a CheckpointError
+    naming the tensor. Reads shapes and dtypes only."""
+    from dflash_jax.checkpoints import CheckpointError
+
+    if w.ndim != 2:
+        raise CheckpointError(f"{what}: {name} has a block scale but {w.ndim} dimensions (2 expected)")
+    out_dim, in_dim = w.shape  # the last block of each dimension may be partial
+    want = (math.ceil(out_dim / block[0]), math.ceil(in_dim / block[1]))
+    if tuple(scale_inv.shape) != want:
+        raise CheckpointError(f"{what}: {name}{SCALE_INV} has shape {list(scale_inv.shape)}, but FP8 blocks "
+                              f"of {list(block)} (weight_block_size) over {name} {list(w.shape)} need {list(want)}")
+    if np.dtype(scale_inv.dtype).name not in ("float32", "bfloat16", "float16", "float64"):
+        raise CheckpointError(f"{what}: {name}{SCALE_INV} is {scale_inv.dtype}: FP8 block scales are float32 "
+                              "(or bfloat16)")
+    if "float8_e4m3fn" not in str(w.dtype):
+        raise CheckpointError(f"{what}: {name} is {w.dtype}, not float8_e4m3fn, but has a weight_scale_inv")
+
+
 def from_block_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], dtype: str, name: str,
                    what: str) -> QuantizedWeight:
     """A released block-FP8 Linear weight: ``w`` float8_e4m3fn [out, in] and its float32
     ``weight_scale_inv`` [ceil(out / b_out), ceil(in / b_in)] (``block`` = ``weight_block_size``,
     [b_out, b_in]) as a :class:`QuantizedWeight` in the tree's [in, out] orientation; a scale
-    of another shape or dtype is a ValueError naming the tensor."""
-    from dflash_jax.checkpoints import CheckpointError
-
-    if w.ndim != 2:
-        raise CheckpointError(f"{what}: {name} is FP8 of shape {list(w.shape)}: block FP8 weights are matrices")
-    out_dim, in_dim = w.shape
-    want = (math.ceil(out_dim / block[0]), math.ceil(in_dim / block[1]))
-    if tuple(scale_inv.shape) != want:
-        raise CheckpointError(f"{what}: {name}_scale_inv has shape {list(scale_inv.shape)}, but FP8 blocks of "
-                              f"{list(block)} over {list(w.shape)} need {list(want)}")
-    if not np.issubdtype(scale_inv.dtype, np.floating) or "float8" in str(scale_inv.dtype):
-        raise CheckpointError(f"{what}: {name}_scale_inv is {scale_inv.dtype}: FP8 block scales are float32 "
-                              "(or bfloat16)")
-    if "float8_e4m3fn" not in str(w.dtype):
-        raise CheckpointError(f"{what}: {name} is {w.dtype}, not float8_e4m3fn, but has a weight_scale_inv")
+    of another shape or dtype is a ValueError naming the tensor (:func:`check_block_fp8`)."""
+    check_block_fp8(w, scale_inv, block, name, what)
     return QuantizedWeight(np.ascontiguousarray(w.T), np.ascontiguousarray(scale_inv.astype(np.float32).T),
                            (block[1], block[0]), dtype)
 
@@ -249,10 +257,10 @@ def fp8_block_size(q, what: str) -> tuple[int, int] | None:
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read for this target "
                          "family (only block FP8, quant_method 'fp8'): dequantize the checkpoint to bf16 first")
-    return block_fp8_size(q, what)
+    return weight_block_size(q, what)
 
 
-def block_fp8_size(q, what: str) -> tuple[int, int]:
+def weight_block_size(q, what: str) -> tuple[int, int]:
     """The ``weight_block_size`` of an ``fp8`` ``quantization_config`` (e4m3 weights in blocks);
     another format or a bad size is a one-line ValueError naming the field."""
     if q.get("fmt", "e4m3") != "e4m3":
@@ -285,7 +293,7 @@ def split_block_fp8(tensors: dict, block: tuple[int, int] | None, what: str) -> 
         if n not in scales:
             raise CheckpointError(f"{what}: {n} is stored in FP8 ({tensors[n].dtype}) without its {n}{SCALE_INV}")
     for w in scales:  # checked here, so nothing is built from a bad pair
-        from_block_fp8(tensors[w], tensors[scales[w]], block, "float32", w, what)
+        check_block_fp8(tensors[w], tensors[scales[w]], block, w, what)
     rest = {n: a for n, a in tensors.items() if n not in scales.values()}
     return rest, {w: tensors[s] for w, s in scales.items()}
 

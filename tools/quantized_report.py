@@ -28,9 +28,10 @@ def _tau_by_response(bench: dict, name: str) -> dict[tuple, float]:
             for s in bench["datasets"][name]["samples"]}
 
 
-def _mean_of_strata(*strata) -> float:
-    values = [v for stratum in strata[0] for v in stratum]
-    return float(np.mean(values)) if values else float("nan")
+def _mean_of_set_means(diffs) -> float:
+    """The mean over prompt sets of each set's mean (as bench averages tau); ``diffs``: one
+    list per set (the bootstrap's resampled strata)."""
+    return float(np.mean([np.mean(x) for x in diffs]))
 
 
 def compare(runs: dict[str, dict]) -> dict:
@@ -61,13 +62,10 @@ def compare(runs: dict[str, dict]) -> dict:
                                  "one bench command with only --quantize changed")
             diffs = [got[k] - ref[k] for k in keys]
             strata.append((diffs,))
-            ci = metrics.bootstrap_interval(_mean_of_strata, [(diffs,)])
             out["sets"][s][n]["tau_diff"] = float(np.mean(diffs))
-            out["sets"][s][n]["tau_diff_ci"] = list(ci)
-        # the average over sets of the per-set means, as bench averages tau
-        stat = lambda *args: float(np.mean([np.mean(x) for x in args[0]]))
-        out["average"][n]["tau_diff"] = stat([d[0] for d in strata])
-        out["average"][n]["tau_diff_ci"] = list(metrics.bootstrap_interval(stat, strata))
+            out["sets"][s][n]["tau_diff_ci"] = list(metrics.bootstrap_interval(_mean_of_set_means, [(diffs,)]))
+        out["average"][n]["tau_diff"] = _mean_of_set_means([d[0] for d in strata])
+        out["average"][n]["tau_diff_ci"] = list(metrics.bootstrap_interval(_mean_of_set_means, strata))
     return out
 
 

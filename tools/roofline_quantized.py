@@ -44,18 +44,22 @@ def _quantized(costs, bytes_per_weight: float, components=QUANTIZED_COMPONENTS):
             for c in costs]
 
 
+def _linears_in(fmt: str, ar, it, weights: float):
+    """(AR step, iteration, weight bytes) with the target's linear layers in ``fmt`` (from bf16)."""
+    b = FORMATS[fmt]
+    if b == 2.0:
+        return ar, it, weights
+    linear = dense.total([c for c in ar if c.name == "target linears"], "weights")
+    return _quantized(ar, b), _quantized(it, b), weights - linear * (1 - b / 2.0)
+
+
 def _dense_costs(fmt: str):
     target = TargetConfig(**dense.PRESETS["qwen3-8b"])
     drafter = DrafterConfig.for_target(target, dense.PAPER["drafter_layers"], block_size=BLOCK_SIZE,
                                        mask_token_id=dense.QWEN3_MASK_TOKEN_ID)
-    ar = dense.ar_step(target, CONTEXT)
-    it = dense.dflash_iteration(target, drafter, BLOCK_SIZE, CONTEXT)
-    b = FORMATS[fmt]
-    weights = target.num_params() * 2.0
-    if b != 2.0:
-        linear = dense.total([c for c in ar if c.name == "target linears"], "weights")
-        ar, it = _quantized(ar, b), _quantized(it, b)
-        weights -= linear * (1 - b / 2.0)
+    ar, it, weights = _linears_in(fmt, dense.ar_step(target, CONTEXT),
+                                  dense.dflash_iteration(target, drafter, BLOCK_SIZE, CONTEXT),
+                                  target.num_params() * 2.0)
     return ar, it, weights, {"tau": dense.PAPER["tau"], "source": dense.PAPER["source"]}
 
 
@@ -77,14 +81,9 @@ def _moe_costs(fmt: str):
 
 def _hybrid_costs(fmt: str):
     _, s, drafter = hybrid.pair("qwen3.5-27b")
-    ar = hybrid.ar_step(s, CONTEXT)
-    it = hybrid.dflash_iteration(s, drafter, drafter.block_size, CONTEXT, "replay")
-    b = FORMATS[fmt]
-    weights = hybrid.num_params(s) * 2.0
-    if b != 2.0:
-        linear = dense.total([c for c in ar if c.name == "target linears"], "weights")
-        ar, it = _quantized(ar, b), _quantized(it, b)
-        weights -= linear * (1 - b / 2.0)
+    ar, it, weights = _linears_in(fmt, hybrid.ar_step(s, CONTEXT),
+                                  hybrid.dflash_iteration(s, drafter, drafter.block_size, CONTEXT, "replay"),
+                                  hybrid.num_params(s) * 2.0)
     return ar, it, weights, {"tau": dense.PAPER["tau"], "source": "the paper's Qwen3-8B average (no Qwen3.5-27B "
                                                                     "tau measured here)"}
 

@@ -138,17 +138,16 @@ def load_target(path: str | os.PathLike, dtype=None, max_len: int | None = None,
         raise ValueError(f"quantize={quantize!r} with a mesh: quantized targets run on one device for now; "
                          "drop the mesh or the quantization")
     path = os.fspath(resolve_checkpoint(path, revision, kind="target"))
+    keep_fp8 = quantize in (None, "fp8")  # a released FP8 file as stored
     if mesh is not None:
         config = TargetConfig.from_pretrained(path)
         rules.check_mesh_split(config, mesh)
-        config, params = load_target_params(path, config, dtype=dtype, keep_fp8=quantize in (None, "fp8"),
+        config, params = load_target_params(path, config, dtype=dtype, keep_fp8=keep_fp8,
                                             sharding_of=rules.sharding_of(mesh, family_of(config).param_axes(config)))
     else:
-        config, params = load_target_params(path, dtype=dtype, keep_fp8=quantize in (None, "fp8"))
-    if quantize in quantization.KINDS:
+        config, params = load_target_params(path, dtype=dtype, keep_fp8=keep_fp8)
+    if quantize in quantization.KINDS:  # ("none" was read dequantized: keep_fp8)
         params = quantization.quantize_params(params, quantize)
-    elif quantize == "none":
-        params = quantization.dequantize_params(params)
     tokenizer = None
     if any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer

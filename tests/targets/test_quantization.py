@@ -93,8 +93,8 @@ def test_block_scales_dequantize_as_float64_with_partial_edge_blocks():
             want[i, j] = float(w8[i, j]) * float(scale_inv[i // block[0], j // block[1]])
     np.testing.assert_array_equal(float64_weight(qw), want.T)
     np.testing.assert_allclose(np.asarray(Q.dequantize(qw)), want.T, rtol=1e-7)
-    with pytest.raises(ValueError, match=r"w_scale_inv has shape \[2, 3\], but FP8 blocks of \[8, 5\] over "
-                                         r"\[20, 12\] need \[3, 3\]"):
+    with pytest.raises(ValueError, match=r"w_scale_inv has shape \[2, 3\], but FP8 blocks of \[8, 5\] "
+                                         r"\(weight_block_size\) over w \[20, 12\] need \[3, 3\]"):
         Q.from_block_fp8(w8, scale_inv[:2], block, "float32", "w", "test")
 
 
@@ -342,8 +342,8 @@ def test_bad_block_fp8_checkpoints_are_refused_naming_the_tensor_or_field(tmp_pa
 
     cases = [
         (variant("wrong-shape", {**tensors, scale: tensors[scale][:1]}),
-         r"model.layers.0.mlp.up_proj.weight_scale_inv has shape \[1, 2\], but FP8 blocks of \[16, 16\] over "
-         r"\[48, 32\] need \[3, 2\]"),
+         r"model.layers.0.mlp.up_proj.weight_scale_inv has shape \[1, 2\], but FP8 blocks of \[16, 16\] "
+         r"\(weight_block_size\) over model.layers.0.mlp.up_proj.weight \[48, 32\] need \[3, 2\]"),
         (variant("int-scale", {**tensors, scale: tensors[scale].astype(np.int32)}),
          "weight_scale_inv is int32: FP8 block scales are float32"),
         (variant("no-scale", {n: a for n, a in tensors.items() if n != scale}),

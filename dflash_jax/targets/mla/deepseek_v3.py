@@ -44,7 +44,7 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.nn import partitioning
 from dflash_jax.nn.cache import KVCache
 from dflash_jax.nn.layers import random_init
-from dflash_jax.quantization import block_fp8_size
+from dflash_jax.quantization import dequantize_block_fp8, split_block_fp8, weight_block_size
 from dflash_jax.targets import packed_int
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.mla import model
@@ -62,7 +62,6 @@ TEXT_PREFIXES = {"language_model.model.layers.": "model.layers.",
 IGNORED_PREFIXES = {"vision_tower.": "vision-tower", "mm_projector.": "projector",
                     "model.vision_tower.": "vision-tower", "model.mm_projector.": "projector"}
 """Tensors of a multimodal checkpoint that the text target does not use, ignored by name."""
-SCALE_SUFFIX = "_scale_inv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,26 +156,7 @@ def quantization(q: Any, what: str) -> tuple[tuple[int, int] | None, packed_int.
         raise ValueError(f"{what}: quantization_config quant_method={method!r} is not read (only DeepSeek's "
                          "block FP8, quant_method 'fp8', and compressed-tensors' packed integers): "
                          "dequantize the checkpoint to bf16 first")
-    return fp8_block_size(q, what), None
-
-
-def fp8_block_size(q: Mapping[str, Any], what: str) -> tuple[int, int]:
-    """The ``weight_block_size`` of an FP8 ``quantization_config`` (e4m3 weights in blocks)."""
-    return block_fp8_size(q, what)
-
-
-def dequantize_fp8(w: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str,
-                   what: str) -> np.ndarray:
-    """float32 ``w * scale_inv`` per ``block`` (the last block of each dimension may be partial:
-    ``scale_inv`` is [ceil(out / b0), ceil(in / b1)]); a scale of another shape is a
-    CheckpointError naming the tensor."""
-    out_dim, in_dim = w.shape
-    want = (-(-out_dim // block[0]), -(-in_dim // block[1]))
-    if tuple(scale_inv.shape) != want:
-        raise CheckpointError(f"{what}: {name}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, but FP8 blocks "
-                              f"of {list(block)} (weight_block_size) over {name} {list(w.shape)} need {list(want)}")
-    scale = np.repeat(np.repeat(scale_inv.astype(np.float32), block[0], 0), block[1], 1)[:out_dim, :in_dim]
-    return w.astype(np.float32) * scale
+    return weight_block_size(q, what), None
 
 
 def _int(d: Mapping[str, Any], field: str, default=None, minimum: int = 1) -> int:
@@ -349,7 +329,7 @@ class DeepseekV3Family(TargetFamily):
         """The tensors as read -> the :meth:`tensor_specs` names: a multimodal layout's text
         prefixes renamed (:data:`TEXT_PREFIXES`) and its vision tensors dropped
         (:data:`IGNORED_PREFIXES`); FP8 weights dequantized with their ``weight_scale_inv``
-        (:func:`dequantize_fp8`); the multi-token-prediction layers (``model.layers.{i}`` for
+        (``quantization.dequantize_block_fp8``); the multi-token-prediction layers (``model.layers.{i}`` for
         i >= N, when ``num_nextn_predict_layers`` > 0) dropped; one log line for what was dropped;
         fused experts split (``qwen3_moe``'s conversion, the same names). A layer beyond N that
         the config does not announce, an FP8 weight without its scale or a scale without its
@@ -380,28 +360,11 @@ class DeepseekV3Family(TargetFamily):
         return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
 
     def _dequantize(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
-        """Every ``{name}_scale_inv`` applied to its FP8 ``{name}`` (float32 out) and dropped."""
-        scales = {n[:-len(SCALE_SUFFIX)]: n for n in tensors if n.endswith(SCALE_SUFFIX)}
-        fp8 = {n for n, a in tensors.items() if "float8" in str(a.dtype)}
-        if (scales or fp8) and cfg.fp8_weight_block_size is None:
-            name = next(iter(sorted(scales.values()) or sorted(fp8)))
-            raise CheckpointError(f"{what}: {name} is FP8 block-quantized, but config.json has no "
-                                  "quantization_config with its weight_block_size")
-        out = {}
-        for name, arr in tensors.items():
-            if name.endswith(SCALE_SUFFIX):
-                if name[:-len(SCALE_SUFFIX)] not in tensors:
-                    raise CheckpointError(f"{what}: {name} has no weight {name[:-len(SCALE_SUFFIX)]} to scale")
-                continue
-            if name in scales:
-                if arr.ndim != 2:
-                    raise CheckpointError(f"{what}: {name} has a block scale but {arr.ndim} dimensions (2 expected)")
-                arr = dequantize_fp8(arr, tensors[scales[name]], cfg.fp8_weight_block_size, name, what)
-            elif name in fp8:
-                raise CheckpointError(f"{what}: {name} is stored in FP8 ({arr.dtype}) without its "
-                                      f"{name}{SCALE_SUFFIX}")
-            out[name] = arr
-        return out
+        """Every ``{name}_scale_inv`` applied to its FP8 ``{name}`` (float32 out) and dropped;
+        the pairs checked first (``quantization.split_block_fp8``)."""
+        block = cfg.fp8_weight_block_size
+        rest, scales = split_block_fp8(tensors, block, what)
+        return {n: dequantize_block_fp8(a, scales[n], block) if n in scales else a for n, a in rest.items()}
 
     # ------------------------------------------------------------------ the model
     def init_params(self, cfg, key, dtype, init_scale: float = 0.02):
