@@ -163,18 +163,39 @@ def check_training_data(data_dir: str | None) -> str:
     return resolved
 
 
-def build_documents(data_dir: str, stdlib_root: str | None = None, instruct_repeats: int = 2) -> dict:
-    """All documents as text, tagged by source. Instruction examples use the chat format."""
+SOURCES = ("stdlib", "stdlib_functions", "gsm8k_train", "mbpp_train")
+"""The corpus's document sources, in the order they are packed."""
+
+
+def check_sources(sources=None) -> tuple[str, ...]:
+    """The chosen ``sources`` (default all of :data:`SOURCES`), in :data:`SOURCES` order;
+    ValueError, in one line, for an unknown or empty choice."""
+    chosen = SOURCES if sources is None else tuple(sources)
+    bad = [x for x in chosen if x not in SOURCES]
+    if bad or not chosen:
+        raise ValueError(f"unknown corpus source(s) {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"choose from {', '.join(SOURCES)}")
+    return tuple(x for x in SOURCES if x in chosen)
+
+
+def build_documents(data_dir: str, stdlib_root: str | None = None, instruct_repeats: int = 2,
+                    sources=None) -> dict:
+    """The documents of ``sources`` (default all) as text, tagged by source. Instruction
+    examples use the chat format and appear ``instruct_repeats`` times."""
+    sources = check_sources(sources)
     data_dir = check_training_data(data_dir)
-    files = stdlib_files(stdlib_root)
     chat = lambda u, a: render_chat([{"role": "user", "content": u}, {"role": "assistant", "content": a}],
                                     add_generation_prompt=False)
-    funcs = [chat(humaneval_prompt(h), f"```python\n{f}\n```") for h, f in function_examples(files)]
-    docs = {"stdlib": [t for _, t in files], "stdlib_functions": funcs,
-            "gsm8k_train": [chat(u, a) for u, a in gsm8k_train(data_dir)],
-            "mbpp_train": [chat(u, a) for u, a in mbpp_train(data_dir)]}
+    files = stdlib_files(stdlib_root) if {"stdlib", "stdlib_functions"} & set(sources) else []
+    make = {"stdlib": lambda: [t for _, t in files],
+            "stdlib_functions": lambda: [chat(humaneval_prompt(h), f"```python\n{f}\n```")
+                                         for h, f in function_examples(files)],
+            "gsm8k_train": lambda: [chat(u, a) for u, a in gsm8k_train(data_dir)],
+            "mbpp_train": lambda: [chat(u, a) for u, a in mbpp_train(data_dir)]}
+    docs = {k: make[k]() for k in sources}
     for k in ("stdlib_functions", "gsm8k_train", "mbpp_train"):
-        docs[k] = docs[k] * instruct_repeats
+        if k in docs:
+            docs[k] = docs[k] * instruct_repeats
     return docs
 
 
@@ -202,15 +223,34 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str):
 
 
 def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: int = 256,
-                 stdlib_root: str | None = None) -> dict:
+                 stdlib_root: str | None = None, sources=None, tokenizer_dir: str | None = None) -> dict:
     """Writes ``out_dir/tokenizer`` and ``out_dir/{train,heldout}.npy`` (uint16 [n, seq_len]
-    packed token rows, documents joined by ``<|endoftext|>``) and ``corpus.json``."""
+    packed token rows, documents joined by ``<|endoftext|>``) and ``corpus.json``.
+
+    ``sources``: the document sources to pack (default all of :data:`SOURCES`).
+    ``tokenizer_dir``: an existing target's directory whose tokenizer is copied and used instead
+    of training one (``vocab_size`` is then the tokenizer's): the corpus for fine-tuning that
+    target (``pretrain --init-from``)."""
+    sources = check_sources(sources)
     data_dir = check_training_data(data_dir)  # before anything is written
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        if EOT not in tok.get_vocab():
+            raise ValueError(f"the tokenizer of {tokenizer_dir} has no {EOT!r} token to join documents with; "
+                             f"give a target whose tokenizer the embedded recipe made")
+        if len(tok) > 65536:
+            raise ValueError(f"the tokenizer of {tokenizer_dir} has {len(tok)} tokens; the corpus stores "
+                             f"tokens as uint16 (at most 65536)")
     os.makedirs(out_dir, exist_ok=True)
-    docs = build_documents(data_dir, stdlib_root)
+    docs = build_documents(data_dir, stdlib_root, sources=sources)
     train = [(k, t) for k in docs for t in docs[k] if not is_held_out(t)]
     held = [(k, t) for k in docs for t in docs[k] if is_held_out(t)]
-    tok = train_tokenizer([t for _, t in train], vocab_size, os.path.join(out_dir, "tokenizer"))
+    if tokenizer_dir is None:
+        tok = train_tokenizer([t for _, t in train], vocab_size, os.path.join(out_dir, "tokenizer"))
+    else:
+        save_tokenizer(tok, os.path.join(out_dir, "tokenizer"))
     eot = tok.convert_tokens_to_ids(EOT)
     stats = {}
     for name, part in (("train", train), ("heldout", held)):
@@ -225,8 +265,11 @@ def build_corpus(out_dir: str, data_dir: str, vocab_size: int = 8192, seq_len: i
         stats[name] = {"documents": len(part), "tokens": len(ids), "rows": n, "tokens_by_source": counts}
     # sources by content, not by this machine's paths
     data_files = {f: _sha256(training_file(data_dir, f)) for f in TRAINING_FILES}
-    meta = {"vocab_size": len(tok), "seq_len": seq_len, "data_files_sha256": data_files,
-            "stdlib": "given directory" if stdlib_root else "the running Python's standard library",
+    meta = {"vocab_size": len(tok), "seq_len": seq_len, "sources": list(sources),
+            "tokenizer": "trained" if tokenizer_dir is None else "an existing target's",
+            "data_files_sha256": data_files,
+            **({"stdlib": "given directory" if stdlib_root else "the running Python's standard library"}
+               if {"stdlib", "stdlib_functions"} & set(sources) else {}),
             "python": ".".join(map(str, __import__("sys").version_info[:3])), **stats}
     with open(os.path.join(out_dir, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=2)

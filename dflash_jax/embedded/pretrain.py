@@ -7,6 +7,12 @@ a step.
     python -m dflash_jax build-corpus --out runs/corpus
     python -m dflash_jax pretrain --corpus runs/corpus --run runs/target --preset cpu
     python -m dflash_jax export-target --corpus runs/corpus --run runs/target --out DIR
+
+Fine-tuning an existing target instead (e.g. the embedded one on GSM8K train alone): the corpus
+is built with that target's tokenizer and the run starts from its weights:
+
+    python -m dflash_jax build-corpus --out runs/gsm8k --sources gsm8k_train --tokenizer embedded
+    python -m dflash_jax pretrain --corpus runs/gsm8k --run runs/ft --init-from embedded --steps 150
 """
 
 from __future__ import annotations
@@ -95,7 +101,11 @@ BATCH_STREAM = 11  # pretraining's stream of batch orders (training.loop.batch_r
 class Pretrainer:
     """Trains ``cfg`` on ``corpus_dir`` in ``run_dir`` (run.json, checkpoints/, metrics.jsonl)."""
 
-    def __init__(self, corpus_dir: str, run_dir: str, preset: str, pcfg: PretrainConfig):
+    def __init__(self, corpus_dir: str, run_dir: str, preset: str, pcfg: PretrainConfig,
+                 init_from: str | None = None):
+        """``init_from``: a target (checkpoint directory or ``"embedded"``) whose weights the run
+        starts from instead of ``preset``'s random ones; the corpus must have been tokenized with
+        its tokenizer (``build-corpus --tokenizer``)."""
         with open(os.path.join(corpus_dir, "corpus.json")) as f:
             self.corpus = json.load(f)
         from transformers import AutoTokenizer
@@ -106,10 +116,17 @@ class Pretrainer:
         if len(self.train) < pcfg.batch_size:
             raise ValueError(f"the corpus has {len(self.train)} rows, fewer than batch_size {pcfg.batch_size}")
         self.corpus_dir, self.preset, self.pcfg = os.path.realpath(corpus_dir), preset, pcfg
-        self.cfg = model_config(preset, self.corpus["vocab_size"], self.tokenizer.eos_token_id)
+        self.init_from, self._init_params = init_from, None
+        init_path = None if init_from is None else self._check_init(init_from)
         self.run_dir = os.path.abspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
         check_run_file(self.run_dir, self._run_record())
+        if init_path is None:
+            self.cfg = model_config(preset, self.corpus["vocab_size"], self.tokenizer.eos_token_id)
+        else:
+            from dflash_jax.checkpoints import load_target_params
+
+            self.cfg, self._init_params = load_target_params(init_path, dtype=jnp.float32)
         self.tx = make_optimizer(pcfg)
         self.schedule = make_schedule(pcfg)
         self.manager = checkpoint_manager(self.run_dir, pcfg.keep_checkpoints)
@@ -124,12 +141,28 @@ class Pretrainer:
         self._step = jax.jit(step_fn, donate_argnums=0)
         self._eval = jax.jit(lambda p, t: lm_loss(p, self.cfg, t))
 
+    def _check_init(self, init_from: str):
+        """The directory of the target ``init_from``, checked to share the corpus's tokenizer
+        (before any weight is read or the run directory is written)."""
+        from transformers import AutoTokenizer
+
+        from dflash_jax.hub import resolve_checkpoint
+
+        path = resolve_checkpoint(init_from)
+        if AutoTokenizer.from_pretrained(path).get_vocab() != self.tokenizer.get_vocab():
+            raise ValueError(f"the corpus {self.corpus_dir} was tokenized with another tokenizer than "
+                             f"{init_from}'s; build it with build-corpus --tokenizer {init_from}")
+        return path
+
     def _run_record(self) -> dict:
-        return {"preset": self.preset, "model": MODEL_PRESETS[self.preset],
-                "train": dataclasses.asdict(self.pcfg), "corpus": self.corpus_dir}
+        train = {"train": dataclasses.asdict(self.pcfg), "corpus": self.corpus_dir}
+        if self.init_from is not None:  # the started target's shapes, not a preset's
+            return {"preset": None, "model": None, **train, "init_from": self.init_from}
+        return {"preset": self.preset, "model": MODEL_PRESETS[self.preset], **train}
 
     def restore_or_init(self) -> dict:
-        params = init_target_params(self.cfg, jax.random.key(self.pcfg.seed), jnp.float32)
+        params = (self._init_params if self._init_params is not None
+                  else init_target_params(self.cfg, jax.random.key(self.pcfg.seed), jnp.float32))
         return restore_latest(self.manager, {"params": params, "opt_state": self.tx.init(params),
                                              "step": jnp.int32(0)})
 
@@ -171,7 +204,7 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
     with open(os.path.join(run_dir, RUN_FILE)) as f:
         record = json.load(f)
     pcfg = PretrainConfig(**record["train"])
-    pre = Pretrainer(corpus_dir, run_dir, record["preset"], pcfg)
+    pre = Pretrainer(corpus_dir, run_dir, record["preset"], pcfg, init_from=record.get("init_from"))
     state = pre.restore_or_init()
     step = int(state["step"])
     if step == 0:
@@ -182,7 +215,8 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
     facts = {"parameters": n_params, "steps": step, "tokens_seen": step * pcfg.batch_size * pre.train.shape[1],
              "heldout_loss": round(held, 4), "heldout_loss_bf16": round(pre.heldout_loss(
                  jax.tree.map(lambda x: x.astype(jnp.float32), params)), 4),
-             "preset": record["preset"], "train": record["train"], "corpus": pre.corpus,
+             "preset": record["preset"], **({"init_from": record["init_from"]} if "init_from" in record else {}),
+             "train": record["train"], "corpus": pre.corpus,
              "command": command}
     with atomic_path(out_dir) as tmp:  # the directory appears complete or not at all
         Target(pre.cfg, params).save(tmp)

@@ -135,6 +135,61 @@ def test_pretrain_learns_resumes_exactly_and_exports(built, tmp_path):
     np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
 
 
+def test_finetune_corpus_and_pretrain_init_from(built, sources, tmp_path):
+    """A corpus of one source tokenized with an existing target's tokenizer, and a run that
+    starts from that target's weights (``pretrain --init-from``): its step 0 is the target
+    itself, its steps lower the held-out loss, and its export loads as a target."""
+    from dflash_jax import load_target
+
+    out, _ = built
+    lib, data = sources
+    base = Pretrainer(out, str(tmp_path / "base"), "tiny", PretrainConfig(steps=4, batch_size=4,
+                                                                          checkpoint_every=4, eval_every=0))
+    base.run()
+    export_target(str(tmp_path / "base"), out, str(tmp_path / "base-hf"), dtype=np.float32)
+    with pytest.raises(ValueError, match="unknown corpus source.*'gsm8k'.*choose from"):
+        corpus.build_corpus(str(tmp_path / "bad"), data, sources=["gsm8k"], tokenizer_dir=str(tmp_path / "base-hf"))
+    ft = str(tmp_path / "ft-corpus")
+    meta = corpus.build_corpus(ft, data, seq_len=32, stdlib_root=lib, sources=["gsm8k_train"],
+                               tokenizer_dir=str(tmp_path / "base-hf"))
+    assert meta["sources"] == ["gsm8k_train"] and list(meta["train"]["tokens_by_source"]) == ["gsm8k_train"]
+    assert meta["vocab_size"] == 300 and "stdlib" not in meta
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(ft, "tokenizer"))
+    assert "apples" in tok.decode(np.load(os.path.join(ft, "train.npy"))[0].tolist())
+    # the corpus built with its own trained tokenizer is refused, before the run directory is written
+    with pytest.raises(ValueError, match="another tokenizer.*build-corpus --tokenizer"):
+        _refuse_other_tokenizer(data, lib, tmp_path, str(tmp_path / "base-hf"))
+    assert not os.path.exists(tmp_path / "refused" / "run.json")
+
+    cfg = PretrainConfig(steps=6, batch_size=4, learning_rate=3e-3, checkpoint_every=3, eval_every=0)
+    pre = Pretrainer(ft, str(tmp_path / "ft"), "tiny", cfg, init_from=str(tmp_path / "base-hf"))
+    start = pre.restore_or_init()
+    target = load_target(tmp_path / "base-hf")
+    for (kx, x), (ky, y) in zip(jax.tree_util.tree_leaves_with_path(start["params"]),
+                                jax.tree_util.tree_leaves_with_path(target.params)):
+        assert kx == ky
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    before = pre.heldout_loss(start["params"])
+    done = pre.run()
+    assert pre.heldout_loss(done["params"]) < before
+    assert json.load(open(tmp_path / "ft" / "run.json"))["init_from"] == str(tmp_path / "base-hf")
+    with pytest.raises(ValueError, match="other settings"):
+        Pretrainer(ft, str(tmp_path / "ft"), "tiny", cfg)  # the same run, from random weights
+    facts = export_target(str(tmp_path / "ft"), ft, str(tmp_path / "ft-hf"), dtype=np.float32)
+    assert facts["init_from"] == str(tmp_path / "base-hf") and facts["steps"] == 6
+    tuned = load_target(tmp_path / "ft-hf")
+    for x, y in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(done["params"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _refuse_other_tokenizer(data, lib, tmp_path, target_dir):
+    other = str(tmp_path / "other-corpus")
+    corpus.build_corpus(other, data, vocab_size=280, seq_len=32, stdlib_root=lib, sources=["gsm8k_train"])
+    Pretrainer(other, str(tmp_path / "refused"), "tiny", PretrainConfig(), init_from=target_dir)
+
+
 # ---------------------------------------------------------------------------- build-embedded
 def _tree_digest(root):
     """{relative path: sha256} of every file under root."""

@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--corpus", required=True, help="directory written by build-corpus")
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="cpu", help="model size")
+    p.add_argument("--init-from", default=None, metavar="TARGET",
+                   help="fine-tune this target (a checkpoint directory or 'embedded') instead of training "
+                        "--preset from random weights; build the corpus with build-corpus --tokenizer TARGET")
     p.add_argument("--stop-after", type=int, help="stop after this many more steps (resume later)")
     p.add_argument("--max-minutes", type=float, help="stop (on a checkpoint) after this much time")
     add_dataclass_arguments(p.add_argument_group("training settings (PretrainConfig)"), PretrainConfig)
@@ -22,7 +25,7 @@ def add_arguments(p) -> None:
 def run(args):
 
     pcfg = dataclass_from_args(PretrainConfig, args)
-    return Pretrainer(args.corpus, args.run, args.preset, pcfg).run(args.stop_after, args.max_minutes)
+    return Pretrainer(args.corpus, args.run, args.preset, pcfg, init_from=args.init_from).run(args.stop_after, args.max_minutes)
 
 
 def main(argv=None):
