@@ -39,7 +39,7 @@ from dflash_jax import metrics
 from dflash_jax.figures import interval_errors, interval_label
 from dflash_jax.files import write_json, write_text
 from dflash_jax.reporting import cpu_description, new_figure, report_figure, save_figure
-from dflash_jax.training.run_dir import METRICS_FILE, held_out_curve, saved_steps, start_tau
+from dflash_jax.training.run_dir import METRICS_FILE, START_EVAL_FILE, held_out_curve, saved_steps, start_tau
 
 BRANCHES = ("int8", "finetuned")
 PROMPTS = "prompts.jsonl"
@@ -175,6 +175,10 @@ def report(work: str, steps: list[int], branches: list[str]) -> dict:
         with open(ft) as f:
             facts = json.load(f)
         out["finetuned_target"] = {k: facts[k] for k in ("steps", "tokens_seen", "heldout_loss", "train")}
+        start = os.path.join(work, "finetuned", "pretrain", START_EVAL_FILE)
+        if os.path.exists(start):  # the held-out loss of the target it started from
+            with open(start) as f:
+                out["finetuned_target"]["start_heldout_loss"] = json.load(f)["heldout_loss"]
     return out
 
 
@@ -207,7 +211,9 @@ def markdown(rep: dict) -> str:
         f = rep["finetuned_target"]
         lines += [f"The fine-tuned target: {f['steps']} steps of batch {f['train']['batch_size']} at learning rate "
                   f"{f['train']['learning_rate']} on GSM8K train ({f['tokens_seen']:,} tokens); its held-out GSM8K "
-                  f"loss {f['heldout_loss']:.3f}.", ""]
+                  f"loss {f['heldout_loss']:.3f}"
+                  + (f" (the shipped target's {f['start_heldout_loss']:.3f})" if "start_heldout_loss" in f else "")
+                  + ".", ""]
     first = next(iter(rep["branches"].values()))
     loads = sorted(x["load_average_before"][0] for b in rep["branches"].values() for x in b["rows"])
     lines += [f"Machine: {cpu_description(first['cpu'])}; 1-minute load average before the bench runs "

@@ -31,8 +31,8 @@ from dflash_jax.config import TargetConfig
 from dflash_jax.files import atomic_path, write_json
 from dflash_jax.targets import init_target_params, target_forward
 from dflash_jax.training.loop import batch_rows, make_optimizer, make_schedule, run_loop
-from dflash_jax.training.run_dir import (METRICS_FILE, RUN_FILE, check_run_file, checkpoint_manager,
-                                         restore_latest)
+from dflash_jax.training.run_dir import (METRICS_FILE, RUN_FILE, START_EVAL_FILE, check_run_file,
+                                         checkpoint_manager, restore_latest)
 from dflash_jax.models.handles import Target
 
 # Model shapes: "cpu" (16.8M parameters, 4 layers: ~1550 tokens/s on 2 CPU cores, so the
@@ -179,8 +179,12 @@ class Pretrainer:
 
     def run(self, stop_after: int | None = None, max_minutes: float | None = None) -> dict:
         """Trains to ``steps`` (or ``stop_after`` more steps, or until ``max_minutes`` pass,
-        ending on a checkpoint); :func:`~dflash_jax.training.loop.run_loop`."""
+        ending on a checkpoint); :func:`~dflash_jax.training.loop.run_loop`. A run started
+        ``init_from`` a target first records that target's held-out loss (``start_eval.json``)."""
         L = self.train.shape[1]
+        start = os.path.join(self.run_dir, START_EVAL_FILE)
+        if self._init_params is not None and not os.path.exists(start):
+            write_json(start, {"heldout_loss": self.heldout_loss(self._init_params), "step": 0})
 
         def evaluate(state, done, last):
             if (self.pcfg.eval_every and done % self.pcfg.eval_every == 0) or last:
@@ -210,12 +214,17 @@ def export_target(run_dir: str, corpus_dir: str, out_dir: str, dtype=jnp.bfloat1
     if step == 0:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints yet")
     held = pre.heldout_loss(state["params"])
+    start = os.path.join(run_dir, START_EVAL_FILE)
+    if os.path.exists(start):  # a fine-tune: the held-out loss of the target it started from
+        with open(start) as f:
+            record["start_heldout_loss"] = round(json.load(f)["heldout_loss"], 4)
     params = jax.tree.map(lambda x: x.astype(dtype), state["params"])
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     facts = {"parameters": n_params, "steps": step, "tokens_seen": step * pcfg.batch_size * pre.train.shape[1],
              "heldout_loss": round(held, 4), "heldout_loss_bf16": round(pre.heldout_loss(
                  jax.tree.map(lambda x: x.astype(jnp.float32), params)), 4),
-             "preset": record["preset"], **({"init_from": record["init_from"]} if "init_from" in record else {}),
+             "preset": record["preset"],
+             **{k: record[k] for k in ("init_from", "start_heldout_loss") if k in record},
              "train": record["train"], "corpus": pre.corpus,
              "command": command}
     with atomic_path(out_dir) as tmp:  # the directory appears complete or not at all

@@ -174,11 +174,13 @@ def test_finetune_corpus_and_pretrain_init_from(built, sources, tmp_path):
     before = pre.heldout_loss(start["params"])
     done = pre.run()
     assert pre.heldout_loss(done["params"]) < before
+    assert json.load(open(tmp_path / "ft" / "start_eval.json"))["heldout_loss"] == pytest.approx(before, rel=1e-6)
     assert json.load(open(tmp_path / "ft" / "run.json"))["init_from"] == str(tmp_path / "base-hf")
     with pytest.raises(ValueError, match="other settings"):
         Pretrainer(ft, str(tmp_path / "ft"), "tiny", cfg)  # the same run, from random weights
     facts = export_target(str(tmp_path / "ft"), ft, str(tmp_path / "ft-hf"), dtype=np.float32)
     assert facts["init_from"] == str(tmp_path / "base-hf") and facts["steps"] == 6
+    assert facts["start_heldout_loss"] == round(before, 4) and facts["heldout_loss"] < before
     tuned = load_target(tmp_path / "ft-hf")
     for x, y in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(done["params"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
