@@ -38,7 +38,7 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.figures import interval_errors, interval_label
 from dflash_jax.files import write_json, write_text
-from dflash_jax.reporting import cpu_description, new_figure, report_figure, save_figure
+from dflash_jax.reporting import command_line, cpu_description, new_figure, report_figure, save_figure
 from dflash_jax.training.run_dir import METRICS_FILE, START_EVAL_FILE, held_out_curve, saved_steps, start_tau
 
 BRANCHES = ("int8", "finetuned")
@@ -131,6 +131,11 @@ def _bench(path: str) -> dict:
         return json.load(f)
 
 
+def _portable(command: str, work: str) -> str:
+    """A recorded command with the work directory written as ``WORK`` (no machine's path)."""
+    return command.replace(work.rstrip(os.sep) + os.sep, "WORK/").replace(work, "WORK")
+
+
 def branch_table(work: str, branch: str, steps: list[int]) -> dict:
     """One branch's rows: per step, the bench tau with its interval, its paired difference from
     step 0 (the same prompts), DFlash == AR counts; and the run's held-out tau curve."""
@@ -152,7 +157,7 @@ def branch_table(work: str, branch: str, steps: list[int]) -> dict:
                      "tau_diff_ci": list(metrics.bootstrap_interval(_mean_of_set_means, [(x,) for x in diffs]))
                      if s else None,
                      "busy_warning": b["busy_warning"],
-                     "same_output": same, "turns": turns, "command": b["command"],
+                     "same_output": same, "turns": turns, "command": _portable(b["command"], work),
                      "load_average_before": b["load_average_before"]})
     with open(os.path.join(d, "run", METRICS_FILE)) as f:
         metric_rows = [json.loads(line) for line in f if line.strip()]
@@ -165,7 +170,7 @@ def branch_table(work: str, branch: str, steps: list[int]) -> dict:
 def report(work: str, steps: list[int], branches: list[str]) -> dict:
     ref = _bench(os.path.join(work, REFERENCE, "bench-step0"))
     out = {"reference": {"tau": ref["average"]["tau"], "tau_ci": ref["average"]["tau_ci"],
-                         "command": ref["command"]},
+                         "command": _portable(ref["command"], work)},
            "branches": {b: branch_table(work, b, steps) for b in branches}, "steps": steps}
     out["cpu"] = next(iter(out["branches"].values()))["cpu"]
     out["busy_warning"] = next((r["busy_warning"] for b in out["branches"].values() for r in b["rows"]
@@ -222,26 +227,35 @@ def markdown(rep: dict) -> str:
 
 
 def plot(rep: dict):
-    fig, ax = new_figure(1, 1, figsize=(7.5, 4.5))
-    ax = ax[0] if isinstance(ax, (list, tuple, np.ndarray)) else ax
+    fig, (a, b) = new_figure(1, 2, figsize=(12, 4.8))
     r = rep["reference"]
-    ax.axhspan(*r["tau_ci"], color="grey", alpha=0.15)
-    ax.axhline(r["tau"], color="grey", linestyle=":", label="shipped pair, float32 target (95% CI band)")
-    errs = []
-    for i, (name, b) in enumerate(rep["branches"].items()):
-        xs = [row["step"] for row in b["rows"]]
-        vals = [row["tau"] for row in b["rows"]]
-        err = interval_errors(vals, [row["tau_ci"] for row in b["rows"]])
+    a.axhspan(*r["tau_ci"], color="grey", alpha=0.15)
+    a.axhline(r["tau"], color="grey", linestyle=":", label="shipped pair, float32 target (95% CI band)")
+    errs, derrs = [], []
+    for i, (name, br) in enumerate(rep["branches"].items()):
+        xs = np.asarray([row["step"] for row in br["rows"]]) + 8 * i  # side by side, not over each other
+        vals = [row["tau"] for row in br["rows"]]
+        err = interval_errors(vals, [row["tau_ci"] for row in br["rows"]])
         errs.append(err)
-        line = ax.errorbar(np.asarray(xs) + 6 * i, vals, yerr=err, marker="o", capsize=3,
-                           label=f"{name}: bench tau, GSM8K test")
-        held = [c for c in b["held_out"] if c["tau"] is not None]
-        ax.plot([c["step"] for c in held], [c["tau"] for c in held], linestyle="--", marker=".",
-                color=line[0].get_color(), alpha=0.7, label=f"{name}: held-out tau (no interval)")
-    ax.set_xlabel("fine-tune steps of the drafter (--init-from embedded)")
-    ax.set_ylabel(f"tau ({interval_label(errs)})")
-    ax.set_title("Re-aligning the shipped drafter to a changed target")
-    ax.legend(fontsize=8, loc="lower right")
+        line = a.errorbar(xs, vals, yerr=err, marker="o", capsize=3, label=f"{name}: bench tau, GSM8K test")
+        color = line[0].get_color()
+        held = [c for c in br["held_out"] if c["tau"] is not None]
+        a.plot([c["step"] for c in held], [c["tau"] for c in held], linestyle="--", marker=".", color=color,
+               alpha=0.7, label=f"{name}: held-out tau (no interval)")
+        rows = br["rows"][1:]
+        dvals = [row["tau_diff"] for row in rows]
+        derr = interval_errors(dvals, [row["tau_diff_ci"] for row in rows])
+        derrs.append(derr)
+        b.errorbar(xs[1:], dvals, yerr=derr, marker="o", capsize=3, color=color, label=name)
+    a.set_xlabel("fine-tune steps of the drafter (--init-from embedded)")
+    a.set_ylabel(f"tau ({interval_label(errs)})")
+    a.set_title("tau against the changed target")
+    a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    b.axhline(0, color="black", linewidth=0.8)
+    b.set_xlabel("fine-tune steps of the drafter")
+    b.set_ylabel(f"bench tau minus step 0's, paired ({interval_label(derrs)})")
+    b.set_title("tau won back (or lost) by re-aligning")
+    b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     return fig
 
 
@@ -297,6 +311,8 @@ def main(argv=None) -> dict:
         for b in a.branches:
             run_branch(a, work, b)
     rep = report(work, a.steps, a.branches)
+    given = sys.argv[1:] if argv is None else list(argv)
+    rep["command"] = command_line("dflash_jax.experiments.realign", ["WORK" if x == a.work else x for x in given])
     os.makedirs(a.out, exist_ok=True)
     write_json(os.path.join(a.out, "realign.json"), rep)
     write_text(os.path.join(a.out, "README.md"), markdown(rep))

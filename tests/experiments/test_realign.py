@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import realign
+from dflash_jax.experiments import realign
 
 CPU = {"model": "a CPU", "cores": 2}
 
@@ -66,6 +66,13 @@ def test_paired_differences_and_curve(tmp_path):
     realign.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--branches", "int8",
                   "--steps", "100", "--report-only"])
     assert {"realign.json", "README.md", "realign.png"} <= set(os.listdir(tmp_path / "out"))
+    saved = json.load(open(tmp_path / "out" / "realign.json"))
+    assert saved["command"].startswith("python -m dflash_jax.experiments.realign --work WORK ")
+    assert str(tmp_path / "work") not in json.dumps(saved)  # the work directory written as WORK
+    from dflash_jax.tools import replot  # the committed figure is drawn again from its JSON
+
+    assert [p for p, _ in replot.figures_of(str(tmp_path / "out" / "realign.json"))] == \
+        [str(tmp_path / "out" / "realign.png")]
 
 
 def test_other_prompts_and_bad_steps_are_refused(tmp_path, capsys):
