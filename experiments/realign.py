@@ -219,11 +219,48 @@ def markdown(rep: dict) -> str:
                   f"loss {f['heldout_loss']:.3f}"
                   + (f" (the shipped target's {f['start_heldout_loss']:.3f})" if "start_heldout_loss" in f else "")
                   + ".", ""]
+    lines += ["## What the data shows", "", *findings(rep), ""]
     first = next(iter(rep["branches"].values()))
     loads = sorted(x["load_average_before"][0] for b in rep["branches"].values() for x in b["rows"])
     lines += [f"Machine: {cpu_description(first['cpu'])}; 1-minute load average before the bench runs "
               f"{loads[0]:.2f} to {loads[-1]:.2f} (tau does not depend on the load).", ""]
     return "\n".join(lines)
+
+
+def _apart(a: list, b: list) -> bool:
+    """Whether two intervals do not overlap."""
+    return a[1] < b[0] or b[1] < a[0]
+
+
+def findings(rep: dict) -> list[str]:
+    """One line per branch, each claim resting on intervals: the start against the reference
+    pair (unpaired: the intervals apart or not), the largest paired change from step 0 and
+    whether its interval excludes 0, the best step against the reference."""
+    ref = rep["reference"]
+    out = []
+    for name, b in rep["branches"].items():
+        rows = b["rows"]
+        start, best = rows[0], max(rows[1:], key=lambda r: r["tau_diff"])
+        worst = min(rows[1:], key=lambda r: r["tau_diff"])
+        gap = (f"the changed target cost the shipped drafter tau ({_fmt(start['tau'], start['tau_ci'])} against the "
+               f"reference's {_fmt(ref['tau'], ref['tau_ci'])}: the intervals are apart)"
+               if _apart(start["tau_ci"], ref["tau_ci"]) else
+               f"the shipped drafter starts within the reference's interval ({_fmt(start['tau'], start['tau_ci'])} "
+               f"against {_fmt(ref['tau'], ref['tau_ci'])}): no loss the intervals show")
+        lo, hi = best["tau_diff_ci"]
+        if lo > 0:
+            change = (f"re-aligning won back {_fmt(best['tau_diff'], best['tau_diff_ci'])} by step {best['step']} "
+                      f"(interval above 0)")
+            change += ("; the re-aligned drafter stays below the reference pair (intervals apart)"
+                       if _apart(best["tau_ci"], ref["tau_ci"]) and best["tau"] < ref["tau"] else
+                       "; it is then within the reference pair's interval")
+        else:
+            change = f"no step gained tau the intervals can tell from 0 (best {_fmt(best['tau_diff'], [lo, hi])})"
+        if worst["tau_diff_ci"][1] < 0:
+            change += (f"; by step {worst['step']} re-aligning had cost tau: "
+                       f"{_fmt(worst['tau_diff'], worst['tau_diff_ci'])} (interval below 0)")
+        out.append(f"- **{name}**: {gap}; {change}.")
+    return out
 
 
 def plot(rep: dict):

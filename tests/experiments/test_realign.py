@@ -63,6 +63,7 @@ def test_paired_differences_and_curve(tmp_path):
     assert rep["branches"]["int8"]["held_out"] == [{"step": 0, "tau": 3.25}, {"step": 100, "tau": 4.5, "loss": 1.0}]
     text = realign.markdown(rep)
     assert "| 100 |" in text and f"{expect:.2f} [" in text and "| 4.50 |" in text and "| 3.25 |" in text
+    assert f"re-aligning won back {expect:.2f} [" in text and "by step 100 (interval above 0)" in text
     realign.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--branches", "int8",
                   "--steps", "100", "--report-only"])
     assert {"realign.json", "README.md", "realign.png"} <= set(os.listdir(tmp_path / "out"))
