@@ -37,8 +37,8 @@ import numpy as np
 
 from dflash_jax import metrics
 from dflash_jax.figures import interval_errors, interval_label
-from dflash_jax.files import write_json, write_text
-from dflash_jax.reporting import command_line, cpu_description, new_figure, report_figure, save_figure
+from dflash_jax.files import write_text
+from dflash_jax.reporting import command_line, cpu_description, new_figure, write_report
 from dflash_jax.training.run_dir import METRICS_FILE, START_EVAL_FILE, held_out_curve, saved_steps, start_tau
 
 BRANCHES = ("int8", "finetuned")
@@ -350,10 +350,8 @@ def main(argv=None) -> dict:
     rep = report(work, a.steps, a.branches)
     given = sys.argv[1:] if argv is None else list(argv)
     rep["command"] = command_line("dflash_jax.experiments.realign", ["WORK" if x == a.work else x for x in given])
-    os.makedirs(a.out, exist_ok=True)
-    write_json(os.path.join(a.out, "realign.json"), rep)
+    write_report(rep, a.out, "realign", plot, quiet=True)
     write_text(os.path.join(a.out, "README.md"), markdown(rep))
-    save_figure(report_figure(rep, plot), os.path.join(a.out, "realign.png"))
     print(markdown(rep))
     return rep
 

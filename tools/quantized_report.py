@@ -19,7 +19,7 @@ import numpy as np
 from dflash_jax import metrics
 from dflash_jax.figures import interval_errors, interval_label
 from dflash_jax.files import write_json, write_text
-from dflash_jax.reporting import command_line, cpu_description, new_figure, report_figure, save_figure
+from dflash_jax.reporting import command_line, cpu_description, new_figure, write_report
 
 
 def _tau_by_response(bench: dict, name: str) -> dict[tuple, float]:
@@ -216,10 +216,8 @@ def main(argv=None) -> dict:
               "cpu": ref["cpu"], "environment": ref["environment"],
               "load_average_before": min((r["load_average_before"] for r in runs.values()), key=lambda x: x[0]),
               "busy_warning": next((r["busy_warning"] for r in runs.values() if r["busy_warning"]), None)}
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "quantized.json"), report)
+    write_report(report, args.out, "quantized", plot, quiet=True)
     write_text(os.path.join(args.out, "README.md"), markdown(report))
-    save_figure(report_figure(report, plot), os.path.join(args.out, "quantized.png"))
     print(markdown(report))
     return report
 
