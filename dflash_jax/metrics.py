@@ -244,6 +244,40 @@ def average(per_set: Mapping[str, tuple[Sequence[Response], Sequence[Response]]]
     }
 
 
+def response_taus(bench: Mapping, name: str) -> dict[tuple, float]:
+    """(sample id, turn) -> that response's tau, in prompt set ``name`` of a saved bench report
+    (``bench.json``)."""
+    return {(s["id"], s["turn"]): float(np.mean(s["dflash"]["acceptance_lengths"]))
+            for s in bench["datasets"][name]["samples"]}
+
+
+def mean_of_set_means(strata) -> float:
+    """The mean over prompt sets of each set's mean (as bench averages tau); ``strata``: one
+    sequence per set."""
+    return float(np.mean([np.mean(x) for x in strata]))
+
+
+def paired_tau_change(base: Mapping, other: Mapping) -> dict:
+    """``other``'s tau minus ``base``'s, response by response over the same prompts, for two saved
+    bench reports: ``{"sets": {name: (mean, interval)}, "average": (mean over the sets of each
+    set's mean, interval)}``, percentile bootstrap intervals over the responses (the sets are the
+    strata). ValueError, naming the set, when the runs did not answer the same prompts."""
+    extra = sorted(set(other["datasets"]) - set(base["datasets"]))
+    if extra:
+        raise ValueError(f"the runs did not answer the same prompts of {', '.join(extra)}")
+    strata, sets = [], {}
+    for name in base["datasets"]:
+        ref = response_taus(base, name)
+        got = response_taus(other, name) if name in other["datasets"] else {}
+        if sorted(got) != sorted(ref):
+            raise ValueError(f"the runs did not answer the same prompts of {name}")
+        diffs = [got[k] - ref[k] for k in sorted(ref)]
+        strata.append((diffs,))
+        sets[name] = (float(np.mean(diffs)), list(bootstrap_interval(mean_of_set_means, [(diffs,)])))
+    average = (mean_of_set_means([d[0] for d in strata]), list(bootstrap_interval(mean_of_set_means, strata)))
+    return {"sets": sets, "average": average}
+
+
 def interval_text(value: float, ci: Sequence[float], digits: int = 2) -> str:
     """``"3.59 [3.41, 3.77]"``; the value alone when the interval is missing."""
     if ci is None or not all(np.isfinite(ci)):

@@ -110,22 +110,14 @@ def run_branch(a, work: str, branch: str) -> None:
                   str(a.eval_every), "--target-dtype", "float32"])
         drafter = os.path.join(d, f"drafter-step{s}")
         if not _done(os.path.join(drafter, "config.json")):
+            if max(saved_steps(run_dir), default=0) != s:  # export writes the newest checkpoint
+                raise RuntimeError(f"{run_dir} is past step {s} but {drafter} was never exported; "
+                                   f"remove {bench} and {run_dir} to run this branch again")
             _run(["export", "--run", run_dir, "--out", drafter])
         _run(["bench", *target, "--drafter", drafter, *bench_args(a), "--out", bench])
 
 
 # ----------------------------------------------------------------------------------- report
-def _tau_by_response(bench: dict) -> dict[str, dict[tuple, float]]:
-    """Per prompt set, (sample id, turn) -> that response's tau, of one bench run."""
-    return {name: {(s["id"], s["turn"]): float(np.mean(s["dflash"]["acceptance_lengths"])) for s in d["samples"]}
-            for name, d in bench["datasets"].items()}
-
-
-def _mean_of_set_means(strata) -> float:
-    """The mean over prompt sets of each set's mean, as bench averages tau."""
-    return float(np.mean([np.mean(x) for x in strata]))
-
-
 def _bench(path: str) -> dict:
     with open(os.path.join(path, "bench.json")) as f:
         return json.load(f)
@@ -141,21 +133,18 @@ def branch_table(work: str, branch: str, steps: list[int]) -> dict:
     step 0 (the same prompts), DFlash == AR counts; and the run's held-out tau curve."""
     d = os.path.join(work, branch)
     base = _bench(os.path.join(d, "bench-step0"))
-    ref = _tau_by_response(base)
     rows = []
     for s in [0, *steps]:
         b = _bench(os.path.join(d, f"bench-step{s}"))
-        got = _tau_by_response(b)
-        if {n: sorted(x) for n, x in got.items()} != {n: sorted(x) for n, x in ref.items()}:
-            raise ValueError(f"{branch} step {s}: its bench answered other prompts than step 0's; rerun it with "
-                             "the same bench options")
-        diffs = [[got[n][k] - ref[n][k] for k in sorted(ref[n])] for n in ref]  # paired, per prompt set
+        try:  # paired over the same prompts, per prompt set
+            diff, diff_ci = metrics.paired_tau_change(base, b)["average"]
+        except ValueError as e:
+            raise ValueError(f"{branch} step {s}: its bench answered other prompts than step 0's ({e}); rerun it "
+                             "with the same bench options") from e
         same = sum(x["same_output"] for x in b["datasets"].values())
         turns = sum(x["turns"] for x in b["datasets"].values())
         rows.append({"step": s, "tau": b["average"]["tau"], "tau_ci": b["average"]["tau_ci"],
-                     "tau_diff": _mean_of_set_means(diffs),
-                     "tau_diff_ci": list(metrics.bootstrap_interval(_mean_of_set_means, [(x,) for x in diffs]))
-                     if s else None,
+                     "tau_diff": diff, "tau_diff_ci": diff_ci if s else None,
                      "busy_warning": b["busy_warning"],
                      "same_output": same, "turns": turns, "command": _portable(b["command"], work),
                      "load_average_before": b["load_average_before"]})

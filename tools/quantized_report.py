@@ -22,18 +22,6 @@ from dflash_jax.files import write_json, write_text
 from dflash_jax.reporting import command_line, cpu_description, new_figure, write_report
 
 
-def _tau_by_response(bench: dict, name: str) -> dict[tuple, float]:
-    """(sample id, turn) -> that response's tau (mean acceptance length) in one set."""
-    return {(s["id"], s["turn"]): float(np.mean(s["dflash"]["acceptance_lengths"]))
-            for s in bench["datasets"][name]["samples"]}
-
-
-def _mean_of_set_means(diffs) -> float:
-    """The mean over prompt sets of each set's mean (as bench averages tau); ``diffs``: one
-    list per set (the bootstrap's resampled strata)."""
-    return float(np.mean([np.mean(x) for x in diffs]))
-
-
 def compare(runs: dict[str, dict]) -> dict:
     """The table's numbers: per set and on average, each run's tau (its interval as bench
     computed it) and AR ms/token, and each run's paired tau difference from the first run."""
@@ -53,19 +41,13 @@ def compare(runs: dict[str, dict]) -> dict:
         a = runs[n]["average"]
         out["average"][n] = {"tau": a["tau"], "tau_ci": a["tau_ci"]}
     for n in names[1:]:  # paired differences from the first run, per set and pooled over the sets
-        strata = []
+        try:
+            change = metrics.paired_tau_change(base, runs[n])
+        except ValueError as e:
+            raise ValueError(f"{n}: {e}: compare runs of one bench command with only --quantize changed") from e
         for s in sets:
-            ref, got = _tau_by_response(base, s), _tau_by_response(runs[n], s)
-            keys = sorted(ref)
-            if sorted(got) != keys:
-                raise ValueError(f"{n}: the runs did not answer the same prompts of {s}: compare runs of "
-                                 "one bench command with only --quantize changed")
-            diffs = [got[k] - ref[k] for k in keys]
-            strata.append((diffs,))
-            out["sets"][s][n]["tau_diff"] = float(np.mean(diffs))
-            out["sets"][s][n]["tau_diff_ci"] = list(metrics.bootstrap_interval(_mean_of_set_means, [(diffs,)]))
-        out["average"][n]["tau_diff"] = _mean_of_set_means([d[0] for d in strata])
-        out["average"][n]["tau_diff_ci"] = list(metrics.bootstrap_interval(_mean_of_set_means, strata))
+            out["sets"][s][n]["tau_diff"], out["sets"][s][n]["tau_diff_ci"] = change["sets"][s]
+        out["average"][n]["tau_diff"], out["average"][n]["tau_diff_ci"] = change["average"]
     return out
 
 
