@@ -18,8 +18,9 @@ def add_arguments(p) -> None:
     p.add_argument("--sources", nargs="+", default=None, metavar="SOURCE",
                    help=f"document sources to pack: {', '.join(SOURCES)} (default all)")
     p.add_argument("--tokenizer", default=None, metavar="TARGET",
-                   help="use this target's tokenizer (a checkpoint directory or 'embedded') instead of training "
-                        "one: the corpus for fine-tuning that target with pretrain --init-from")
+                   help="the target (a checkpoint directory or 'embedded') whose tokenizer tokenizes the corpus, "
+                        "instead of one trained on it: the corpus for fine-tuning that target with pretrain "
+                        "--init-from")
 
 
 def run(args) -> dict:

@@ -15,8 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--run", required=True, help="run directory (resumed when it exists)")
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="cpu", help="model size")
     p.add_argument("--init-from", default=None, metavar="TARGET",
-                   help="fine-tune this target (a checkpoint directory or 'embedded') instead of training "
-                        "--preset from random weights; build the corpus with build-corpus --tokenizer TARGET")
+                   help="start from this target (a checkpoint directory or 'embedded'; its shapes replace "
+                        "--preset's) instead of random weights: a fine-tune; build the corpus with build-corpus "
+                        "--tokenizer TARGET")
     p.add_argument("--stop-after", type=int, help="stop after this many more steps (resume later)")
     p.add_argument("--max-minutes", type=float, help="stop (on a checkpoint) after this much time")
     add_dataclass_arguments(p.add_argument_group("training settings (PretrainConfig)"), PretrainConfig)
