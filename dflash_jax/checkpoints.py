@@ -403,10 +403,11 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     whole on the host, then placed (``sharding_of``).
 
     Block-FP8 weights (the released ``-FP8`` files: ``quantization_config`` ``quant_method``
-    "fp8", ``float8_e4m3fn`` weights and ``weight_scale_inv`` block scales), in a family that does
-    not read them itself: ``keep_fp8`` loads them as they are (``quantization.QuantizedWeight``,
-    dequantized layer by layer inside the compiled step), else dequantized to float32 on load
-    (then cast to ``dtype``).
+    "fp8", ``float8_e4m3fn`` weights and ``weight_scale_inv`` block scales): ``keep_fp8`` loads
+    them as they are (``quantization.QuantizedWeight``, dequantized layer by layer inside the
+    compiled step), else dequantized to float32 on load (then cast to ``dtype``). A family that
+    reads them itself (``deepseek_v3``, whose config records ``fp8_weight_block_size``) names the
+    stored tensors with ``stored_block_fp8_tensors``; with ``sharding_of`` it dequantizes them.
     """
     cfg = cfg or TargetConfig.from_pretrained(path)
     specs = target_tensor_specs(cfg)
@@ -414,8 +415,10 @@ def load_target_params(path: str | os.PathLike, cfg: TargetConfig | None = None,
     what = f"target checkpoint {os.fspath(path)!r}"
     convert = getattr(targets.family_of(cfg), "convert_checkpoint_tensors", None)
     stored = set(checkpoint_files(path))
+    # a family that reads block FP8 itself (deepseek_v3) dequantizes on load unless kept, on one device
+    own_fp8 = getattr(cfg, "fp8_weight_block_size", None) is not None
     block_fp8 = (any(n.endswith(quantization.SCALE_INV) for n in stored)
-                 and getattr(cfg, "fp8_weight_block_size", None) is None)  # (deepseek_v3 reads its own)
+                 and (not own_fp8 or (keep_fp8 and sharding_of is None)))
     if block_fp8:
         if sharding_of is not None and keep_fp8:
             raise ValueError(f"{what} holds block-FP8 weights: quantized targets run on one device for now; "
@@ -443,7 +446,11 @@ def _load_block_fp8(path, cfg, specs, ignore, what, dtype, convert, keep_fp8: bo
     from dflash_jax.config import read_config_json
 
     block = quantization.fp8_block_size(read_config_json(path).get("quantization_config"), what)
-    tensors, scales = quantization.split_block_fp8(read_tensors(path), block, what)
+    tensors = read_tensors(path)
+    prepare = getattr(targets.family_of(cfg), "stored_block_fp8_tensors", None)
+    if prepare is not None:  # the family's names for a file it also reads itself (deepseek_v3)
+        tensors = prepare(cfg, tensors, what)
+    tensors, scales = quantization.split_block_fp8(tensors, block, what)
     if not keep_fp8:
         tensors = {n: quantization.dequantize_block_fp8(a, scales[n], block) if n in scales else a
                    for n, a in tensors.items()}

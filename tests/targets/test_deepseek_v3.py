@@ -433,11 +433,12 @@ def fp8_checkpoint(dst, edit=None, quantization=True):
 
 
 def test_fp8_block_quantized_weights_are_dequantized_on_load(tmp_path):
-    """Every FP8 weight loads as its blocks times their scales (the oracle dequantizes block by
-    block; edge blocks are partial); the model stays close to the float32 one (FP8 rounding)."""
+    """``quantize='none'``: every FP8 weight loads as its blocks times their scales (the oracle
+    dequantizes block by block; edge blocks are partial); the model stays close to the float32
+    one (FP8 rounding)."""
     want = fp8_checkpoint(str(tmp_path / "fp8"))
     assert len(want) > 40
-    t = dj.load_target(str(tmp_path / "fp8"))
+    t = dj.load_target(str(tmp_path / "fp8"), quantize="none")
     assert t.config == target("v3").config and t.config.fp8_weight_block_size == FP8_BLOCK
     specs = targets.family_of(t.config).tensor_specs(t.config)
     for name, w in want.items():
@@ -456,6 +457,46 @@ def test_fp8_block_quantized_weights_are_dequantized_on_load(tmp_path):
     b = targets.target_forward(target("v3").config, target("v3").params, ids, pos)[0]
     rel = float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
     assert 0 < rel < 0.5, rel  # FP8 keeps 3 mantissa bits
+
+
+def test_fp8_block_quantized_weights_load_as_stored(tmp_path):
+    """By default the FP8 blocks load as stored: each weight a ``QuantizedWeight`` whose values
+    are the file's bytes and whose scales are its ``weight_scale_inv`` (both as [in, out]); the
+    forward equals the forward on the dequantized load (the same blocks times scales, float64
+    then rounded once); greedy decoding equals it; on a mesh they are dequantized on load."""
+    from dflash_jax import quantization as Q
+    from dflash_jax.checkpoints import read_tensors
+
+    fp8_checkpoint(str(tmp_path / "fp8"))
+    stored = read_tensors(str(tmp_path / "fp8"))
+    t = dj.load_target(str(tmp_path / "fp8"))
+    plain = dj.load_target(str(tmp_path / "fp8"), quantize="none")
+    assert t.quantization == "fp8" and plain.quantization is None
+    specs = targets.family_of(t.config).tensor_specs(t.config)
+    checked = 0
+    for name in ("model.layers.1.self_attn.kv_b_proj.weight", "model.layers.2.mlp.experts.3.down_proj.weight",
+                 "model.layers.0.mlp.gate_proj.weight"):
+        spec, node = specs[name], t.params
+        for k in spec.path:
+            node = node[k]
+        assert isinstance(node, Q.QuantizedWeight) and node.block == FP8_BLOCK[::-1], name
+        index = (spec.layer,) if spec.expert is None else (spec.layer, spec.expert)
+        np.testing.assert_array_equal(np.asarray(node.q)[index].view(np.uint8), stored[name].T.view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(node.scale)[index], stored[name + "_scale_inv"].T)
+        checked += 1
+    assert checked == 3
+    ids = jnp.asarray(np.arange(16)[None] % 96)
+    pos = jnp.arange(16)[None]
+    with jax.default_matmul_precision("highest"):
+        a = targets.target_forward(t.config, t.params, ids, pos)[0]
+        b = targets.target_forward(plain.config, plain.params, ids, pos)[0]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    prompts = [[3, 17, 42, 8, 90, 23], [11, 4, 77, 30]]
+    assert dj.generate(t, prompts, 12).sequences == dj.generate(plain, prompts, 12).sequences
+    from dflash_jax.parallel import make_mesh
+
+    on_mesh = dj.load_target(str(tmp_path / "fp8"), mesh=make_mesh(data=1, model=1))
+    assert on_mesh.quantization is None
 
 
 @pytest.mark.parametrize("case, match", [

@@ -341,7 +341,21 @@ class DeepseekV3Family(TargetFamily):
                                   "compressed-tensors quantization_config")
         if packed:
             renamed = packed_int.dequantize_tensors(renamed, cfg.packed_int_scheme, what)
-        tensors = self._dequantize(cfg, renamed, what)
+        out = self._drop_nextn_layers(cfg, self._dequantize(cfg, renamed, what), what)
+        return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
+
+    def stored_block_fp8_tensors(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray],
+                                 what: str = "checkpoint") -> dict[str, np.ndarray]:
+        """The tensors of a block-FP8 file to load as stored (``checkpoints.load_target_params``
+        with ``keep_fp8``): renamed and without the multi-token-prediction layers as
+        :meth:`convert_checkpoint_tensors` has them, the FP8 weights and their ``weight_scale_inv``
+        kept (not dequantized)."""
+        renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, self.name)
+        return self._drop_nextn_layers(cfg, renamed, what)
+
+    def _drop_nextn_layers(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray], what: str):
+        """``tensors`` without the multi-token-prediction layers (``model.layers.{i}``, i >= N),
+        one log line for them; a layer the config does not announce is a CheckpointError."""
         out, dropped = {}, set()
         for name, arr in tensors.items():
             hit = self._LAYER.match(name)
@@ -357,7 +371,7 @@ class DeepseekV3Family(TargetFamily):
         if dropped:
             log.warning("%s: ignored the multi-token-prediction layers %s (not run by the %s target)",
                         what, sorted(dropped), self.name)
-        return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
+        return out
 
     def _dequantize(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
         """Every ``{name}_scale_inv`` applied to its FP8 ``{name}`` (float32 out) and dropped;
