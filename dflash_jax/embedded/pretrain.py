@@ -126,7 +126,8 @@ class Pretrainer:
         else:
             from dflash_jax.checkpoints import load_target_params
 
-            self.cfg, self._init_params = load_target_params(init_path, dtype=jnp.float32)
+            # float32 weights to train (a released FP8 file dequantized, not kept as stored)
+            self.cfg, self._init_params = load_target_params(init_path, dtype=jnp.float32, keep_fp8=False)
         self.tx = make_optimizer(pcfg)
         self.schedule = make_schedule(pcfg)
         self.manager = checkpoint_manager(self.run_dir, pcfg.keep_checkpoints)

@@ -184,6 +184,15 @@ def test_finetune_corpus_and_pretrain_init_from(built, sources, tmp_path):
     tuned = load_target(tmp_path / "ft-hf")
     for x, y in zip(jax.tree.leaves(tuned.params), jax.tree.leaves(done["params"])):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # a released block-FP8 target starts the run dequantized to float32 (its weights are trained)
+    from dflash_jax.tools import fp8_checkpoint
+
+    fp8_checkpoint.main([str(tmp_path / "base-hf"), str(tmp_path / "base-fp8"), "--block", "16", "16"])
+    fp8 = Pretrainer(ft, str(tmp_path / "ft8"), "tiny", cfg, init_from=str(tmp_path / "base-fp8"))
+    want = load_target(tmp_path / "base-fp8", quantize="none").params
+    for x, y in zip(jax.tree.leaves(fp8.restore_or_init()["params"]), jax.tree.leaves(want)):
+        assert x.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _refuse_other_tokenizer(data, lib, tmp_path, target_dir):
