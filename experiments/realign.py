@@ -51,11 +51,7 @@ def _run(args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "dflash_jax", *args], check=True)
 
 
-def _done(path: str) -> bool:
-    return os.path.exists(path)
-
-
-def target_args(a, work: str, branch: str) -> list[str]:
+def target_args(work: str, branch: str) -> list[str]:
     """The ``--target`` (and ``--quantize``) options of a branch's target."""
     if branch == "int8":
         return ["--target", "embedded", "--quantize", "int8"]
@@ -72,12 +68,11 @@ def bench_args(a) -> list[str]:
 def finetune_target(a, work: str) -> None:
     """The ``finetuned`` branch's target: the embedded one fine-tuned on GSM8K train."""
     d = os.path.join(work, "finetuned")
-    if _done(os.path.join(d, "target", "config.json")):
+    if os.path.exists(os.path.join(d, "target", "config.json")):
         return
-    data = ["--data-dir", a.data_dir] if a.data_dir else []
-    if not _done(os.path.join(d, "corpus", "corpus.json")):
+    if not os.path.exists(os.path.join(d, "corpus", "corpus.json")):
         _run(["build-corpus", "--out", os.path.join(d, "corpus"), "--sources", "gsm8k_train",
-              "--tokenizer", "embedded", *data])
+              "--tokenizer", "embedded", "--data-dir", a.data_dir])
     _run(["pretrain", "--corpus", os.path.join(d, "corpus"), "--run", os.path.join(d, "pretrain"),
           "--init-from", "embedded", "--steps", str(a.target_steps), "--batch-size", "8",
           "--learning-rate", str(a.target_lr), "--warmup-fraction", "0.05", "--checkpoint-every", "50",
@@ -88,18 +83,18 @@ def finetune_target(a, work: str) -> None:
 
 def run_branch(a, work: str, branch: str) -> None:
     d = os.path.join(work, branch)
-    target = target_args(a, work, branch)
+    target = target_args(work, branch)
     bench0 = os.path.join(d, "bench-step0")
-    if not _done(os.path.join(bench0, "bench.json")):
+    if not os.path.exists(os.path.join(bench0, "bench.json")):
         _run(["bench", *target, "--drafter", "embedded", *bench_args(a), "--out", bench0])
-    if not _done(os.path.join(d, "data", "metadata.json")):
+    if not os.path.exists(os.path.join(d, "data", "metadata.json")):
         _run(["train-data", *target, "--prompts", os.path.join(work, PROMPTS), "--out", os.path.join(d, "data"),
               "--max-prompts", str(a.num_prompts), "--max-new-tokens", str(a.max_new_tokens),
               "--max-len", "384", "--batch-size", "32", "--dtype", "float32"])
     run_dir = os.path.join(d, "run")
     for s in a.steps:
         bench = os.path.join(d, f"bench-step{s}")
-        if _done(os.path.join(bench, "bench.json")):
+        if os.path.exists(os.path.join(bench, "bench.json")):
             continue
         have = max(saved_steps(run_dir), default=0)
         if have < s:
@@ -109,7 +104,7 @@ def run_branch(a, work: str, branch: str) -> None:
                   str(a.eval_every), "--keep-checkpoints", "2", "--eval-prompts", "16", "--eval-every",
                   str(a.eval_every), "--target-dtype", "float32"])
         drafter = os.path.join(d, f"drafter-step{s}")
-        if not _done(os.path.join(drafter, "config.json")):
+        if not os.path.exists(os.path.join(drafter, "config.json")):
             if max(saved_steps(run_dir), default=0) != s:  # export writes the newest checkpoint
                 raise RuntimeError(f"{run_dir} is past step {s} but {drafter} was never exported; "
                                    f"remove {bench} and {run_dir} to run this branch again")
@@ -153,7 +148,7 @@ def branch_table(work: str, branch: str, steps: list[int]) -> dict:
     curve = [{"step": 0, "tau": start_tau(os.path.join(d, "run"))}] + held_out_curve(metric_rows)
     with open(os.path.join(d, "run", "run.json")) as f:
         run = json.load(f)
-    return {"rows": rows, "held_out": curve, "cpu": base["cpu"], "train_settings": run.get("train", run)}
+    return {"rows": rows, "held_out": curve, "train_settings": run.get("train", run)}
 
 
 def report(work: str, steps: list[int], branches: list[str]) -> dict:
@@ -161,7 +156,7 @@ def report(work: str, steps: list[int], branches: list[str]) -> dict:
     out = {"reference": {"tau": ref["average"]["tau"], "tau_ci": ref["average"]["tau_ci"],
                          "command": _portable(ref["command"], work)},
            "branches": {b: branch_table(work, b, steps) for b in branches}, "steps": steps}
-    out["cpu"] = next(iter(out["branches"].values()))["cpu"]
+    out["cpu"] = ref["cpu"]
     out["busy_warning"] = next((r["busy_warning"] for b in out["branches"].values() for r in b["rows"]
                                 if r["busy_warning"]), None)
     ft = os.path.join(work, "finetuned", "target", "training.json")
@@ -209,9 +204,8 @@ def markdown(rep: dict) -> str:
                   + (f" (the shipped target's {f['start_heldout_loss']:.3f})" if "start_heldout_loss" in f else "")
                   + ".", ""]
     lines += ["## What the data shows", "", *findings(rep), ""]
-    first = next(iter(rep["branches"].values()))
     loads = sorted(x["load_average_before"][0] for b in rep["branches"].values() for x in b["rows"])
-    lines += [f"Machine: {cpu_description(first['cpu'])}; 1-minute load average before the bench runs "
+    lines += [f"Machine: {cpu_description(rep['cpu'])}; 1-minute load average before the bench runs "
               f"{loads[0]:.2f} to {loads[-1]:.2f} (tau does not depend on the load).", ""]
     return "\n".join(lines)
 
@@ -326,12 +320,12 @@ def main(argv=None) -> dict:
 
             a.data_dir = check_training_data(None)  # before anything runs: GSM8K train is needed
         os.makedirs(work, exist_ok=True)
-        if not _done(os.path.join(work, PROMPTS)):
+        if not os.path.exists(os.path.join(work, PROMPTS)):
             _run(["embedded-prompts", "--out", os.path.join(work, PROMPTS), "--num", str(a.num_prompts),
                   "--styles", "gsm8k", "--max-prompt-tokens", "256", "--data-dir", a.data_dir])
         ref = os.path.join(work, REFERENCE, "bench-step0")
-        if not _done(os.path.join(ref, "bench.json")):
-            _run(["bench", *target_args(a, work, REFERENCE), "--drafter", "embedded", *bench_args(a), "--out", ref])
+        if not os.path.exists(os.path.join(ref, "bench.json")):
+            _run(["bench", *target_args(work, REFERENCE), "--drafter", "embedded", *bench_args(a), "--out", ref])
         if "finetuned" in a.branches:
             finetune_target(a, work)
         for b in a.branches:

@@ -328,28 +328,29 @@ class DeepseekV3Family(TargetFamily):
                                    what: str = "checkpoint") -> dict[str, np.ndarray]:
         """The tensors as read -> the :meth:`tensor_specs` names: a multimodal layout's text
         prefixes renamed (:data:`TEXT_PREFIXES`) and its vision tensors dropped
-        (:data:`IGNORED_PREFIXES`); FP8 weights dequantized with their ``weight_scale_inv``
-        (``quantization.dequantize_block_fp8``); the multi-token-prediction layers (``model.layers.{i}`` for
-        i >= N, when ``num_nextn_predict_layers`` > 0) dropped; one log line for what was dropped;
-        fused experts split (``qwen3_moe``'s conversion, the same names). A layer beyond N that
+        (:data:`IGNORED_PREFIXES`); the multi-token-prediction layers (``model.layers.{i}`` for
+        i >= N, when ``num_nextn_predict_layers`` > 0) dropped, one log line for them; then packed
+        integer and FP8 weights dequantized (``quantization.dequantize_block_fp8`` with their
+        ``weight_scale_inv``); fused experts split (``qwen3_moe``'s conversion, the same names). A layer beyond N that
         the config does not announce, an FP8 weight without its scale or a scale without its
         weight is a CheckpointError naming the tensor."""
-        renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, self.name)
+        renamed = self.stored_block_fp8_tensors(cfg, tensors, what)  # renamed, MTP layers dropped first
         packed = [n for n in renamed if n.endswith(packed_int.SUFFIXES)]
         if packed and cfg.packed_int_scheme is None:
             raise CheckpointError(f"{what}: {min(packed)} is a packed integer weight, but config.json has no "
                                   "compressed-tensors quantization_config")
         if packed:
             renamed = packed_int.dequantize_tensors(renamed, cfg.packed_int_scheme, what)
-        out = self._drop_nextn_layers(cfg, self._dequantize(cfg, renamed, what), what)
-        return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, out, what)
+        return qwen3_moe.Qwen3MoeFamily.convert_checkpoint_tensors(self, cfg, self._dequantize(cfg, renamed, what),
+                                                                   what)
 
     def stored_block_fp8_tensors(self, cfg: DeepseekV3Config, tensors: dict[str, np.ndarray],
                                  what: str = "checkpoint") -> dict[str, np.ndarray]:
-        """The tensors of a block-FP8 file to load as stored (``checkpoints.load_target_params``
-        with ``keep_fp8``): renamed and without the multi-token-prediction layers as
-        :meth:`convert_checkpoint_tensors` has them, the FP8 weights and their ``weight_scale_inv``
-        kept (not dequantized)."""
+        """The stored tensors renamed (a multimodal layout's text prefixes) and without the
+        multi-token-prediction layers, nothing dequantized: what a block-FP8 file loads as stored
+        (``checkpoints.load_target_params`` with ``keep_fp8``), and what
+        :meth:`convert_checkpoint_tensors` starts from (so the dropped layers are never
+        dequantized)."""
         renamed = text_model_tensors(tensors, TEXT_PREFIXES, IGNORED_PREFIXES, what, self.name)
         return self._drop_nextn_layers(cfg, renamed, what)
 
