@@ -19,7 +19,7 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
 4. ``spec``: one DFlash iteration against one AR step for the same target with a random
    5-layer drafter, per attention implementation (``dflash_jax.bench.spec_speed``).
 5. ``bench``: the end-to-end benchmark of the embedded target + drafter on the prompt sets
-   (``python -m dflash_jax bench``).
+   (``python -m dflash_jax bench``; ``--smoke``: one prompt, the fixed block only).
 6. ``moe``: each mixture-of-experts family (``qwen3_moe``, ``gpt_oss``, ``deepseek_v3``,
    ``gemma4_text`` with its MoE block, per-layer inputs and KV-shared layers) on a small random
    target (:data:`MOE_TINY`, saved and loaded back): its logits on the device against the same
@@ -224,7 +224,9 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
         return rows
 
     def bench():
-        argv = (["--max-samples", "1", "--max-new-tokens", "8", "--datasets", "gsm8k"] if smoke
+        # (smoke: the fixed block only; the adaptive one's cost table and programs are the
+        # embedded bench test's, tests/embedded/test_embedded_default.py)
+        argv = (["--max-samples", "1", "--max-new-tokens", "8", "--datasets", "gsm8k", "--no-adaptive"] if smoke
                 else ["--max-samples", "8", "--max-new-tokens", "256"])
         rep = harness.main(argv + ["--out", d("bench")])
         avg = rep.get("average", {})

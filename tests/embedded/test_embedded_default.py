@@ -75,7 +75,10 @@ def test_greedy_dflash_equals_autoregressive_on_the_embedded_pair(pair):
 
 @pytest.mark.slow
 def test_bench_on_two_prompts_per_set(tmp_path):
-    report = harness.main(["--max-samples", "2", "--max-new-tokens", "24", "--out", str(tmp_path)])
+    # every set at one program shape: its programs compile once, not once per set (each set at
+    # its own shape, the default, is bench/test_cli_and_bench.py's thinking-switch test)
+    report = harness.main(["--max-samples", "2", "--max-new-tokens", "24", "--program-shape", "one",
+                           "--out", str(tmp_path)])
     assert set(report["datasets"]) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}
     for name, r in report["datasets"].items():
         assert r["turns"] == (4 if name == "mt-bench" else 2)

@@ -22,20 +22,18 @@ def test_train_data_train_and_export_on_a_quantized_target(tmp_path, capsys):
     from dflash_jax.__main__ import main
 
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    data = {}
-    for q in ("fp8", None):
-        out = tmp_path / f"data-{q}"
-        main(["train-data", "--target", "embedded", "--prompts", str(tmp_path / "p.jsonl"), "--out", str(out),
-              "--max-new-tokens", "40", "--max-len", "80", "--batch-size", "4", "--dtype", "float32",
-              *(["--quantize", q] if q else [])])
-        data[q] = TokenDataset(str(out))
-        settings = json.loads((out / "metadata.json").read_text())["settings"]
-        assert settings.get("target_quantization") == q
+    # (train-data without --quantize records none: tests/training/test_training.py's thinking test)
+    out = tmp_path / "data-fp8"
+    main(["train-data", "--target", "embedded", "--prompts", str(tmp_path / "p.jsonl"), "--out", str(out),
+          "--max-new-tokens", "40", "--max-len", "80", "--batch-size", "4", "--dtype", "float32",
+          "--quantize", "fp8"])
+    settings = json.loads((out / "metadata.json").read_text())["settings"]
+    assert settings.get("target_quantization") == "fp8"
     closing = capsys.readouterr().out.splitlines()
     train_cmd = next(line.strip() for line in closing if "dflash_jax train " in line and "data-fp8" in line)
     assert shlex.split(train_cmd)[-2:] == ["--quantize", "fp8"]
     assert parse("dflash_jax", shlex.split(train_cmd)[3:]).quantize == "fp8"
-    assert len(data["fp8"]) == len(data[None]) == len(PROMPTS)
+    assert len(TokenDataset(str(out))) == len(PROMPTS)
 
     run = tmp_path / "run"
     train = ["train", "--target", "embedded", "--data", str(tmp_path / "data-fp8"), "--run", str(run),

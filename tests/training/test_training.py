@@ -382,7 +382,8 @@ def test_train_data_renders_prompts_without_thinking(tmp_path, capsys):
         assert len(texts) == 2 and texts[1].count("<|im_start|>user") == 2
         end = QWEN3_ASSISTANT if thinking else QWEN3_NO_THINK
         assert all(t.endswith(end) and t.endswith(QWEN3_NO_THINK) != thinking for t in texts), texts
-        assert json.loads((out / "metadata.json").read_text())["settings"]["enable_thinking"] is thinking
+        settings = json.loads((out / "metadata.json").read_text())["settings"]
+        assert settings["enable_thinking"] is thinking and "target_quantization" not in settings  # none asked
         closing = capsys.readouterr().out.splitlines()
         i = next(i for i, line in enumerate(closing) if line.startswith(f"wrote {out}: "))
         responses = int(ds.loss_mask.sum())
