@@ -47,6 +47,7 @@ import jax.numpy as jnp
 HIGHEST = jax.lax.Precision.HIGHEST
 RECORD_MODES = ("replay", "snapshot")
 DEFAULT_CHUNK = 64
+IMPLS = ("xla", "pallas")  # the chunked form in jnp, or as Pallas kernels (``kernels/gdn_chunk.py``)
 
 
 def _ein(spec, *xs):
@@ -205,6 +206,20 @@ def chunked(q, k, v, g, beta, state0, chunk_size: int = DEFAULT_CHUNK):
     return o, bounds
 
 
+def pallas_chunked(q, k, v, g, beta, state0, chunk_size: int = DEFAULT_CHUNK):
+    """:func:`chunked` as the Pallas kernels of ``kernels.gdn_chunk``: compiled (Triton, TF32
+    products) where the program is lowered for a GPU, interpreted elsewhere (the choice is made
+    per lowering platform, as for ``nn.attention.pallas_block_attention``). Same arguments and
+    results."""
+    from dflash_jax.kernels.gdn_chunk import gdn_chunked
+
+    def kernel(interpret: bool):
+        return lambda *xs: gdn_chunked(*xs, chunk_size, interpret=interpret)
+
+    return jax.lax.platform_dependent(q, k, v, g, beta, state0.astype(jnp.float32), cuda=kernel(False),
+                                      rocm=kernel(False), default=kernel(True))
+
+
 # ---------------------------------------------------------------------------- one layer
 @flax.struct.dataclass
 class BlockRecord:
@@ -231,7 +246,7 @@ class BlockRecord:
 def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A_log: jax.Array,
         dt_bias: jax.Array, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int,
         window: jax.Array | None = None, state0: jax.Array | None = None, form: str = "chunked",
-        record: bool = False, chunk_size: int = DEFAULT_CHUNK):
+        record: bool = False, chunk_size: int = DEFAULT_CHUNK, impl: str = "xla"):
     """A GDN layer's token mixing, from its projections to the core output (before the output
     norm): qkv [B, T, C] (the pre-conv ``in_proj_qkv`` output, q then k then v), a, b
     [B, T, Hv]; ``window`` [B, K-1, C] and ``state0`` float32[B, Hv, dk, dv] the layer's conv
@@ -239,7 +254,8 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
 
     ``form``: ``"chunked"`` or ``"recurrent"``. ``record``: also return the
     :class:`BlockRecord` (the chunked form records for ``"replay"``, the recurrent one
-    ``"snapshot"``). Returns (o float32[B, T, Hv, dv], record or None)."""
+    ``"snapshot"``). ``impl``: the chunked form's implementation (:data:`IMPLS`; the recurrent
+    form is ``jnp`` either way). Returns (o float32[B, T, Hv, dv], record or None)."""
     B, T, C = qkv.shape
     kd = num_k_heads * head_k_dim
     want = conv_channels(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
@@ -259,7 +275,9 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
         return o, (BlockRecord(inputs, snapshots=states) if record else None)
     if form != "chunked":
         raise ValueError(f"GDN form must be 'chunked' or 'recurrent', got {form!r}")
-    o, bounds = chunked(q, k, v, g, beta, state0, chunk_size)
+    if impl not in IMPLS:
+        raise ValueError(f"GDN impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    o, bounds = (pallas_chunked if impl == "pallas" else chunked)(q, k, v, g, beta, state0, chunk_size)
     if not record:
         return o, None
     cs = min(chunk_size, T)

@@ -15,7 +15,7 @@ import dataclasses
 
 from dflash_jax.config import TargetConfig
 from dflash_jax.nn import gated_delta
-from dflash_jax.nn.gated_delta import RECORD_MODES
+from dflash_jax.nn.gated_delta import IMPLS as GDN_IMPLS, RECORD_MODES
 
 LINEAR, FULL = "linear_attention", "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
@@ -35,7 +35,8 @@ class HybridConfig(TargetConfig):
     forward keeps so that the decode state can roll back (``"replay"``: the chunk-boundary
     states and the block's inputs, the accepted prefix of a chunk recomputed on rollback;
     ``"snapshot"``: the state after every row, verify then runs the per-token recurrence;
-    ``nn.gated_delta``) and ``gdn_chunk``, the chunk length of the chunked form.
+    ``nn.gated_delta``), ``gdn_chunk``, the chunk length of the chunked form, and ``gdn_impl``,
+    its implementation (``"xla"``: ``jnp``; ``"pallas"``: the kernels of ``kernels/gdn_chunk.py``).
     """
 
     layer_types: tuple[str, ...] = ()
@@ -48,6 +49,7 @@ class HybridConfig(TargetConfig):
     moe: object | None = None
     gdn_rollback: str = "replay"
     gdn_chunk: int = 64
+    gdn_impl: str = "xla"
 
     # ------------------------------------------------------------------ layer pattern
     def is_gdn_layer(self, i: int) -> bool:
@@ -125,5 +127,7 @@ def check_hybrid_config(cfg: HybridConfig) -> None:
     if cfg.rope.rope_type != "default":
         raise ValueError(f"rope type {cfg.rope.rope_type!r} is not implemented for {cfg.model_type} "
                          "(partial rotary with plain RoPE only: rope_parameters.rope_type 'default')")
+    if cfg.gdn_impl not in GDN_IMPLS:
+        raise ValueError(f"gdn_impl must be one of {', '.join(GDN_IMPLS)}, got {cfg.gdn_impl!r}")
     if cfg.gdn_rollback not in RECORD_MODES:
         raise ValueError(f"gdn_rollback must be one of {', '.join(RECORD_MODES)}, got {cfg.gdn_rollback!r}")

@@ -163,7 +163,7 @@ def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool):
         qkv, a, b, conv_weight=p["conv1d"]["kernel"][:, 0, :], A_log=p["A_log"], dt_bias=p["dt_bias"],
         num_k_heads=cfg.linear_num_key_heads, head_k_dim=cfg.linear_key_head_dim,
         num_v_heads=Hv, head_v_dim=dv, window=window, state0=state0, form=form, record=record,
-        chunk_size=cfg.gdn_chunk)
+        chunk_size=cfg.gdn_chunk, impl=cfg.gdn_impl)
     o = gated_delta.gated_rms_norm(o, z, p["norm"]["weight"], cfg.rms_norm_eps)
     return _dense(o.reshape(B, T, Hv * dv).astype(x.dtype), p["out_proj"]), rec
 

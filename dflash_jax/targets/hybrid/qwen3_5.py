@@ -178,7 +178,7 @@ class Qwen3_5Family(TargetFamily):
         """The text-only layout transformers loads as ``Qwen3_5(Moe)ForCausalLM``: the decoder
         shapes, ``layer_types``, the ``linear_*`` fields, RoPE as ``rope_parameters`` (with
         ``partial_rotary_factor``), the MoE block's fields (no ``intermediate_size`` then).
-        ``gdn_rollback`` / ``gdn_chunk`` are run options and are not written."""
+        ``gdn_rollback`` / ``gdn_chunk`` / ``gdn_impl`` are run options and are not written."""
         eos: Any = list(cfg.eos_token_id)
         eos = eos[0] if len(eos) == 1 else (eos or None)
         out = {"architectures": [self.architecture], "model_type": self.name,
