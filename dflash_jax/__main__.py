@@ -31,6 +31,8 @@ COMMANDS = {
                      "block-attention kernels (Pallas, Triton, XLA, cuDNN): microseconds and GB/s"),
     "moe-layer-speed": ("dflash_jax.tools.moe_layer_speed",
                         "one MoE layer (gather / ragged_dot) vs dense layers: decode and verify times"),
+    "gdn-kernel-speed": ("dflash_jax.tools.gdn_kernel_speed",
+                         "Gated DeltaNet chunked form: the Pallas kernels against the jnp form, ms per layer call"),
     "gdn-rollback": ("dflash_jax.tools.gdn_rollback",
                      "Gated DeltaNet rollback, snapshot vs replay: verify + rollback time and record bytes"),
     "hybrid-speed": ("dflash_jax.tools.hybrid_speed",
@@ -79,7 +81,7 @@ GROUPS = {
     "embedded-model recipe (how the shipped default pair was made)":
         ["build-corpus", "pretrain", "export-target", "embedded-prompts", "build-embedded"],
     "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "moe-layer-speed",
-                                     "gdn-rollback", "hybrid-speed", "parallel-speed", "parallel-comm", "train-memory"],
+                                     "gdn-kernel-speed", "gdn-rollback", "hybrid-speed", "parallel-speed", "parallel-comm", "train-memory"],
 }
 SCRIPT = "dflash-jax"  # the console script ([project.scripts] in pyproject.toml)
 

@@ -312,9 +312,10 @@ BASE_PRESETS: dict[str, dict[str, Any]] = {
     # MBPP prompts (seed 1: 48 tokens at most) so that every cell of every grid runs at one
     # (prompt width, cache) shape, (48, 128) at inference blocks 4 to 16: the AR programs and
     # each drafter config's programs compile once for all of them (and for experiments.paper's
-    # test preset, whose prompts have that shape too)
+    # test preset, whose prompts have that shape too); one checkpoint, at the last step (the
+    # suite's killed-cell test asks for one every 2 steps)
     "test": dict(num_prompts=16, regen_max_new_tokens=24, regen_max_len=64, regen_batch_size=16,
-                 steps=8, batch_size=4, num_anchors=8, learning_rate=1e-3, checkpoint_every=2,
+                 steps=8, batch_size=4, num_anchors=8, learning_rate=1e-3, checkpoint_every=8,
                  datasets=("mbpp",), max_samples=2, max_new_tokens=16, eval_seed=1, timing_repeats=1,
                  taps=(1, 2, 3)),
     "cpu": dict(prompt_source="embedded-recipe", num_prompts=1024, regen_max_new_tokens=128,

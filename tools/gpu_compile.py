@@ -23,6 +23,7 @@ limits exceeded, traps and grids that leave most SMs idle.
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --engine   # the whole engine
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --impl triton   # the Triton kernel
     python -m dflash_jax.tools.gpu_compile --engine --hybrid-target qwen3.5-4b   # a hybrid (GDN) target
+    python -m dflash_jax.tools.gpu_compile --engine --hybrid-target qwen3.5-4b --gdn-impl pallas
     python -m dflash_jax.tools.gpu_compile --model qwen3-8b --tree 16 32 64   # + tree verify
 
 ``--tree N ...`` adds the target's tree verify of N nodes (docs/trees.md) to the before/after
@@ -50,7 +51,9 @@ GPU's compilation handler).
 ``replay``): the decode loop holds the verify through the GDN layers and the rollback. The GDN
 layers are XLA operations, lowered for CUDA here (the report gives each program's size); the
 Triton kernels in the programs (the attention layers' block attention, the drafter's) are
-compiled per architecture as above.
+compiled per architecture as above. With ``--gdn-impl pallas`` the GDN layers' chunked form
+(the prefill's, and the verify's with the replay rollback) is the two Pallas kernels of
+``kernels/gdn_chunk.py``, compiled and reported with the others (``kernel_name``).
 """
 
 from __future__ import annotations
@@ -752,6 +755,9 @@ def engine_rows(calls: Sequence[tuple[str, TritonCall]], gpus: Sequence[GpuSpec]
     """Compiles every engine kernel (:func:`engine_calls`) for each GPU's architecture."""
     rows = []
     for stage, call in calls:
+        if call.name.startswith("dflash_gdn_chunk"):
+            rows += gdn_rows(stage, call, gpus, progress)
+            continue
         shape = attention_call_shape(call)
         splits = call.grid[2]
         kv = 2 * -(-shape["seq"] // splits) * shape["head_dim"] * shape["itemsize"]
@@ -765,6 +771,38 @@ def engine_rows(calls: Sequence[tuple[str, TritonCall]], gpus: Sequence[GpuSpec]
                                    stage=stage, kernel_name=call.name, **shape))
             if progress is not None:
                 progress.update(1)
+    return rows
+
+
+def gdn_call_shape(call: TritonCall) -> dict:
+    """A GDN kernel call's configuration from its operands (``kernels/gdn_chunk.py``, all
+    float32, padded to the kernel's tiles): the inverse kernel's (k [B, Hv, N, P, dk], g, beta)
+    or the scan's (g, W, U [B, Hv, N, P, dv], att, qg, kw, s0), and the bytes one program
+    reads and writes."""
+    if call.name == "dflash_gdn_chunk_inverse":
+        B, Hv, n, P, dk = call.operand_shapes[0]
+        return {"batch": B, "v_heads": Hv, "chunks": n, "rows": P, "dk": dk, "dv": None,
+                "read": 4 * (P * dk + 2 * P), "written": 4 * P * P}
+    B, Hv, n, P, dk = call.operand_shapes[1]
+    dv = call.operand_shapes[2][4]
+    bv = dv // call.grid[2]
+    per_chunk = 4 * (P + 3 * P * dk + P * bv + P * P)  # g, W, qg, kw, U's columns, att
+    return {"batch": B, "v_heads": Hv, "chunks": n, "rows": P, "dk": dk, "dv": dv, "block_v": bv,
+            "read": n * per_chunk + 4 * dk * bv, "written": 4 * (n * P * bv + (n + 1) * dk * bv)}
+
+
+def gdn_rows(stage: str, call: TritonCall, gpus: Sequence[GpuSpec], progress=None) -> list[dict]:
+    """A GDN kernel call (:func:`gdn_call_shape`) compiled for each GPU, one row each."""
+    shape = gdn_call_shape(call)
+    read, written = shape.pop("read"), shape.pop("written")
+    rows = []
+    for gpu in gpus:
+        kernel = compile_triton(call.ir, gpu, call.num_warps, call.num_stages)
+        rows.append(kernel_row(gpu, kernel, grid=call.grid, read_per_program=read, written_per_program=written,
+                               total_bytes=call.programs * (read + written), stage=stage,
+                               kernel_name=call.name, **shape))
+        if progress is not None:
+            progress.update(1)
     return rows
 
 
@@ -897,30 +935,32 @@ def run_engine(shape: ModelShape, gpus: Sequence[GpuSpec], *, batch: int, prompt
 HYBRID_ROLLBACKS = ("snapshot", "replay")
 
 
-def hybrid_engine_configs(name: str, rollback: str):
+def hybrid_engine_configs(name: str, rollback: str, gdn_impl: str = "xla"):
     """(target, drafter) of the hybrid model ``name`` (``--hybrid-target``) with ``gdn_rollback``
-    ``rollback``."""
+    ``rollback`` and ``gdn_impl``."""
     from dflash_jax.tools import gdn_rollback, roofline_hybrid
 
     if name == "tiny":
-        target = gdn_rollback.tiny_hybrid_config(rollback)
+        target = dataclasses.replace(gdn_rollback.tiny_hybrid_config(rollback), gdn_impl=gdn_impl)
         return target, DrafterConfig.for_target(target, 1, 8, target.vocab_size - 1)
     if name not in roofline_hybrid.MODELS:
         raise ValueError(f"--hybrid-target {name!r}: choose one of tiny, {', '.join(roofline_hybrid.MODELS)}")
-    target = dataclasses.replace(TargetConfig.from_hf_dict(roofline_hybrid.MODELS[name]), gdn_rollback=rollback)
+    target = dataclasses.replace(TargetConfig.from_hf_dict(roofline_hybrid.MODELS[name]), gdn_rollback=rollback,
+                                 gdn_impl=gdn_impl)
     return target, DrafterConfig(**roofline_hybrid.DRAFTERS[name])
 
 
 def run_hybrid_engine(name: str, gpus: Sequence[GpuSpec], *, batch: int, prompt_len: int,
-                      cache_len: int, dtype) -> list[dict]:
+                      cache_len: int, dtype, gdn_impl: str = "xla") -> list[dict]:
     """AR and DFlash engines of the hybrid model ``name`` lowered for CUDA, DFlash once per
-    rollback mode; every Triton kernel compiled for every GPU. Each row also gives its
-    program's lowered size (StableHLO characters) and mode (``ar``, ``dflash snapshot``, ...)."""
+    rollback mode; every Triton kernel compiled for every GPU (with ``gdn_impl="pallas"`` the
+    GDN layers' kernels too). Each row also gives its program's lowered size (StableHLO
+    characters) and mode (``ar``, ``dflash snapshot``, ...)."""
     from dflash_jax.progress import progress
 
     rows = []
     for mode in ("ar",) + tuple(f"dflash {r}" for r in HYBRID_ROLLBACKS):
-        target, drafter = hybrid_engine_configs(name, mode.split()[-1] if mode != "ar" else "replay")
+        target, drafter = hybrid_engine_configs(name, mode.split()[-1] if mode != "ar" else "replay", gdn_impl)
         programs = engine_programs(target, None if mode == "ar" else drafter, batch=batch,
                                    prompt_len=prompt_len, cache_len=cache_len, dtype=dtype)
         sizes = {stage: len(lowered.as_text()) for stage, lowered in programs.items()}
@@ -968,6 +1008,9 @@ def add_arguments(p) -> None:
     p.add_argument("--hybrid-target", metavar="MODEL",
                    help="with --engine: a hybrid (GDN) Qwen3.5 target instead (qwen3.5-4b, qwen3.5-27b, "
                         "tiny), AR and DFlash with each GDN rollback mode")
+    p.add_argument("--gdn-impl", default="xla", choices=["xla", "pallas"],
+                   help="with --hybrid-target: the GDN layers' chunked form in XLA, or as the Pallas kernels "
+                        "of kernels/gdn_chunk.py (compiled per architecture like the attention kernels)")
     p.add_argument("--out", default="results/gpu_compile", help="output directory")
 
 
@@ -979,6 +1022,8 @@ def run(args) -> dict:
         raise ValueError("--search and --engine compile the Pallas kernel; drop --impl triton")
     if args.hybrid_target and not args.engine:
         raise ValueError("--hybrid-target lowers the engine: add --engine")
+    if args.gdn_impl != "xla" and not args.hybrid_target:
+        raise ValueError("--gdn-impl chooses a hybrid target's GDN implementation: add --engine --hybrid-target MODEL")
     if args.tree and (args.impl != "pallas" or args.engine):
         raise ValueError("--tree adds tree-verify rows to the Pallas kernel's tables: drop "
                          "--impl triton / --engine")
@@ -1025,14 +1070,15 @@ def _search(configs: Sequence[KernelConfig], gpus: Sequence[GpuSpec]) -> list[di
 
 def _engine_report(args, shape: ModelShape, gpus, stem: str, base: dict) -> dict:
     cache_len = max(args.seq)
-    run = functools.partial(run_hybrid_engine, args.hybrid_target) if args.hybrid_target else functools.partial(run_engine, shape)
+    run = (functools.partial(run_hybrid_engine, args.hybrid_target, gdn_impl=args.gdn_impl) if args.hybrid_target
+           else functools.partial(run_engine, shape))
     rows = run(gpus, batch=max(args.batch), prompt_len=args.prompt_len, cache_len=cache_len,
                dtype=jnp.dtype(args.dtype))
     report = dict(base, benchmark="gpu_compile_engine", rows=rows, prompt_len=args.prompt_len,
                   cache_len=cache_len, batch=max(args.batch),
                   title=f"{shape.name} engine, batch {max(args.batch)}, cache {cache_len}")
     path = write_report(report, args.out, f"engine_{stem}", plot_rows)
-    cols = (("mode", "{}"), ("stage", "{}"), ("rows", "{}"), ("num_layers", "{}"), ("seq", "{}"),
+    cols = (("mode", "{}"), ("stage", "{}"), ("kernel_name", "{}"), ("rows", "{}"), ("num_layers", "{}"), ("seq", "{}"),
             ("has_block", "{}"), ("gpu", "{}"), ("grid", "{}"), ("registers", "{}"),
             ("spill_bytes", "{}"), ("shared_kib", "{:.0f}"), ("programs", "{}"),
             ("blocks_per_sm", "{}"), ("flags", "{}"))

@@ -31,8 +31,11 @@ summary ``DIR/suite.json`` + ``DIR/suite.md`` with the device name and versions:
    Qwen3-Coder-30B-A3B's layer shapes in bf16 (``dflash_jax.tools.moe_layer_speed``).
 8. ``hybrid``: the hybrid (Gated DeltaNet) family: greedy DFlash == AR in float32 on a ragged
    batch of the tiny random ``qwen3_5_text`` target with each GDN rollback mode (a difference
-   fails the stage), and the rollback's timing, snapshot against replay, on Qwen3.5-4B's GDN
-   layer (``dflash_jax.tools.gdn_rollback``; ``--smoke``: a tiny layer).
+   fails the stage), the rollback's timing, snapshot against replay, on Qwen3.5-4B's GDN
+   layer (``dflash_jax.tools.gdn_rollback``; ``--smoke``: a tiny layer), and the chunked form's
+   Pallas kernels against its ``jnp`` form at Qwen3.5's GDN heads for a verify block and
+   prefills (``dflash_jax.tools.gdn_kernel_speed``; a difference over 1 % of the rms fails the
+   stage; ``--smoke``: tiny and interpreted).
 9. ``tree``: tree verification (``docs/trees.md``): greedy DFlash with a tree of 32 nodes ==
    AR in float32 with every attention implementation (the kernels' tree mask compiled for the
    device), then at Qwen3-8B shapes in bf16 with a 5-layer drafter, per implementation
@@ -68,7 +71,7 @@ from dflash_jax.files import write_text
 from dflash_jax.reporting import command_line, environment
 from dflash_jax.nn.attention import ATTENTION_IMPLS
 from dflash_jax.bench import decode_speed, harness, spec_speed
-from dflash_jax.tools import emulated_throughput, gdn_rollback, kernel_speed, moe_layer_speed
+from dflash_jax.tools import emulated_throughput, gdn_kernel_speed, gdn_rollback, kernel_speed, moe_layer_speed
 
 MOE_TINY = {
     "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
@@ -257,6 +260,16 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
                for r in rep["model"]}
         row |= {f"layer T{r['block']} B{r['batch']} {r['mode']}": round(r["median_ms"], 3)
                 for r in rep["layer"] if r["mode"] in ("snapshot", "replay")}
+        # the chunked form's Pallas kernels against its jnp form (smoke: tiny, interpreted)
+        argv = (["--tokens", "40", "--batch", "1", "--heads", "2", "--dk", "16", "--dv", "16", "--chunk", "16",
+                 "--repeats", "1", "--interpret"] if smoke else [])
+        rep = gdn_kernel_speed.main(argv + ["--out", d("hybrid")])
+        bad = [r for r in rep["results"] if not r["max_abs_err_over_rms"] < (1e-4 if smoke else 1e-2)]
+        if bad:
+            raise RuntimeError(f"the GDN kernels differ from the jnp form: {bad}")
+        row |= {f"gdn kernel T{r['tokens']} B{r['batch']}": {
+            "pallas_ms": round(r["pallas_ms"], 3), "xla_ms": round(r["xla_ms"], 3),
+            "err_over_rms": float(f"{r['max_abs_err_over_rms']:.2g}")} for r in rep["results"]}
         return row
 
     def tree():

@@ -155,7 +155,10 @@ def test_a_killed_cell_resumes_to_the_uninterrupted_drafter(smoke, tmp_path):
     # and the cells' measurements: what is tested is the training; the rerun still trains (its
     # drafter has no train.json) and then reuses the cell instead of measuring it again
     shutil.copytree(os.path.join(work, "cells"), killed / "cells")
-    argv = ["--preset", "test", "--depths", "1", "--work", str(killed), "--out", str(tmp_path / "out")]
+    # (the test preset saves at its last step only; a checkpoint every 2 steps, which is not part of
+    # a cell's identity, gives the killed run one to resume from)
+    argv = ["--preset", "test", "--depths", "1", "--checkpoint-every", "2", "--work", str(killed),
+            "--out", str(tmp_path / "out")]
     proc = subprocess.Popen([sys.executable, "-m", "experiments.ablate_depth", *argv], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     drafter = depth.rows[0]["cells"][0]

@@ -13,6 +13,7 @@ import pytest
 
 from dflash_jax.kernels import gdn_chunk
 from dflash_jax.nn import gated_delta as gd
+from support import hybrid_targets as ht
 from support.tiers import tiered
 
 INTERPRET = jax.default_backend() != "gpu"
@@ -119,6 +120,8 @@ def test_bad_arguments_are_refused_in_one_line():
         gd.mix(jnp.zeros((1, 4, 24)), jnp.zeros((1, 4, 1)), jnp.zeros((1, 4, 1)), conv_weight=jnp.zeros((4, 24)),
                A_log=jnp.zeros(1), dt_bias=jnp.zeros(1), num_k_heads=1, head_k_dim=8, num_v_heads=1,
                head_v_dim=8, impl="triton")
+    with pytest.raises(ValueError, match="gdn_impl must be one of xla, pallas, got 'triton'"):
+        ht.hybrid_config("qwen3_5_text", gdn_impl="triton")
 
 
 @pytest.mark.slow
@@ -143,3 +146,29 @@ def test_both_kernels_compile_for_sm_90a_and_sm_100a_without_spills():
             assert kernel.ptx_target == gc.GPUS[gpu].arch
             assert (kernel.spills, kernel.traps) == (0, 0), (name, gpu, kernel)
             assert kernel.tensor_core_ops, (name, gpu, kernel)
+
+
+@pytest.mark.slow
+def test_the_hybrid_engine_lowered_for_cuda_holds_the_compiled_kernels():
+    """``gdn_impl="pallas"``: the tiny hybrid target's DFlash engine (replay rollback) lowered for
+    CUDA on this host holds both kernels compiled (not interpreted) in the prefill and in the
+    decode loop's verify, and ``gpu-compile`` reports them with their bytes: no spills."""
+    from dflash_jax.tools import gpu_compile as gc
+
+    target, drafter = gc.hybrid_engine_configs("tiny", "replay", "pallas")
+    calls = gc.engine_calls(gc.engine_programs(target, drafter, batch=2, prompt_len=16, cache_len=64,
+                                               dtype=jnp.float32))
+    gdn = [(stage, c) for stage, c in calls if c.name.startswith("dflash_gdn_chunk")]
+    assert {(stage, c.name) for stage, c in gdn} == {
+        (s, f"dflash_gdn_chunk_{k}") for s in ("prefill", "decode") for k in ("inverse", "scan")}
+    rows = gc.engine_rows(gdn, [gc.GPUS["h100"]])
+    for (stage, call), row in zip(gdn, rows):
+        assert row["kernel_name"] == call.name and row["batch"] == 2, row
+        assert (row["spill_bytes"], row["traps"]) == (0, 0), row  # (a tiny model leaves SMs idle)
+        assert row["v_heads"] == target.linear_num_value_heads and row["rows"] == 16
+        P, n, dk = 16, row["chunks"], row["dk"]
+        if call.name.endswith("inverse"):
+            assert row["written_kib_per_program"] * 1024 == 4 * P * P
+        else:
+            bv = row["block_v"]
+            assert row["written_kib_per_program"] * 1024 == 4 * (n * P * bv + (n + 1) * dk * bv)

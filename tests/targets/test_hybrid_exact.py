@@ -121,6 +121,18 @@ def test_greedy_equals_autoregressive_for_every_accepted_length(mode, bs):
 
 
 @pytest.mark.slow
+def test_the_gdn_kernels_decode_exactly():
+    """``gdn_impl="pallas"``: the chunked form as the kernels of ``kernels/gdn_chunk.py``
+    (interpreted here) in the prefill and every verify block, chunks of 3 rows in blocks of 4
+    (a chunk padded to the kernel's 16-row tile), the replay rollback reading the kernels'
+    boundary states: every accepted length, the same tokens as autoregressive decoding."""
+    t = dj.Target(dataclasses.replace(target().config, gdn_impl="pallas"), target().params)
+    r, plans = run_scheduled(t, 4)
+    assert r.sequences == reference()
+    assert all(set(a - 1 for a in lens[:-1]) == set(range(4)) for lens in r.acceptance_lengths)
+
+
+@pytest.mark.slow
 def test_rollback_that_keeps_the_whole_block_is_caught():
     """Negative control: the same weights and schedule, the GDN state after the whole block
     kept (the KV cache cropped right)."""

@@ -45,6 +45,11 @@ def test_smoke_suite_runs_every_stage(tmp_path):
     hybrid = summary["stages"][7]["result"]
     assert {k: v["dflash_equals_ar"] for k, v in hybrid.items() if k.startswith("model")} == {
         "model snapshot": True, "model replay": True}
+    # and the chunked form's Pallas kernels (interpreted) against its jnp form, with their files
+    assert hybrid["gdn kernel T40 B1"]["err_over_rms"] < 1e-4
+    gdn = json.loads((tmp_path / "hybrid" / "gdn_kernel_cpu.json").read_text())
+    assert [(r["tokens"], r["batch"]) for r in gdn["results"]] == [(40, 1)] and gdn["args"]["interpret"]
+    assert gdn["results"][0]["pallas_ms"] > 0 and (tmp_path / "hybrid" / "gdn_kernel_cpu.png").stat().st_size > 0
     # a tree of 32 nodes: greedy DFlash == AR in float32 (smoke: the XLA path)
     assert summary["stages"][8]["result"] == {"xla float32 tree32": {"dflash_equals_ar": True,
                                                                      "rows_equal": 1}}

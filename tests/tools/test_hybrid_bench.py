@@ -139,6 +139,13 @@ def test_gdn_rollback_command_smoke(tmp_path):
     assert (tmp_path / "gdn_rollback.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--calls-per-run"):
         gdn_rollback.main(["--calls-per-run", "0", "--out", str(tmp_path)])
+    # (the GDN kernels' benchmark runs in test_gpu_suite's hybrid stage; here its refusals)
+    from dflash_jax.tools import gdn_kernel_speed
+
+    with pytest.raises(ValueError, match="--chunk must be >= 1, got 0"):
+        gdn_kernel_speed.main(["--chunk", "0", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"--tokens values must be >= 1, got \[0\]"):
+        gdn_kernel_speed.main(["--tokens", "0", "--out", str(tmp_path)])
 
 
 def test_hybrid_speed_command_smoke(tmp_path):
@@ -165,8 +172,11 @@ def test_gpu_compile_hybrid_configs_and_refusals(tmp_path):
         assert target.gdn_rollback == mode and len(target.gdn_layers) == 24
         drafter.check_target(target)
         tiny, tiny_drafter = gpu_compile.hybrid_engine_configs("tiny", mode)
-        assert tiny.gdn_rollback == mode and tiny_drafter.block_size == 8
+        assert tiny.gdn_rollback == mode and tiny_drafter.block_size == 8 and tiny.gdn_impl == "xla"
+        assert gpu_compile.hybrid_engine_configs("qwen3.5-4b", mode, "pallas")[0].gdn_impl == "pallas"
     with pytest.raises(ValueError, match="add --engine"):
         gpu_compile.main(["--hybrid-target", "tiny", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="choose one of"):
         gpu_compile.hybrid_engine_configs("qwen3.5-9000b", "replay")
+    with pytest.raises(ValueError, match="--gdn-impl chooses a hybrid target's GDN implementation"):
+        gpu_compile.main(["--gdn-impl", "pallas", "--out", str(tmp_path)])
