@@ -1,8 +1,9 @@
-"""The chunked Gated DeltaNet (GDN) form as a Pallas kernel (Triton lowering on GPU), with the
-same arguments and results as ``dflash_jax.nn.gated_delta.chunked``, its ``jnp`` reference.
+"""The chunked Gated DeltaNet (GDN) form with its two sequential parts as Pallas kernels (Triton
+lowering on GPU), with the same arguments and results as ``dflash_jax.nn.gated_delta.chunked``,
+its ``jnp`` reference.
 
-What one chunk computes (``docs/targets.md``, "Gated DeltaNet"; G the within-chunk cumulative
-log decay, S0 the state before the chunk, rows i, j of the chunk)::
+What one chunk computes (``nn/gated_delta.py``; G the within-chunk cumulative log decay, S0
+the state before the chunk, rows i, j of the chunk)::
 
     A    = strictly_lower(beta_i e^{G_i - G_j} k_i . k_j)                      [Cs, Cs]
     u    = (I + A)^-1 beta (v - e^{G} S0^T k)                                  [Cs, dv]
@@ -19,8 +20,10 @@ algebra, not a series: a Neumann / doubling product ``(I - A)(I + A^2)...`` canc
 when neighbouring keys are alike (its terms grow like binomials), this does not.
 
 Layout: two kernels. The first inverts every chunk's ``I + A`` at once (grid ``(B, Hv, N)``:
-nothing in it depends on the state) and writes the inverses [B, Hv, N, P, P]. The second
-walks the chunks in order (grid ``(B, Hv, dv / block_v)``: one program per batch row, value
+nothing in it depends on the state) and writes the inverses [B, Hv, N, P, P]. XLA then forms
+the rest of what does not depend on the state, as batched products over all chunks
+(:func:`chunk_terms`: ``u = U - W S0``, the chunk's own attention, the decayed q and k). The
+second kernel walks the chunks in order (grid ``(B, Hv, dv / block_v)``: one program per batch row, value
 head and slice of the value dims), keeping its [dk, block_v] slice of the state in
 registers, and writes each chunk's outputs and the state after it (the boundary states of
 the reference, which the replay rollback of ``nn.gated_delta`` keeps). The state's columns

@@ -23,7 +23,7 @@ from dflash_jax.verification.adaptive import ADAPTIVE, Adaptive
 from dflash_jax.verification.sampling import SamplingParams
 from dflash_jax.verification.acceptance import MATCH, REJECTION
 from dflash_jax.verification.policy import FixedVerify
-from dflash_jax.verification.tree import TreeVerify
+from dflash_jax.verification.tree import TreeVerify, check_tree_memory
 from dflash_jax import methods
 from dflash_jax.models.handles import Target
 from dflash_jax.nn.attention import check_attention_impl
@@ -389,6 +389,9 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
         acceptance=REJECTION if proposer is not None and proposer.sampled else MATCH,
         verify=verify, out_len=round_up(max(budgets), 16),
         attention_impl=check_attention_impl(opt.attention_impl), mesh=target.mesh)
+    leaves = jax.tree_util.tree_leaves(target.params)
+    check_tree_memory(spec, B, sum(x.size * x.dtype.itemsize for x in leaves),
+                      max((x.dtype.itemsize for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)), default=2))
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r

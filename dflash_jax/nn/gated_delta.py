@@ -220,6 +220,69 @@ def pallas_chunked(q, k, v, g, beta, state0, chunk_size: int = DEFAULT_CHUNK):
                                       rocm=kernel(False), default=kernel(True))
 
 
+# ---------------------------------------------------------------------------- trees
+def tree_taps(visible: jax.Array, depth: jax.Array, K: int) -> jax.Array:
+    """Where each node of a tree block reads its K conv inputs: int32[B, N, K], tap j (0: the
+    node itself, j: its j-th ancestor; past the root, the window's last inputs) as an index into
+    ``[window (K-1 rows), the nodes (N rows)]``. Nodes are in topological order (an ancestor has
+    a smaller index); ``visible`` bool[B, N, N]: ``[b, i, a]`` a is i or an ancestor of i;
+    ``depth`` int32[B, N]: edges from the root (node 0)."""
+    taps = []
+    for j in range(K):
+        jth = visible & (depth[:, None, :] == depth[:, :, None] - j)  # the ancestor j edges up
+        taps.append(jnp.where(j <= depth, K - 1 + jnp.argmax(jth, axis=-1), (K - 1) - (j - depth)))
+    return jnp.stack(taps, axis=-1).astype(jnp.int32)
+
+
+def tree_conv1d(x: jax.Array, window: jax.Array | None, weight: jax.Array, visible: jax.Array,
+                depth: jax.Array):
+    """:func:`causal_conv1d` over a tree block x [B, N, C]: each node convolves the inputs of its
+    own root path (its ancestors', then the window's; :func:`tree_taps`). Returns (y [B, N, C],
+    inputs [B, K-1+N, C]: the window and the nodes, in node order)."""
+    B, N, C = x.shape
+    K = weight.shape[0]
+    if window is None:
+        window = jnp.zeros((B, K - 1, C), x.dtype)
+    inputs = jnp.concatenate([window.astype(x.dtype), x], axis=1)
+    taps = tree_taps(visible, depth, K)  # [B, N, K]
+    xs = inputs[jnp.arange(B)[:, None, None], taps].astype(jnp.float32)  # [B, N, K, C]
+    w = weight.astype(jnp.float32)
+    y = sum(xs[:, :, K - 1 - i] * w[i] for i in range(K))  # weight tap K-1 is the node itself
+    return jax.nn.silu(y).astype(x.dtype), inputs
+
+
+def tree_delta(q, k, v, g, beta, state0, visible):
+    """The delta rule over a tree block: every node's state is its root path's recurrence from
+    ``state0`` (prepared q, k [B, N, Hv, dk], v [B, N, Hv, dv], g, beta [B, N, Hv], ``visible``
+    bool[B, N, N] ancestors and self, nodes in topological order). It is the chunked form over
+    one chunk with the ancestor mask in place of the causal one: node i's correction ``u_i``
+    depends only on its ancestors' (what the chain along its path computes), G_i is the sum of g
+    over its path, and ``I + A`` is lower-triangular in node order (``docs/trees.md``).
+
+    Returns (o float32[B, N, Hv, dv], u float32[B, N, Hv, dv], G float32[B, N, Hv])."""
+    vis = visible.astype(jnp.float32)
+    G = _ein("bij,bjh->bih", vis, g)  # [B, N, Hv]: the log decay over each node's path
+    N = k.shape[1]
+    ancestors = visible & ~jnp.eye(N, dtype=bool)[None]
+    diff = G[:, :, None, :] - G[:, None, :, :]  # [B, i, j, Hv]
+    decay = jnp.exp(jnp.where(ancestors[..., None], diff, -jnp.inf))
+    A = _ein("bihd,bjhd->bhij", k, k) * jnp.moveaxis(decay, -1, 1) * jnp.moveaxis(beta, -1, 1)[..., None]
+    rhs = beta[..., None] * (v - jnp.exp(G)[..., None] * _ein("bhkv,bihk->bihv", state0, k))
+    u = _ein("bhij,bhjv->bhiv", unit_lower_inverse(A), jnp.moveaxis(rhs, 2, 1))  # [B, Hv, N, dv]
+    u = jnp.moveaxis(u, 1, 2)  # [B, N, Hv, dv]
+    att = _ein("bihd,bjhd->bijh", q, k) * jnp.exp(jnp.where(visible[..., None], diff, -jnp.inf))
+    o = jnp.exp(G)[..., None] * _ein("bhkv,bihk->bihv", state0, q) + _ein("bijh,bjhv->bihv", att, u)
+    return o, u, G
+
+
+def tree_states(k, u, G, state0, visible):
+    """Every node's state after its root path (:func:`tree_delta`'s u and G): float32[B, N, Hv,
+    dk, dv], ``S_i = e^{G_i} S0 + sum_{j on i's path} e^{G_i - G_j} k_j u_j^T``."""
+    w = jnp.exp(jnp.where(visible[..., None], G[:, :, None, :] - G[:, None, :, :], -jnp.inf))  # [B, i, j, Hv]
+    return (jnp.exp(G)[..., None, None] * state0[:, None]
+            + _ein("bijh,bjhk,bjhv->bihkv", w, k, u))
+
+
 # ---------------------------------------------------------------------------- one layer
 @flax.struct.dataclass
 class BlockRecord:
@@ -246,7 +309,7 @@ class BlockRecord:
 def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A_log: jax.Array,
         dt_bias: jax.Array, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int,
         window: jax.Array | None = None, state0: jax.Array | None = None, form: str = "chunked",
-        record: bool = False, chunk_size: int = DEFAULT_CHUNK, impl: str = "xla"):
+        record: bool = False, chunk_size: int = DEFAULT_CHUNK, impl: str = "xla", tree=None):
     """A GDN layer's token mixing, from its projections to the core output (before the output
     norm): qkv [B, T, C] (the pre-conv ``in_proj_qkv`` output, q then k then v), a, b
     [B, T, Hv]; ``window`` [B, K-1, C] and ``state0`` float32[B, Hv, dk, dv] the layer's conv
@@ -255,14 +318,21 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
     ``form``: ``"chunked"`` or ``"recurrent"``. ``record``: also return the
     :class:`BlockRecord` (the chunked form records for ``"replay"``, the recurrent one
     ``"snapshot"``). ``impl``: the chunked form's implementation (:data:`IMPLS`; the recurrent
-    form is ``jnp`` either way). Returns (o float32[B, T, Hv, dv], record or None)."""
+    form is ``jnp`` either way). ``tree``: (visible bool[B, T, T], depth int32[B, T]) when the
+    block is a tree of drafts (:func:`tree_delta`; ``form`` then names the record:
+    ``"recurrent"`` every node's state, ``"chunked"`` the replay record of one chunk, both in
+    node order until :meth:`GatedDeltaState.compact` puts them in the accepted path's).
+    Returns (o float32[B, T, Hv, dv], record or None)."""
     B, T, C = qkv.shape
     kd = num_k_heads * head_k_dim
     want = conv_channels(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     if C != want:
         raise ValueError(f"GDN qkv has {C} channels, expected 2 * {num_k_heads} * {head_k_dim} + "
                          f"{num_v_heads} * {head_v_dim} = {want}")
-    x, inputs = causal_conv1d(qkv, window, conv_weight)
+    if tree is None:
+        x, inputs = causal_conv1d(qkv, window, conv_weight)
+    else:
+        x, inputs = tree_conv1d(qkv, window, conv_weight, *tree)
     q = x[..., :kd].reshape(B, T, num_k_heads, head_k_dim)
     k = x[..., kd:2 * kd].reshape(B, T, num_k_heads, head_k_dim)
     v = x[..., 2 * kd:].reshape(B, T, num_v_heads, head_v_dim)
@@ -270,6 +340,17 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
     g, beta = gates(a, b, A_log, dt_bias)
     if state0 is None:
         state0 = jnp.zeros((B, num_v_heads, head_k_dim, head_v_dim), jnp.float32)
+    if tree is not None:
+        state0 = state0.astype(jnp.float32)
+        o, u, G = tree_delta(q, k, v, g, beta, state0, tree[0])
+        if not record:
+            return o, None
+        if form == "recurrent":
+            states = tree_states(k, u, G, state0, tree[0])
+            return o, BlockRecord(inputs, snapshots=jnp.concatenate([state0[:, None], states], 1))
+        one = lambda t: t[:, None]  # the block as one chunk [B, 1, T, ...]
+        return o, BlockRecord(inputs, bounds=jnp.stack([state0, state0], 1), k=one(k), v=one(v), g=one(g),
+                              beta=one(beta))
     if form == "recurrent":
         o, states = recurrent(q, k, v, g, beta, state0)
         return o, (BlockRecord(inputs, snapshots=states) if record else None)
@@ -335,6 +416,24 @@ class GatedDeltaState:
         return GatedDeltaState(conv, ssm, jnp.asarray(start, jnp.int32),
                                jnp.asarray(lengths, jnp.int32), record)
 
+    def compact(self, start, source) -> "GatedDeltaState":
+        """After a forward over a tree block (``mix(tree=...)``): the record put in the order of
+        each row's accepted root path, node ``source[b, k]`` (int32[B, M], ``source[:, 0] = 0``)
+        becoming block row k, so that :meth:`rollback` to ``start + n`` gives the state after
+        the path's first n nodes, as after a chain of them (``verification.tree``). Entries
+        past a row's accepted path are never read (the rollback keeps fewer rows)."""
+        rec = self.record
+        K1 = self.conv.shape[2]
+        rows = jnp.arange(self.conv.shape[1])[:, None]
+        source = jnp.asarray(source, jnp.int32)
+        inputs = jnp.concatenate([rec.inputs[:, :, :K1], _path_order(rec.inputs[:, :, K1:], rows, source)], 2)
+        if rec.snapshots is not None:
+            snaps = jnp.concatenate([rec.snapshots[:, :, :1], _path_order(rec.snapshots[:, :, 1:], rows, source)], 2)
+            return self.replace(record=BlockRecord(inputs, snapshots=snaps))
+        chunk = lambda t: _path_order(t[:, :, 0], rows, source)[:, :, None]  # one chunk of the path
+        return self.replace(record=rec.replace(inputs=inputs, k=chunk(rec.k), v=chunk(rec.v), g=chunk(rec.g),
+                                               beta=chunk(rec.beta)))
+
     def rollback(self, lengths) -> "GatedDeltaState":
         """Each row's state after its first ``lengths[b]`` positions (in ``[start, start + T]``
         of the last forward's block): the conv window before block row ``n = lengths - start``
@@ -362,6 +461,11 @@ class GatedDeltaState:
             beta = jnp.where(live, pick(rec.beta), 0.0)
             _, _, ssm = chunk_terms(pick(rec.k), pick(rec.v), g, beta, s0)
         return GatedDeltaState(conv, ssm, lengths, lengths, None)
+
+
+def _path_order(x, rows, source):
+    """x [L, B, N, ...] -> [L, B, M, ...]: each row's entries at the node indices source[b]."""
+    return x[:, rows, source]
 
 
 def stack_records(records: list[BlockRecord]) -> BlockRecord:

@@ -27,6 +27,7 @@ and the path handed to the engine as a chain's accepted drafts.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -102,6 +103,47 @@ class TreeVerify(VerifyPolicy):
             taps = jnp.take_along_axis(taps, path[:, :, None], axis=1)
         positions = start[:, None] + jnp.arange(bs, dtype=jnp.int32)
         return Verified(draft, accepted, bonus, tcache, taps, positions, N, pstate)
+
+
+def device_memory_bytes() -> int | None:
+    """The default device's memory (``bytes_limit`` of its memory stats; a CPU: the host's
+    physical memory), or None where neither is known."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 (a backend without memory stats)
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_tree_memory(spec, batch: int, params_bytes: int = 0, itemsize: int = 2,
+                      limit: int | None = None) -> None:
+    """Refuses, before anything compiles, a tree whose per-node records do not fit beside the
+    target's parameters (``params_bytes``; activations of ``itemsize`` bytes) in the device's
+    memory (``limit``, default :func:`device_memory_bytes`): a family whose decode state keeps
+    something per tree node says how much by ``tree_record_bytes(cfg, nodes, batch,
+    itemsize)`` (the hybrid targets' GDN layers); others keep only the tree's K/V, which the
+    cache holds anyway."""
+    measure = getattr(spec.family, "tree_record_bytes", None)
+    if measure is None or not isinstance(spec.verify, TreeVerify):
+        return
+    limit = device_memory_bytes() if limit is None else limit
+    if limit is None:
+        return
+    nodes = spec.verify.nodes
+    need = measure(spec.target, nodes, batch, itemsize)
+    if need["total"] + params_bytes > limit:
+        gib = 2 ** 30
+        raise ValueError(
+            f"a tree of {nodes} nodes at batch {batch} needs {need['total'] / gib:.2f} GiB for the "
+            f"target's Gated DeltaNet layers ({need['per_node_per_layer'] / 2 ** 10:.1f} KiB per node per layer, "
+            f"gdn_rollback={spec.target.gdn_rollback!r}) beside {params_bytes / gib:.2f} GiB of parameters, "
+            f"more than the device's {limit / gib:.2f} GiB: ask for fewer nodes (tree=) or rows"
+            + (", or gdn_rollback='replay'" if spec.target.gdn_rollback == "snapshot" else ""))
 
 
 class Tree(NamedTuple):

@@ -36,6 +36,7 @@ from dflash_jax.verification import tree as trees
 from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.methods.dflash.proposer import DFlashProposer
 from dflash_jax.proposers import Proposer
+from support import hybrid_targets as ht
 from support.tiers import tiered
 
 pytestmark = pytest.mark.xdist_group("tree_exact")
@@ -174,7 +175,12 @@ def gemma4_target():
 
 FAMILIES = {"qwen3": lambda: dj.Target.random(DENSE, seed=1, init_scale=0.35),
             "qwen3_moe": qwen3_moe_target, "gpt_oss": gpt_oss_target, "deepseek_v3": deepseek_v3_target,
-            "gemma4": gemma4_target}
+            "gemma4": gemma4_target,
+            # the hybrids: GDN layers (long memory) around an attention layer; each node's GDN
+            # state must be its own root path's
+            "qwen3_5_text": lambda: ht.random_target(ht.hybrid_config(), seed=1),
+            "qwen3_5_moe_text": lambda: ht.moe_hybrid("qwen3_5_moe_text"),
+            "qwen3_next": lambda: ht.moe_hybrid("qwen3_next")}
 
 
 # A hand-made tree (node: parent) for the third row: node 7 at depth 4 under the rank-1 depth-1
@@ -324,19 +330,41 @@ RANKS = np.array([[0, 0, 0, 0, 0],  # the truth always the best candidate
                   [-1, 0, 0, 0, 0]], np.int32)  # never drafted: one token per iteration
 
 
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
+BUDGETS = [20, 9, 17, 12]
+
+
 @pytest.fixture(scope="module")
 def dense_ar():
     target = dj.Target.random(DENSE, seed=4, init_scale=0.35)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
-    budgets = [20, 9, 17, 12]
-    return target, prompts, budgets, dj.generate(target, prompts, budgets)
+    return target, PROMPTS, BUDGETS, dj.generate(target, PROMPTS, BUDGETS)
 
 
-@pytest.mark.parametrize("nodes,impl", [(6, "xla"), pytest.param(16, "xla", marks=pytest.mark.slow),
-                                         pytest.param(11, "pallas", marks=pytest.mark.slow)])
-def test_greedy_tree_equals_autoregressive_and_accepts_what_a_walk_predicts(dense_ar, nodes, impl):
-    """``impl`` "pallas": the Pallas kernel's tree mask (interpreted on CPU) in the loop."""
-    target, prompts, budgets, ar = dense_ar
+def hybrid_ar(kind: str):
+    """A hybrid target (``qwen3_5_text-replay`` / ``-snapshot``: the GDN rollback; the MoE
+    hybrids with replay, chunks of 3) with the prompts and budgets of :func:`dense_ar` and its
+    AR output."""
+    model_type, _, mode = kind.partition("-")
+    target = FAMILIES[model_type]()
+    if mode:
+        target = dj.Target(dataclasses.replace(target.config, gdn_rollback=mode), target.params)
+    return target, PROMPTS, BUDGETS, dj.generate(target, PROMPTS, BUDGETS)
+
+
+GREEDY_CASES = [("dense", 6, "xla"), pytest.param("dense", 16, "xla", marks=pytest.mark.slow),
+                pytest.param("dense", 11, "pallas", marks=pytest.mark.slow), ("qwen3_5_text-replay", 11, "xla")] + [
+    pytest.param(kind, nodes, "xla", marks=pytest.mark.slow)
+    for kind, nodes in (("qwen3_5_text-snapshot", 11), ("qwen3_5_text-replay", 16), ("qwen3_5_moe_text", 11),
+                        ("qwen3_next", 11))]
+
+
+@pytest.mark.parametrize("kind,nodes,impl", GREEDY_CASES)
+def test_greedy_tree_equals_autoregressive_and_accepts_what_a_walk_predicts(dense_ar, kind, nodes, impl):
+    """``impl`` "pallas": the Pallas kernel's tree mask (interpreted on CPU) in the loop. The
+    hybrid targets: every node's GDN state its own branch's, the accepted path's kept by the
+    replay or the snapshot record (a state from a sibling, or from the wrong depth, changes the
+    tokens that follow: the tree forward's test checks each node's logits)."""
+    target, prompts, budgets, ar = dense_ar if kind == "dense" else hybrid_ar(kind)
     proposer = RankedTreeProposer(RANKS, SCORES)
     out = dj.generate(target, prompts, budgets, proposer=proposer, block_size=BS, tree=nodes,
                       tree_topk=K, attention_impl=impl)
@@ -368,13 +396,44 @@ def test_refusals_name_the_problem(dense_ar):
         dj.generate(target, prompts[:1], 4, tree=8)
 
 
-def test_hybrid_targets_refuse_trees_with_the_reason():
-    from support.hybrid_targets import hybrid_config, random_drafter, random_target
-
-    target = random_target(hybrid_config(), seed=0)
-    drafter = random_drafter(target, block_size=4, seed=1)
-    with pytest.raises(ValueError, match="Gated DeltaNet .* own branch"):
-        dj.generate(target, [[1, 2, 3]], 4, drafter=drafter, tree=8)
+@pytest.mark.parametrize("mode", ["replay", "snapshot"])
+def test_hybrid_tree_records_have_the_stated_bytes_and_a_tree_that_does_not_fit_is_refused(mode, monkeypatch):
+    """``tree_record_bytes`` (what a tree keeps per node and GDN layer) against the record a
+    tree forward actually keeps, less its per-layer part (the conv window before the block,
+    and the state before it: once in snapshot mode, twice as replay's boundaries); and a tree
+    too large for the device's memory refused in one line naming the bytes, before anything
+    compiles (the memory made small here)."""
+    target = FAMILIES["qwen3_5_text"]()
+    cfg = dataclasses.replace(target.config, gdn_rollback=mode)
+    fam = targets.family_of(cfg)
+    B, N, S = 2, 7, 32
+    state = fam.init_state(cfg, B, S, jnp.float32)
+    _, _, state = fam.forward(cfg, target.params, jnp.ones((B, 3), jnp.int32),
+                              jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (B, 3)), state)
+    state = state.rollback(jnp.full((B,), 3, jnp.int32))
+    tree = trees.best_first_tree(jnp.array([1, 2]), jax.random.normal(jax.random.key(0), (B, 3, cfg.vocab_size)), N, 2)
+    slots = 3 + jnp.arange(N, dtype=jnp.int32)[None].repeat(B, 0)
+    _, _, out = fam.forward(cfg, target.params, tree.tokens, slots, state,
+                            tree=TreeAttention(3 + tree.depth, trees.ancestor_mask(tree, 3)))
+    kept = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(out.gdn.record))
+    L, K1, C = len(cfg.gdn_layers), cfg.linear_conv_kernel_dim - 1, cfg.conv_channels
+    state_bytes = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    per_layer = K1 * C * 4 + (1 if mode == "snapshot" else 2) * state_bytes
+    need = fam.tree_record_bytes(cfg, N, B, 4)
+    assert kept - L * B * per_layer == need["record"] == L * B * N * need["per_node_per_layer"]
+    # the device's memory one byte short of the parameters and an 8-node tree for one row
+    params = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(target.params))
+    short = params + fam.tree_record_bytes(cfg, 8, 1, 4)["total"] - 1
+    monkeypatch.setattr(trees, "device_memory_bytes", lambda: short)
+    drafter = ht.random_drafter(dj.Target(cfg, target.params), block_size=4, seed=1)
+    with pytest.raises(ValueError, match=rf"a tree of 8 nodes at batch 1 needs .* GiB for the target's Gated "
+                                         rf"DeltaNet layers \(.* KiB per node per layer, gdn_rollback='{mode}'\) "
+                                         rf"beside .* GiB of parameters, more than the device's .* GiB: ask for "
+                                         rf"fewer nodes"):
+        dj.generate(dj.Target(cfg, target.params), [[1, 2, 3]], 4, drafter=drafter, verify=trees.TreeVerify(8))
+    monkeypatch.setattr(trees, "device_memory_bytes", lambda: short + 1)  # exactly enough: it runs
+    out = dj.generate(dj.Target(cfg, target.params), [[1, 2, 3]], 4, drafter=drafter, verify=trees.TreeVerify(8))
+    assert out.sequences == dj.generate(dj.Target(cfg, target.params), [[1, 2, 3]], 4).sequences
 
 
 # ---------------------------------------------------------------------------- the drafter's context

@@ -477,3 +477,60 @@ def test_generate_with_a_tree_keeps_the_target_distribution(engine_setup, monkey
     assert not right.rejected, right
     assert wrong.min_p < 1e-12, wrong
     assert np.all(np.bincount(first, minlength=E_BLOCK + 1)[1:] > 0.03 * E_ROWS)
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine_setup():
+    """A vocabulary-8 hybrid target (GDN, attention, GDN layers; replay rollback)."""
+    from support import hybrid_targets as ht
+
+    target = ht.random_target(ht.hybrid_config(vocab_size=8, hidden_size=16), seed=7, init_scale=0.5, max_len=24)
+    return target, exact_sampling.PrefixLogits.compute(target, E_PROMPT, E_DEPTH)
+
+
+def elder_sibling_paths(visible):
+    """bool[B, N, N]: each node's root path with its elder sibling (the latest earlier node of
+    the same parent) in its parent's place: the node reads its sibling's GDN state; a node
+    without an elder sibling keeps its own path."""
+    N = visible.shape[-1]
+    eye = jnp.eye(N, dtype=bool)
+    ancestors = visible & ~eye
+    earlier = jnp.arange(N)[None, :] < jnp.arange(N)[:, None]
+    sibling = jnp.all(ancestors[:, :, None, :] == ancestors[:, None, :, :], -1) & earlier  # [B, i, j]
+    j = N - 1 - jnp.argmax(sibling[..., ::-1], -1)  # the latest one
+    sib_path = jnp.take_along_axis(visible, j[..., None], axis=1) | eye
+    return jnp.where(jnp.any(sibling, -1)[..., None], sib_path, visible)
+
+
+@pytest.mark.slow
+def test_generate_with_a_tree_on_a_hybrid_target_keeps_the_target_distribution(hybrid_engine_setup, monkeypatch):
+    """The same engine-level check on a hybrid target, whose tree nodes each carry the GDN state
+    of their own root path (``nn.gated_delta.tree_delta``). Three groups of E_ROWS rows in one
+    compiled run: the right states keep the exact law of the first 5 tokens; each node reading
+    its elder sibling's state, and each node reading its parent's state without its own token,
+    are rejected by the same check."""
+    from dflash_jax.nn import gated_delta
+
+    target, prefix_logits = hybrid_engine_setup
+    right_delta, traced = gated_delta.tree_delta, []
+
+    def grouped(q, k, v, g, beta, state0, visible):
+        traced.append(True)
+        group = (jnp.arange(visible.shape[0]) // E_ROWS)[:, None, None]
+        parent_only = visible & ~jnp.eye(visible.shape[-1], dtype=bool)  # no node sees itself
+        wrong = jnp.where(group == 1, elder_sibling_paths(visible), jnp.where(group == 2, parent_only, visible))
+        return right_delta(q, k, v, g, beta, state0, wrong)
+
+    monkeypatch.setattr(gated_delta, "tree_delta", grouped)
+    r = dj.generate(target, [E_PROMPT] * (3 * E_ROWS), E_DEPTH,
+                    proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
+                    tree_topk=E_TOPK, temperature=1.0, seed=3)
+    assert traced, "the hybrid forward did not call gated_delta.tree_delta"
+    joint, _ = prefix_logits.joint(1.0)
+    fits = [exact_sampling.fit(r.sequences[i * E_ROWS:(i + 1) * E_ROWS], joint, ALPHA) for i in range(3)]
+    first = np.array([a[0] for a in r.acceptance_lengths[:E_ROWS]])
+    print(f"hybrid tree: tau {r.tau:.2f}, first acceptance lengths {np.bincount(first).tolist()}; right "
+          f"{fits[0]}; sibling's state {fits[1]}; parent's state {fits[2]}")
+    assert not fits[0].rejected, fits[0]
+    assert fits[1].min_p < 1e-12 and fits[2].min_p < 1e-12, fits[1:]
+    assert np.all(np.bincount(first, minlength=E_BLOCK + 1)[1:] > 0.03 * E_ROWS)

@@ -1,8 +1,8 @@
-"""Tiny random hybrid (Qwen3.5-shaped) targets for the exactness tests (test_hybrid_exact.py),
-and a test-only family with the rollback bug those tests must catch.
+"""Tiny random hybrid (Qwen3.5-shaped) targets for the exactness tests (test_hybrid_exact.py,
+the tree tests), and a test-only family with the rollback bug those tests must catch.
 
-The configs: Gated DeltaNet (GDN) and full-attention layers mixed (``layer_types``), value
-heads Hv = 2 Hk (a key-head tiling bug changes the output), partial RoPE, float32.
+The configs (and :func:`moe_hybrid`'s MoE families): Gated DeltaNet (GDN) and full-attention
+layers mixed (``layer_types``), value heads Hv = 2 Hk (a key-head tiling bug changes the output), partial RoPE, float32.
 :func:`random_target` draws every GDN layer's decay close to 1 (``A_log`` small), so that a
 state left wrong by a rollback is still read many tokens later (transformers' init, ``A_log``
 in ``log [1, 16]``, forgets within a token or two). Weights are drawn on the host (numpy): the
@@ -17,6 +17,8 @@ verifies) is unaffected; speculative decoding with rejected drafts is not.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import flax.struct
 import jax
@@ -85,6 +87,25 @@ def random_target(cfg: HybridConfig, seed: int, init_scale: float = 0.35, max_le
         return scale * rng.standard_normal(shape)
 
     return dj.Target(cfg, draw(hybrid_model.param_shapes(cfg), seed, rule), max_len=max_len)
+
+
+def moe_hybrid(model_type: str) -> dj.Target:
+    """A tiny MoE hybrid: ``qwen3_5_moe_text`` (every MLP the Qwen3.5 MoE block, shared expert
+    included) or ``qwen3_next`` (the MoE block in layer 1 only, by ``decoder_sparse_step`` 2,
+    top-k weights not renormalised), GDN layers first and last."""
+    from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
+    from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
+
+    next_ = model_type == "qwen3_next"
+    moe = MoeBlockConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=48, norm_topk_prob=not next_)
+    layers = (LINEAR, LINEAR, FULL)
+    cfg = hybrid_config("qwen3_5_moe_text", layer_types=layers, moe=moe, gdn_chunk=3)
+    if next_:
+        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        cfg = Qwen3NextConfig(**{**fields, "model_type": model_type}, decoder_sparse_step=2)
+        assert [cfg.mlp_kind(i) for i in range(3)] == ["mlp", "moe", "mlp"]
+    return random_target(cfg, seed=3)
 
 
 def random_drafter(target: dj.Target, block_size: int, seed: int, init_scale: float = 0.35,

@@ -299,31 +299,12 @@ def test_taps_through_rollbacks_equal_transformers_hidden_states(hf_pair, mode):
 
 
 # ---------------------------------------------------------------------------- the MoE hybrids
-def moe_hybrid(model_type: str) -> dj.Target:
-    """A tiny MoE hybrid: ``qwen3_5_moe_text`` (every MLP the Qwen3.5 MoE block, shared expert
-    included) or ``qwen3_next`` (the MoE block in layer 1 only, by ``decoder_sparse_step`` 2,
-    top-k weights not renormalised), GDN layers first and last."""
-    from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
-    from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
-
-    next_ = model_type == "qwen3_next"
-    moe = MoeBlockConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                         shared_expert_intermediate_size=48, norm_topk_prob=not next_)
-    layers = (ht.LINEAR, ht.LINEAR, ht.FULL)
-    cfg = ht.hybrid_config("qwen3_5_moe_text", layer_types=layers, moe=moe, gdn_chunk=3)
-    if next_:
-        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-        cfg = Qwen3NextConfig(**{**fields, "model_type": model_type}, decoder_sparse_step=2)
-        assert [cfg.mlp_kind(i) for i in range(3)] == ["mlp", "moe", "mlp"]
-    return ht.random_target(cfg, seed=3)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_next"])
 def test_moe_hybrids_greedy_equals_autoregressive_for_every_accepted_length(model_type):
     """The MoE hybrid families in the loop: bs 4, replay rollback (chunks of 3), every accepted
     length 0..3 in both rows of a ragged batch, 96 new tokens equal to AR."""
-    t = moe_hybrid(model_type)
+    t = ht.moe_hybrid(model_type)
     assert targets.family_of(t.config).model_types[0] == model_type
     new, bs = 96, 4
     ref = dj.generate(t, PROMPTS, new).sequences

@@ -64,10 +64,12 @@ import jax.numpy as jnp
 
 from dflash_jax.nn import dot_product_attention, gated_delta, rope_cos_sin
 from dflash_jax.nn.attention import BLOCK_ATTENTION, check_attention_impl
+from dflash_jax.nn import tree_attention
 from dflash_jax.nn.cache import KVCache
+from dflash_jax.nn.tree_attention import TreeAttention
 from dflash_jax.nn.head import embed, lm_head
 from dflash_jax.nn.layers import apply_rope
-from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps
+from dflash_jax.targets.dense.model import check_forward_inputs, collect_taps, kernel_attention
 from dflash_jax.targets.moe.qwen3_5_moe import block_param_shapes, moe_block
 from dflash_jax.quantization import dequantize_tree
 
@@ -94,6 +96,12 @@ class HybridState:
         the last forward and after it): the cache cropped, every GDN layer's conv window and
         recurrent state restored (``GatedDeltaState.rollback``)."""
         return self.replace(kv=self.kv.rollback(lengths), gdn=self.gdn.rollback(lengths))
+
+    def compact(self, start, source) -> "HybridState":
+        """After a tree block (``verification.tree``): the accepted path's K/V moved to slots
+        ``start ..`` and the GDN layers' record put in the path's order
+        (``GatedDeltaState.compact``); :meth:`rollback` then keeps the path's first rows."""
+        return self.replace(kv=self.kv.compact(start, source), gdn=self.gdn.compact(start, source))
 
 
 def init_state(cfg, batch: int, max_len: int, dtype, state_class=HybridState) -> HybridState:
@@ -140,8 +148,12 @@ def mlp(cfg, kind: str, p, x, moe_impl: str = "auto", model_axis=None, expert_ax
     return swiglu(x, p)
 
 
-def gdn_form(cfg, T: int, has_state: bool) -> tuple[str, bool]:
-    """(form, record) of the GDN layers for a block of T rows (module docstring)."""
+def gdn_form(cfg, T: int, has_state: bool, tree: bool = False) -> tuple[str, bool]:
+    """(form, record) of the GDN layers for a block of T rows (module docstring); a tree block
+    records every node's state (``"recurrent"``) in snapshot mode, its inputs (``"chunked"``)
+    in replay mode (``nn.gated_delta.mix``)."""
+    if tree:
+        return ("recurrent" if cfg.gdn_rollback == "snapshot" else "chunked"), True
     if not has_state:
         return "chunked", False
     if T == 1 or (T <= cfg.gdn_chunk and cfg.gdn_rollback == "snapshot"):
@@ -149,10 +161,11 @@ def gdn_form(cfg, T: int, has_state: bool) -> tuple[str, bool]:
     return "chunked", True
 
 
-def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool):
+def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool, tree=None):
     """A GDN layer's token mixing on normed x [B, T, D] with its ``linear_attn`` parameters:
     returns (y [B, T, D], the layer's ``BlockRecord`` or None). ``window`` [B, K-1, C],
-    ``state0`` float32[B, Hv, dk, dv]: the layer's state before the block (None: a start)."""
+    ``state0`` float32[B, Hv, dk, dv]: the layer's state before the block (None: a start);
+    ``tree``: (visible, depth) of a tree block (``gated_delta.mix``)."""
     B, T, _ = x.shape
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     qkv = _dense(x, p["in_proj_qkv"])
@@ -163,16 +176,17 @@ def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool):
         qkv, a, b, conv_weight=p["conv1d"]["kernel"][:, 0, :], A_log=p["A_log"], dt_bias=p["dt_bias"],
         num_k_heads=cfg.linear_num_key_heads, head_k_dim=cfg.linear_key_head_dim,
         num_v_heads=Hv, head_v_dim=dv, window=window, state0=state0, form=form, record=record,
-        chunk_size=cfg.gdn_chunk, impl=cfg.gdn_impl)
+        chunk_size=cfg.gdn_chunk, impl=cfg.gdn_impl, tree=tree)
     o = gated_delta.gated_rms_norm(o, z, p["norm"]["weight"], cfg.rms_norm_eps)
     return _dense(o.reshape(B, T, Hv * dv).astype(x.dtype), p["out_proj"]), rec
 
 
 def attention_mixer(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None, index,
-                    attention_impl: str = "xla"):
+                    attention_impl: str = "xla", tree_visible=None):
     """A gated full-attention layer on normed x [B, T, D] with its ``self_attn`` parameters,
     through attention layer ``index`` of ``cache`` (or over the block alone). Returns
-    (y [B, T, D], cache)."""
+    (y [B, T, D], cache). ``tree_visible`` bool[B, T, T]: a tree block's ancestor mask (``mask``
+    is then the tree's over the cache; a kernel sees the block's own rows under it)."""
     B, T, _ = x.shape
     H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qg = _dense(x, p["q_proj"]).reshape(B, T, H, 2 * Dh)
@@ -184,8 +198,7 @@ def attention_mixer(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None,
     if cache is not None:
         cache = cache.write(index, k, v, positions)
         if attention_impl in BLOCK_ATTENTION:  # positions: start + arange(T)
-            out = BLOCK_ATTENTION[attention_impl](q, cache.k, cache.v, positions[:, 0], causal=True,
-                                                  layer=index)
+            out = kernel_attention(attention_impl, q, k, v, cache, positions, index, tree_visible)
         else:
             out = dot_product_attention(q, cache.k[index], cache.v[index], mask)
     else:
@@ -237,9 +250,11 @@ def _index(tree, i: int):
 def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
             tap_layer_ids: Sequence[int] = (), logit_index=None, compute_logits: bool = True,
             attention_impl: str = "xla", model_axis: str | None = None,
-            expert_axis: str | None = None, moe_impl: str = "auto"):
+            expert_axis: str | None = None, moe_impl: str = "auto", tree: TreeAttention | None = None):
     """One causal pass (``TargetFamily.forward``): tokens, positions int32[B, T] (with a state:
-    ``state.lengths + arange(T)``). Returns ``(logits float32[B, T, V] | [B, 1, V] | None,
+    ``state.lengths + arange(T)``; ``tree``: the block is a tree of drafts, node t at slot
+    ``positions[:, t]``, rotated to ``tree.positions``, its GDN state its root path's
+    (``nn.gated_delta.tree_delta``), compacted to the accepted path by ``HybridState.compact``). Returns ``(logits float32[B, T, V] | [B, 1, V] | None,
     taps [B, T, k*D] | None, state)``; the taps are transformers' ``hidden_states[i + 1]``
     (the last layer's after the final norm) of GDN and attention layers alike; the state holds
     the block (``lengths = positions[:, -1] + 1``) and rolls back to any length from the one it
@@ -254,15 +269,22 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
     if state is not None and state.batch != B:
         raise ValueError(f"state batch {state.batch} != tokens batch {B}")
     h = embed(params, tokens)
-    cos, sin = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope)
+    cos, sin = rope_cos_sin(positions if tree is None else tree.positions, cfg.rotary_dim, cfg.rope)
     cache = None if state is None else state.kv
-    if cache is not None:
+    gdn_tree = None
+    if tree is not None:
+        if cache is None:
+            raise ValueError("a tree block is verified through a decode state: pass one")
+        tree.check(positions)
+        mask = tree_attention.cache_mask(positions, tree, cache.max_len)
+        gdn_tree = (tree.visible, tree.positions - positions[:, :1])  # (ancestors, depth)
+    elif cache is not None:
         mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]
     else:
         mask = positions[:, None, :] <= positions[:, :, None]
     K = len(tap_layer_ids)
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
-    form, record = gdn_form(cfg, T, state is not None)
+    form, record = gdn_form(cfg, T, state is not None, tree is not None)
     eps = cfg.rms_norm_eps
     mlp_opts = dict(moe_impl=moe_impl, expert_axis=expert_axis)
 
@@ -282,7 +304,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
         lp, mp, window, s0 = xs
         lp, mp = dequantize_tree((lp, mp), h)  # a quantized layer's matrices, in its own step (dflash_jax.quantization)
         y, rec = gdn_mixer(cfg, lp["linear_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
-                           window, s0, form, record)
+                           window, s0, form, record, gdn_tree)
         h = finish(lp, mlp_kind, mp, h, y)
         return (h, tap(taps, h, layer), layer + 1), rec
 
@@ -291,7 +313,8 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
         lp, mp = xs
         lp, mp = dequantize_tree((lp, mp), h)  # as in gdn_layer
         y, cache = attention_mixer(cfg, lp["self_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
-                                   cos, sin, positions, mask, cache, index, attention_impl)
+                                   cos, sin, positions, mask, cache, index, attention_impl,
+                                   None if tree is None else tree.visible)
         h = finish(lp, mlp_kind, mp, h, y)
         return (h, cache, tap(taps, h, layer), layer + 1, index + 1), None
 

@@ -67,9 +67,7 @@ class Qwen3_5Family(TargetFamily):
     state_class = model.HybridState
     """The decode state's class (a test may register a family with a subclass)."""
 
-    tree_refusal = ("its Gated DeltaNet layers carry one recurrent state along the sequence, "
-                    "so the nodes of a tree would each need the state of their own branch "
-                    "(not implemented: verify a chain here)")
+    tree_refusal = None  # verifies trees: each node's GDN state is its root path's (nn.gated_delta.tree_delta)
 
     def __init__(self, moe: bool):
         self.moe = moe
@@ -322,11 +320,11 @@ class Qwen3_5Family(TargetFamily):
 
     def forward(self, cfg, params, tokens, positions, state=None, *, tap_layer_ids=(),
                 logit_index=None, compute_logits=True, attention_impl="xla", model_axis=None,
-                expert_axis=None, moe_impl="auto"):
+                expert_axis=None, moe_impl="auto", tree=None):
         return model.forward(cfg, params, tokens, positions, state, tap_layer_ids=tap_layer_ids,
                              logit_index=logit_index, compute_logits=compute_logits,
                              attention_impl=attention_impl, model_axis=model_axis,
-                             expert_axis=expert_axis, moe_impl=moe_impl)
+                             expert_axis=expert_axis, moe_impl=moe_impl, tree=tree)
 
     # ------------------------------------------------------------------ size model
     def gdn_matrix_params(self, cfg) -> int:
@@ -393,6 +391,24 @@ class Qwen3_5Family(TargetFamily):
         per_row = ((cfg.linear_conv_kernel_dim - 1) * cfg.conv_channels * itemsize
                    + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4)
         return len(cfg.gdn_layers) * batch * per_row
+
+
+    def tree_record_bytes(self, cfg, nodes: int, batch: int, itemsize: int = 2) -> dict:
+        """What verifying a tree of ``nodes`` nodes keeps for the GDN layers
+        (``nn.gated_delta.mix(tree=...)``), by ``cfg.gdn_rollback``: per node and GDN layer,
+        the node's conv input ``C itemsize`` and, with ``"replay"``, its prepared k, v, g, beta
+        (``Hv (dk + dv + 2) 4`` bytes: the accepted path's state is recomputed at the
+        rollback), with ``"snapshot"`` its state after its root path (``Hv dk dv 4``); and per
+        GDN layer while it runs, the tree's ``(I + A)`` system, its inverse and the node-to-node
+        attention (``3 Hv N^2 4`` bytes a row). Returns {"per_node_per_layer", "record",
+        "transient", "total"} in bytes for ``batch`` rows."""
+        Hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        kept = Hv * dk * dv * 4 if cfg.gdn_rollback == "snapshot" else Hv * (dk + dv + 2) * 4
+        per_node = cfg.conv_channels * itemsize + kept
+        record = len(cfg.gdn_layers) * batch * nodes * per_node
+        transient = batch * 3 * Hv * nodes * nodes * 4
+        return {"per_node_per_layer": per_node, "record": record, "transient": transient,
+                "total": record + transient}
 
 
 QWEN3_5 = Qwen3_5Family(moe=False)
