@@ -48,6 +48,7 @@ block 16: tau 6.49 and 4.86x on an H200, i.e. t_iter / t_AR = 6.49 / 4.86 = 1.33
     python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b qwen3.5-4b   # hybrid (GDN) targets
     python -m dflash_jax.tools.roofline --gemma4 gemma-4-31b gemma-4-26b-a4b   # Gemma 4 (windows)
     python -m dflash_jax.tools.roofline --tree --tau-curve tau.json   # tree node budgets (N = 16 ... 256)
+    python -m dflash_jax.tools.roofline --hybrid qwen3.5-27b --tree --tau-curve tau.json   # trees on a hybrid target
     python -m dflash_jax.tools.roofline --eagle3     # EAGLE-3 (chain, trees 16 / 60) against DFlash
     python -m dflash_jax.tools.roofline --family     # the DFlash family: DFlash, DFlash2, DSpark
     python -m dflash_jax.tools.roofline --throughput  # throughput against interactivity, batch 1 ... 1024
@@ -737,8 +738,12 @@ def run(args) -> dict:
     if args.tree is not None:
         from dflash_jax.tools import roofline_tree
 
-        if args.moe or args.hybrid:
-            raise ValueError("--tree models dense targets: leave out --moe and --hybrid")
+        if args.moe:
+            raise ValueError("--tree models dense and hybrid targets: leave out --moe")
+        if args.hybrid:
+            from dflash_jax.tools import roofline_hybrid_tree
+
+            return roofline_hybrid_tree.run_hybrid_tree(args)
         return roofline_tree.run_tree(args)
     if args.tau_curve:
         raise ValueError("--tau-curve is the measured tau of trees: it goes with --tree")

@@ -4,14 +4,17 @@
   scoring root paths (every prefix of a path scores higher, so that set is a tree).
 * The tree forward against plain causal forwards: node i's logits and taps, computed in one
   pass over the whole tree through the cache, equal a cache-less causal forward over the prompt
-  and node i's root path (dense, qwen3_moe, and gpt_oss with sinks and a sliding window
-  narrower than the tree's depth), on best-first trees and a hand-made one whose depth-4 node
+  and node i's root path (dense, qwen3_moe, gpt_oss with sinks and a sliding window narrower
+  than the tree's depth, deepseek_v3, gemma4, and the hybrid families, whose Gated DeltaNet
+  layers give each node its own path's state), on best-first trees and a hand-made one whose depth-4 node
   lies under a rank-1 depth-1 node (its slot and RoPE distances to that ancestor differ across
   the window: a window measured in slots for the block's keys fails).
 * Greedy tree decoding equals autoregressive decoding on a ragged batch, with an oracle
   proposer that places the target's own next token at a chosen sibling rank at every depth
   (or nowhere); every iteration's acceptance length equals the one a brute-force walk of the
-  same tree predicts (so the acceptance, not only the output, is checked).
+  same tree predicts (so the acceptance, not only the output, is checked); on the hybrid
+  families too, with both GDN rollback modes. A hybrid tree's record has the bytes
+  ``tree_record_bytes`` states, and a tree that does not fit in memory is refused.
 * The drafter's context after each tree iteration holds the target's taps of the committed
   tokens (a cache-less jnp forward over the committed sequence), the accepted path's in path
   order (taps of the tree's first nodes instead fail), on a small random DFlash pair.

@@ -21,7 +21,9 @@ At temperature 0 (and with top-k 1) p is one-hot, and the accepted path and bonu
 ``acceptance.accept_tree_greedy``'s on random best-first trees (an independent walk). With the vocabulary
 split over 2 host devices the tokens are the single device's. Engine level: ``generate(tree=8,
 temperature=1)`` with a tree proposer keeps the target's exact law of its first 5 tokens
-(``tests/support/exact_sampling.py``), and a wrong rule patched into the same run is rejected.
+(``tests/support/exact_sampling.py``), and a wrong rule patched into the same run is rejected;
+on a hybrid target as well, where a node reading its elder sibling's GDN state, or its parent's
+without its own token, is rejected.
 """
 
 from __future__ import annotations

@@ -180,3 +180,52 @@ def test_gpu_compile_hybrid_configs_and_refusals(tmp_path):
         gpu_compile.hybrid_engine_configs("qwen3.5-9000b", "replay")
     with pytest.raises(ValueError, match="--gdn-impl chooses a hybrid target's GDN implementation"):
         gpu_compile.main(["--gdn-impl", "pallas", "--out", str(tmp_path)])
+
+
+def test_roofline_of_hybrid_trees_by_hand_and_its_files(tmp_path):
+    """``roofline --hybrid MODEL --tree``: the GDN layers' tree bytes and FLOPs on the tiny
+    shape by hand (replay: each node's prepared k, v, g, beta and conv input, the state before
+    the block twice; snapshot: every node's state), a tree iteration = the chain's draft + the
+    tree verify + compaction + the chain's rollback of a block, the best node budget reported
+    per device and mode from the scaled tau curve; refusals."""
+    from dflash_jax.tools import roofline_hybrid_tree as rht
+    from dflash_jax.tools import roofline_tree as rt
+
+    s = rh.shape_from_hf(TINY)
+    S, window = 2 * 2 * 3 * 4, 2 * (2 * 1 * 2 + 2 * 3) * 2  # Hv dk dv floats; (K-1) C bf16
+    N = 5
+    inputs = (2 + N) * 10 * 2
+    replay = rht.gdn_tree(s, N, "replay")
+    assert replay["read"] == 3 * (S + window)
+    assert replay["write"] == 3 * (2 * S + N * 2 * (2 + 3 + 2) * 4 + inputs)
+    flops = 4 * N * 2 * 2 * 3 + 4 * N * N * 2 * (2 + 3)
+    assert replay["flops"] == 3 * flops
+    snap = rht.gdn_tree(s, N, "snapshot")
+    assert snap["write"] == 3 * ((N + 1) * S + inputs) and snap["flops"] == 3 * (flops + 2 * N * N * 2 * 2 * 3)
+    _, _, drafter = rh.pair("qwen3.5-4b")
+    big = rh.pair("qwen3.5-27b")[1]
+    it = {c.name: c for c in rht.tree_iteration(big, drafter, 16, 32, 1024, "replay")}
+    assert {"target linears", "target attention", "target GDN tree", "target LM head", "compact",
+            "GDN rollback"} <= set(it)
+    assert it["GDN rollback"] == rh.rollback_cost(big, "replay", 16)
+    curve = tmp_path / "tau.json"
+    curve.write_text(json.dumps({"chain": 4.0, "trees": {"16": 4.5, "32": 5.0, "64": 5.2}, "block_size": 16}))
+    rep = roofline.main(["--hybrid", "qwen3.5-27b", "--tree", "16", "32", "64", "--tau-curve", str(curve),
+                         "--out", str(tmp_path)])
+    for dev in ("h100", "b200"):
+        for mode in ("replay", "snapshot"):
+            m = rep["analysis"]["devices"][dev]["modes"][mode]
+            speed = {r["nodes"]: r["flat"]["speedup"] for r in m["trees"]}
+            assert m["best_nodes"]["flat"] == max(speed, key=speed.get)
+            assert m["trees"][0]["flat"]["tau"] == pytest.approx(4.5 * 6.49 / 4.0)
+    assert rep["analysis"]["devices"]["h100"]["modes"]["replay"]["best_nodes"]["flat"] == 64
+    assert (tmp_path / "tree_qwen3.5-27b_bs16_S1024_b1.png").stat().st_size > 0
+    assert "Best node budget" in (tmp_path / "tree_qwen3.5-27b_bs16_S1024_b1.md").read_text()
+    with pytest.raises(ValueError, match="--tree needs --tau-curve"):
+        roofline.main(["--hybrid", "qwen3.5-27b", "--tree", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="takes one model"):
+        roofline.main(["--hybrid", "qwen3.5-27b", "qwen3.5-4b", "--tree", "--tau-curve", str(curve),
+                       "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="leave out --moe"):
+        roofline.main(["--moe", "gpt-oss-20b", "--tree", "--tau-curve", str(curve), "--out", str(tmp_path)])
+    assert rt.EXTRAPOLATIONS == ("flat", "log")
