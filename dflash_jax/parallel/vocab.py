@@ -110,6 +110,23 @@ def kth_largest(x: jax.Array, k: int, shards: Shards | None) -> jax.Array:
     return jax.lax.top_k(every, k)[0][..., -1]
 
 
+def top_k(x: jax.Array, k: int, shards: Shards | None) -> tuple[jax.Array, jax.Array]:
+    """(values, int32 global token ids) of the k largest over the last axis [..., k], in
+    descending order, ties to the lower id (``jax.lax.top_k``'s order over the whole
+    vocabulary): each shard's min(k, V/m) largest with their ids are all-gathered (2 k m numbers
+    per row, never the logits) and ranked together. Shard s holds ids ``s V/m ..``, so in the
+    gathered order an equal value of a lower id comes first, as on one device."""
+    if shards is None or not shards.vocab_split:
+        vals, ids = jax.lax.top_k(x, k)
+        return vals, ids.astype(jnp.int32)
+    vals, ids = jax.lax.top_k(x, min(k, x.shape[-1]))
+    ids = ids.astype(jnp.int32) + shards.vocab_offset(x.shape[-1])
+    every = jax.lax.all_gather(vals, shards.model_axis, axis=x.ndim - 1, tiled=True)
+    every_ids = jax.lax.all_gather(ids, shards.model_axis, axis=x.ndim - 1, tiled=True)
+    vals, at = jax.lax.top_k(every, k)
+    return vals, jnp.take_along_axis(every_ids, at, axis=-1)
+
+
 def gather_vocab(x: jax.Array, shards: Shards | None) -> jax.Array:
     """The full last axis [..., V] from the shards' slices."""
     if shards is None or not shards.vocab_split:
@@ -199,6 +216,10 @@ class VocabOps:
 
     def kth_largest(self, x, k: int):
         return kth_largest(x, k, self.shards)
+
+    def top_k(self, x, k: int):
+        """(values, global ids) of the k largest over the vocabulary (:func:`top_k`)."""
+        return top_k(x, k, self.shards)
 
     def gather(self, x):
         """The whole vocabulary axis (top-p's sort needs it)."""

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.nn.tree_attention import TreeAttention
+from dflash_jax.parallel import vocab
 from dflash_jax.verification import acceptance
 from dflash_jax.verification.policy import Verified, VerifyPolicy, rollback, verify
 
@@ -170,7 +171,7 @@ class Tree(NamedTuple):
         return self.tokens.shape[1]
 
 
-def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -> Tree:
+def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int, ops=None) -> Tree:
     """The best-first tree of ``nodes`` nodes over per-depth log-probabilities.
 
     Args:
@@ -181,6 +182,10 @@ def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -
         exactly the logits' order (``topk = 1`` is the argmax, as the chain drafts it: a
         log-softmax can round two close logits to one value and reorder them).
       nodes: N, the budget (root included); topk: K, children per node at most.
+      ops: the vocabulary reductions (``parallel.vocab.VocabOps``; None: one device). With the
+        vocabulary split over a mesh's model axis, ``logp`` is this shard's slice [B, D, V/m]:
+        each depth's top-K is exchanged as K values and ids per shard (``VocabOps.top_k``) and
+        the normaliser as one number per row, never the logits; the tree is the one device's.
 
     The rule: a candidate is (parent node, depth d, rank r), scored ``score(parent) + the r-th
     largest logp at depth d``; N - 1 times the best candidate becomes a node (ties: the
@@ -191,11 +196,12 @@ def best_first_tree(anchor: jax.Array, logp: jax.Array, nodes: int, topk: int) -
 
     Returns a :class:`Tree` with the nodes in the order they were chosen (scores non-increasing).
     """
+    ops = vocab.LOCAL if ops is None else ops
     B, D, _ = logp.shape
-    N, K = int(nodes), int(min(topk, logp.shape[-1]))
+    N, K = int(nodes), int(min(topk, logp.shape[-1] * ops.vocab_shards))
     logp = logp.astype(jnp.float32)
-    vals, ids = jax.lax.top_k(logp, K)  # [B, D, K] descending
-    vals = vals - jax.nn.logsumexp(logp, axis=-1, keepdims=True)  # log-probabilities
+    vals, ids = ops.top_k(logp, K)  # [B, D, K] descending, global ids
+    vals = vals - ops.logsumexp(logp)[..., None]  # log-probabilities
     vals = jnp.pad(vals, ((0, 0), (0, 1), (0, 1)), constant_values=-jnp.inf)  # depth D+1, rank K: none
     ids = ids.astype(jnp.int32)
     rows = jnp.arange(B)

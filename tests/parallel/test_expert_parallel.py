@@ -42,6 +42,7 @@ from dflash_jax.decoding import engine
 from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.targets.moe import Qwen3MoeConfig
+from dflash_jax.verification.tree import TreeVerify
 from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
@@ -111,7 +112,7 @@ DRAFTER_SEED = {"qwen3_moe": 2, "gpt_oss": 9, "deepseek_v3": 2, "gemma4": 2}
 #           {mesh (data, expert, model): runs})
 MODELS = {
     "qwen3_moe": (qwen, qwen_params, len(qwen.moe_layers), 2,  # MoE, dense, MoE
-                  {(2, 2, 2): ("ar", "dflash"), (1, 4, 2): ("dflash",), (1, 8, 1): ("dflash",)}),
+                  {(2, 2, 2): ("ar", "dflash", "tree"), (1, 4, 2): ("dflash",), (1, 8, 1): ("dflash",)}),
     "gpt_oss": (gpt, gpt_params, gpt.num_layers, 1, {(2, 2, 2): ("dflash",)}),  # all MoE
     # latent attention (heads over model, the latent state replicated), shared experts
     "deepseek_v3": (deepseek, deepseek_params, len(deepseek.moe_layers), 1,  # dense, MoE, MoE
@@ -165,6 +166,10 @@ def runs(target, which, drafter_params, mesh=None):
     drafter = dj.Drafter(dcfg, drafter_params, mesh=mesh)
     out = {}
     for run in which:
+        if run == "tree":  # a tree of 6 nodes, top-2 children: one device's tree on the mesh
+            r = dj.generate(target, prompts, 12, drafter=drafter, verify=TreeVerify(6, topk=2))
+            out[run] = [r.sequences, r.acceptance_lengths]
+            continue
         d = drafter if run == "dflash" else None
         r = dj.generate(target, prompts, 12, drafter=d)
         out[run] = [r.sequences, r.acceptance_lengths]
@@ -243,6 +248,14 @@ def test_cases_cover_every_mesh_run(ep):
     ran = {(m, mesh, run) for m in ep if m in MODELS
            for mesh, res in ep[m]["meshes"].items() for run in ("ar", "dflash") if run in res}
     assert ran == set(CASES)
+
+
+def test_a_tree_on_a_data_expert_model_mesh_equals_one_device(ep):
+    """A tree of 6 nodes on qwen3_moe over (data 2, expert 2, model 2): the vocabulary split over
+    model (each depth's top-2 exchanged), the experts over expert: one device's tokens and
+    acceptance lengths, which equal AR's."""
+    single, res = ep["qwen3_moe"]["single"]["tree"], ep["qwen3_moe"]["meshes"]["2x2x2"]["tree"]
+    assert res == single and single[0] == ep["qwen3_moe"]["single"]["ar"][0]
 
 
 def test_dflash_is_ar_and_accepts_drafts(ep):

@@ -41,12 +41,15 @@ MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
 LLAMA_MESHES = [(1, 8), (2, 4)]
 
 ENGINE_CODE = """
-import json, sys
+import json, re, sys
 import numpy as np
 import jax
 import dflash_jax as dj
 from dflash_jax import parallel
 from dflash_jax.config import RopeConfig, TargetConfig
+from dflash_jax.decoding import engine
+from dflash_jax.decoding.prepare import prepare_decode
+from dflash_jax.verification.tree import TreeVerify
 from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
@@ -66,21 +69,35 @@ prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3, 3], [20
            [5] * 11, [9, 8, 7, 6], [42]]  # ragged
 RUNS = {"dflash": dict(), "ar": None,
         "sampled": dict(temperature=1.0, sampled_draft=True, seed=11),
-        "topk": dict(temperature=0.7, top_k=12, seed=5)}
+        "topk": dict(temperature=0.7, top_k=12, seed=5),
+        "tree": dict(verify=TreeVerify(8, topk=3))}
 
-# greedy DFlash and AR everywhere; the sampling runs where they add a case (compile time)
-SAMPLED = {("qwen3", "sampled"): None, ("qwen3", "topk"): [(2, 4)], ("llama", "sampled"): [(1, 8)]}
+# greedy DFlash and AR everywhere; the sampling and tree runs where they add a case (compile time)
+ONLY_ON = {("qwen3", "sampled"): None, ("qwen3", "topk"): [(2, 4)], ("llama", "sampled"): [(1, 8)],
+           ("qwen3", "tree"): [(2, 4), (1, 8)]}
+
+COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|collective-permute|"
+                        r"reduce-scatter)(?:-start)?\(")
+
+def collective_shapes(target, drafter, opts):
+    # (kind, dtype, dims) of every collective in the compiled decode loop of these options
+    pre = prepare_decode(target, prompts, 24, drafter=drafter, **opts)
+    hlo = engine.decode.lower(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
+                              np.int32(4), spec=pre.spec).compile().as_text()
+    return [[m.group(3), m.group(1), [int(d) for d in m.group(2).split(",") if d]] for m in COLLECTIVE.finditer(hlo)]
 
 def runs(target, drafter, name, mesh=None):
     out = {}
     for run, opts in RUNS.items():
-        if run in ("sampled", "topk"):
-            where = SAMPLED.get((name, run), [])
-            if where is not None and mesh is not None and mesh not in where or (name, run) not in SAMPLED:
+        if run in ("sampled", "topk", "tree"):
+            where = ONLY_ON.get((name, run), [])
+            if where is not None and mesh is not None and mesh not in where or (name, run) not in ONLY_ON:
                 continue
         r = (dj.generate(target, prompts, 24) if opts is None
              else dj.generate(target, prompts, 24, drafter=drafter, **opts))
         out[run] = [r.sequences, r.acceptance_lengths]
+        if run == "tree" and mesh == (2, 4):  # what the tree's loop moves between devices
+            out["tree_collectives"] = collective_shapes(target, drafter, opts)
     return out
 
 result = {}
@@ -158,6 +175,24 @@ def test_greedy_equal_to_single_device_on_every_mesh(engine_runs, model, run):
     for mesh, res in engine_runs[model]["meshes"].items():
         assert res[run][0] == single[0], f"{model} {run} tokens differ on mesh {mesh}"
         assert res[run][1] == single[1], f"{model} {run} acceptance lengths differ on mesh {mesh}"
+
+
+def test_trees_under_tensor_parallelism_equal_one_device_and_move_no_vocabulary(engine_runs):
+    """A tree of 8 nodes (top-3 children) with the vocabulary split over the model axis (4 and 8
+    shards): each depth's top-3 exchanged as 3 values and ids per shard, then ranked, gives the
+    one device's tree, tokens and acceptance lengths. The compiled loop (data 2, model 4) moves
+    no array with a vocabulary-wide axis (256), and holds the exchange: an all-gather of the
+    shards' 3 candidates per depth (3 x 4 = 12), as float32 values and as int32 ids."""
+    single = engine_runs["qwen3"]["single"]["tree"]
+    assert single[0] == engine_runs["qwen3"]["single"]["ar"][0]  # a tree is exact
+    assert any(a > 1 for row in single[1] for a in row)  # and accepts drafts
+    for mesh in ("2x4", "1x8"):
+        res = engine_runs["qwen3"]["meshes"][mesh]
+        assert res["tree"] == single, f"the tree differs on mesh {mesh}"
+    found = engine_runs["qwen3"]["meshes"]["2x4"]["tree_collectives"]
+    assert found and not [c for c in found if 256 in c[2]], found
+    exchange = {c[1] for c in found if c[0] == "all-gather" and c[2][-1:] == [12]}
+    assert exchange == {"f32", "s32"}, found
 
 
 def test_greedy_dflash_is_autoregressive_output(engine_runs):

@@ -103,12 +103,10 @@ class DFlashProposer(Proposer):
         if self.num_denoise_steps != 1:
             raise ValueError("trees are drafted from one drafter pass: num_denoise_steps must be 1 "
                              f"with a tree (got {self.num_denoise_steps})")
-        if spec.ops.vocab_split:
-            raise ValueError("tree drafting needs each row's top-k tokens over the whole "
-                             "vocabulary, which is split over the mesh's model axis here: run "
-                             "trees without tensor parallelism (model=1), or verify a chain")
         logits, _, _, state, _ = self._draft(spec, tparams, params, state, committed)
-        return best_first_tree(committed.bonus, logits, policy.nodes, policy.topk), state
+        # with the vocabulary split over the mesh's model axis each depth's top-k is exchanged
+        # as k values and ids per shard (parallel.vocab.top_k), never the logits
+        return best_first_tree(committed.bonus, logits, policy.nodes, policy.topk, spec.ops), state
 
     def _draft(self, spec, tparams, params, state: DFlashState, committed: Committed):
         """The deferred context update and the drafter's passes: (logits [B, bs-1, V] of the
