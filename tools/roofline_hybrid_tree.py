@@ -176,17 +176,10 @@ def run_hybrid_tree(args) -> dict:
 
     if len(args.hybrid) != 1:
         raise ValueError(f"--hybrid with --tree takes one model, got {len(args.hybrid)}: {' '.join(args.hybrid)}")
-    if not args.tau_curve:
-        raise ValueError("--tree needs --tau-curve FILE: the measured tau of the chain and of trees "
-                         '({"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16}; e.g. results/roofline/tree/)')
-    nodes = list(args.tree) or list(NODES)
-    bad = [n for n in nodes if n < 2]
-    if bad:
-        raise ValueError(f"--tree node budgets must be >= 2 (the root and one draft), got {bad[0]}")
+    nodes, curve = rt.tree_request(args, NODES)
     for name in ("context", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    curve = rt.read_tau_curve(args.tau_curve)
     name, s, drafter = rh.pair(args.hybrid[0])
     drafter = dataclasses.replace(drafter, block_size=curve.block_size)
     devices = list(DEVICES_DEFAULT) if list(args.devices) == list(DEVICES) else list(args.devices)

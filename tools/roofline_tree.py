@@ -332,20 +332,26 @@ def plot(report: dict):
     return fig
 
 
+def tree_request(args, default_nodes: Sequence[int]) -> tuple[list[int], TauCurve]:
+    """The node budgets of ``--tree`` (none given: ``default_nodes``) and the curve of
+    ``--tau-curve``, refused in one line when missing or below 2 nodes."""
+    if not args.tau_curve:
+        raise ValueError("--tree needs --tau-curve FILE: the measured tau of the chain and of trees "
+                         '({"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16}; e.g. from results/tree/)')
+    nodes = list(args.tree) or list(default_nodes)
+    bad = [n for n in nodes if n < 2]
+    if bad:
+        raise ValueError(f"--tree node budgets must be >= 2 (the root and one draft), got {bad[0]}")
+    return nodes, read_tau_curve(args.tau_curve)
+
+
 def run_tree(args) -> dict:
     """``roofline --tree [N ...] --tau-curve FILE``: the pair of :func:`dense.load_pair` (Qwen3-8B
     shapes and a ``--drafter-layers`` drafter by default) on H100 (datasheet and measured, or
     ``--devices`` when given other than the default); JSON + markdown + plot under ``--out``."""
     from dflash_jax.cli import invocation
 
-    if not args.tau_curve:
-        raise ValueError("--tree needs --tau-curve FILE: the measured tau of the chain and of trees "
-                         '({"chain": TAU, "trees": {"16": TAU, ...}, "block_size": 16}; e.g. from results/tree/)')
-    nodes = list(args.tree) or list(NODES)
-    bad = [n for n in nodes if n < 2]
-    if bad:
-        raise ValueError(f"--tree node budgets must be >= 2 (the root and one draft), got {bad[0]}")
-    curve = read_tau_curve(args.tau_curve)
+    nodes, curve = tree_request(args, NODES)
     if args.block_size and args.block_size != curve.block_size:
         raise ValueError(f"--block-size {args.block_size} differs from the tau curve's block_size "
                          f"{curve.block_size}: the taus were measured at that block")

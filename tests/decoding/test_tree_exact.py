@@ -358,7 +358,7 @@ GREEDY_CASES = [("dense", 6, "xla"), pytest.param("dense", 16, "xla", marks=pyte
                 pytest.param("dense", 11, "pallas", marks=pytest.mark.slow), ("qwen3_5_text-replay", 11, "xla")] + [
     pytest.param(kind, nodes, "xla", marks=pytest.mark.slow)
     for kind, nodes in (("qwen3_5_text-snapshot", 11), ("qwen3_5_text-replay", 16), ("qwen3_5_moe_text", 11),
-                        ("qwen3_next", 11))]
+                        ("qwen3_next", 11))] + [pytest.param("qwen3_5_text-replay", 11, "pallas", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("kind,nodes,impl", GREEDY_CASES)
