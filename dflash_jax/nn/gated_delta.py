@@ -210,7 +210,9 @@ def pallas_chunked(q, k, v, g, beta, state0, chunk_size: int = DEFAULT_CHUNK):
     """:func:`chunked` as the Pallas kernels of ``kernels.gdn_chunk``: compiled (Triton, TF32
     products) where the program is lowered for a GPU, interpreted elsewhere (the choice is made
     per lowering platform, as for ``nn.attention.pallas_block_attention``). Same arguments and
-    results."""
+    results; in the interpreter the same numbers to float32 rounding, on a GPU to TF32's (10-bit
+    products: a float32 run that must equal AR token for token, e.g. the GPU suite's exactness
+    checks, keeps ``gdn_impl="xla"``)."""
     from dflash_jax.kernels.gdn_chunk import gdn_chunked
 
     def kernel(interpret: bool):
@@ -323,6 +325,8 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
     ``"recurrent"`` every node's state, ``"chunked"`` the replay record of one chunk, both in
     node order until :meth:`GatedDeltaState.compact` puts them in the accepted path's).
     Returns (o float32[B, T, Hv, dv], record or None)."""
+    if impl not in IMPLS:
+        raise ValueError(f"GDN impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     B, T, C = qkv.shape
     kd = num_k_heads * head_k_dim
     want = conv_channels(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
@@ -356,8 +360,6 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
         return o, (BlockRecord(inputs, snapshots=states) if record else None)
     if form != "chunked":
         raise ValueError(f"GDN form must be 'chunked' or 'recurrent', got {form!r}")
-    if impl not in IMPLS:
-        raise ValueError(f"GDN impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     o, bounds = (pallas_chunked if impl == "pallas" else chunked)(q, k, v, g, beta, state0, chunk_size)
     if not record:
         return o, None
@@ -421,7 +423,9 @@ class GatedDeltaState:
         each row's accepted root path, node ``source[b, k]`` (int32[B, M], ``source[:, 0] = 0``)
         becoming block row k, so that :meth:`rollback` to ``start + n`` gives the state after
         the path's first n nodes, as after a chain of them (``verification.tree``). Entries
-        past a row's accepted path are never read (the rollback keeps fewer rows)."""
+        past a row's accepted path are never read (the rollback keeps fewer rows). ``start`` is
+        the block's first position, which the record knows already (``KVCache.compact``'s
+        signature)."""
         rec = self.record
         K1 = self.conv.shape[2]
         rows = jnp.arange(self.conv.shape[1])[:, None]

@@ -109,12 +109,15 @@ class TreeVerify(VerifyPolicy):
 def device_memory_bytes() -> int | None:
     """The default device's memory (``bytes_limit`` of its memory stats; a CPU: the host's
     physical memory), or None where neither is known."""
+    device = jax.devices()[0]
     try:
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = device.memory_stats() or {}
     except Exception:  # noqa: BLE001 (a backend without memory stats)
         stats = {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
+    if device.platform != "cpu":  # an accelerator that does not say: nothing to check against
+        return None
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -141,10 +144,10 @@ def check_tree_memory(spec, batch: int, params_bytes: int = 0, itemsize: int = 2
         gib = 2 ** 30
         raise ValueError(
             f"a tree of {nodes} nodes at batch {batch} needs {need['total'] / gib:.2f} GiB for the "
-            f"target's Gated DeltaNet layers ({need['per_node_per_layer'] / 2 ** 10:.1f} KiB per node per layer, "
-            f"gdn_rollback={spec.target.gdn_rollback!r}) beside {params_bytes / gib:.2f} GiB of parameters, "
+            f"target's {need['what']} ({need['per_node_per_layer'] / 2 ** 10:.1f} KiB per node per layer, "
+            f"{need['setting']}) beside {params_bytes / gib:.2f} GiB of parameters, "
             f"more than the device's {limit / gib:.2f} GiB: ask for fewer nodes (tree=) or rows"
-            + (", or gdn_rollback='replay'" if spec.target.gdn_rollback == "snapshot" else ""))
+            + (f", or {need['smaller']}" if need.get("smaller") else ""))
 
 
 class Tree(NamedTuple):

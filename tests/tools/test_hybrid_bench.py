@@ -189,7 +189,6 @@ def test_roofline_of_hybrid_trees_by_hand_and_its_files(tmp_path):
     tree verify + compaction + the chain's rollback of a block, the best node budget reported
     per device and mode from the scaled tau curve; refusals."""
     from dflash_jax.tools import roofline_hybrid_tree as rht
-    from dflash_jax.tools import roofline_tree as rt
 
     s = rh.shape_from_hf(TINY)
     S, window = 2 * 2 * 3 * 4, 2 * (2 * 1 * 2 + 2 * 3) * 2  # Hv dk dv floats; (K-1) C bf16
@@ -228,4 +227,3 @@ def test_roofline_of_hybrid_trees_by_hand_and_its_files(tmp_path):
                        "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="leave out --moe"):
         roofline.main(["--moe", "gpt-oss-20b", "--tree", "--tau-curve", str(curve), "--out", str(tmp_path)])
-    assert rt.EXTRAPOLATIONS == ("flat", "log")

@@ -51,7 +51,10 @@ rounding and both records roll back exactly):
   * with a state and T == 1: the recurrence (a one-token step);
   * with a state and 1 < T <= ``gdn_chunk`` (a verify block): the recurrence with snapshots
     when ``gdn_rollback == "snapshot"``, else the chunked form with the replay record;
-  * with a state and T > ``gdn_chunk`` (a prompt): the chunked form with the replay record.
+  * with a state and T > ``gdn_chunk`` (a prompt): the chunked form with the replay record;
+  * a tree block (``tree=``): every node's state its root path's (``gated_delta.tree_delta``),
+    recorded per node (snapshot: every node's state; replay: its inputs), put in the accepted
+    path's order by :meth:`HybridState.compact`.
 """
 
 from __future__ import annotations

@@ -401,14 +401,17 @@ class Qwen3_5Family(TargetFamily):
         rollback), with ``"snapshot"`` its state after its root path (``Hv dk dv 4``); and per
         GDN layer while it runs, the tree's ``(I + A)`` system, its inverse and the node-to-node
         attention (``3 Hv N^2 4`` bytes a row). Returns {"per_node_per_layer", "record",
-        "transient", "total"} in bytes for ``batch`` rows."""
+        "transient", "total"} in bytes for ``batch`` rows, and for a refusal's message "what"
+        keeps them, the "setting" that sized them and a "smaller" one (or None)."""
         Hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         kept = Hv * dk * dv * 4 if cfg.gdn_rollback == "snapshot" else Hv * (dk + dv + 2) * 4
         per_node = cfg.conv_channels * itemsize + kept
         record = len(cfg.gdn_layers) * batch * nodes * per_node
         transient = batch * 3 * Hv * nodes * nodes * 4
         return {"per_node_per_layer": per_node, "record": record, "transient": transient,
-                "total": record + transient}
+                "total": record + transient, "what": "Gated DeltaNet layers",
+                "setting": f"gdn_rollback={cfg.gdn_rollback!r}",
+                "smaller": "gdn_rollback='replay'" if cfg.gdn_rollback == "snapshot" else None}
 
 
 QWEN3_5 = Qwen3_5Family(moe=False)
