@@ -7,7 +7,7 @@ to its rms (of the outputs and of the chunk-boundary states, the worse), and the
 state's bytes.
 
     python -m dflash_jax.tools.gdn_kernel_speed                  # on a GPU
-    python -m dflash_jax.tools.gdn_kernel_speed --tokens 64 --heads 2 --dk 16 --dv 16 --chunk 16 \\
+    python -m dflash_jax.tools.gdn_kernel_speed --tokens 64 --value-heads 2 --dk 16 --dv 16 --chunk 16 \\
         --batch 1 --repeats 1 --interpret                        # CPU smoke run
 
 On a GPU the kernels' products are TF32 (``gdn_chunked``'s default) and the ``jnp`` form's
@@ -60,7 +60,7 @@ def plot(report: dict):
         ax.bar(x + (i - 0.5) * 0.4, [r[f"{impl}_ms"] for r in rows], 0.4, label=name)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set(ylabel="ms per layer call (median)",
-           title=f"GDN chunked form, {report['args']['heads']} heads of {report['args']['dk']}x"
+           title=f"GDN chunked form, {report['args']['value_heads']} heads of {report['args']['dk']}x"
                  f"{report['args']['dv']}, chunks of {report['args']['chunk']} ({report['env']['device']})")
     ax.legend(fontsize=7)
     return fig
@@ -70,7 +70,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 512, 4096],
                    help="rows per call: a verify block, prefills")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes")
-    p.add_argument("--heads", type=int, default=32, help="value heads of the layer (keys tiled onto them)")
+    p.add_argument("--value-heads", type=int, default=32, help="value heads of the layer (keys tiled onto them)")
     p.add_argument("--dk", type=int, default=128, help="key head dimension")
     p.add_argument("--dv", type=int, default=128, help="value head dimension")
     p.add_argument("--chunk", type=int, default=64, help="chunk length of the chunked form")
@@ -83,21 +83,21 @@ def run(args) -> dict:
     for name in ("tokens", "batch"):
         if min(getattr(args, name)) < 1:
             raise ValueError(f"--{name} values must be >= 1, got {getattr(args, name)}")
-    for name in ("heads", "dk", "dv", "chunk", "repeats"):
+    for name in ("value_heads", "dk", "dv", "chunk", "repeats"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     kernel_full = jax.jit(lambda *xs: gdn_chunked(*xs, args.chunk, interpret=args.interpret))
     ref_full = jax.jit(lambda *xs: gated_delta.chunked(*xs, args.chunk))
     kernel, ref = jax.jit(_with_state(kernel_full)), jax.jit(_with_state(ref_full))
     rows = []
     for batch in args.batch:
         for tokens in args.tokens:
-            xs = prepared_inputs(batch, tokens, args.heads, args.dk, args.dv)
+            xs = prepared_inputs(batch, tokens, args.value_heads, args.dk, args.dv)
             # the outputs and every chunk-boundary state (the replay rollback reads those)
             err = max(float(jnp.max(jnp.abs(got - want)) / jnp.sqrt(jnp.mean(want ** 2)))
                       for got, want in zip(kernel_full(*xs), ref_full(*xs)))
             row = {"batch": batch, "tokens": tokens, "max_abs_err_over_rms": err,
-                   "state_bytes": 4 * batch * args.heads * args.dk * args.dv}
+                   "state_bytes": 4 * batch * args.value_heads * args.dk * args.dv}
             for name, fn in (("pallas", kernel), ("xla", ref)):
                 row[f"{name}_ms"] = 1e3 * time_in_program(fn, *xs, calls=4, repeats=args.repeats)
             row["xla_over_pallas"] = row["xla_ms"] / row["pallas_ms"]

@@ -261,7 +261,7 @@ def stages(out: str, smoke: bool) -> list[tuple[str, callable]]:
         row |= {f"layer T{r['block']} B{r['batch']} {r['mode']}": round(r["median_ms"], 3)
                 for r in rep["layer"] if r["mode"] in ("snapshot", "replay")}
         # the chunked form's Pallas kernels against its jnp form (smoke: tiny, interpreted)
-        argv = (["--tokens", "40", "--batch", "1", "--heads", "2", "--dk", "16", "--dv", "16", "--chunk", "16",
+        argv = (["--tokens", "40", "--batch", "1", "--value-heads", "2", "--dk", "16", "--dv", "16", "--chunk", "16",
                  "--repeats", "1", "--interpret"] if smoke else [])
         rep = gdn_kernel_speed.main(argv + ["--out", d("hybrid")])
         bad = [r for r in rep["results"] if not r["max_abs_err_over_rms"] < (1e-4 if smoke else 1e-2)]

@@ -56,7 +56,8 @@ def report_plot(record: dict):
             raise CannotRedraw(f"unknown command in {record['command']!r}")
         name, rest = COMMANDS[rest[0]][0], rest[1:]
     if name.endswith(".roofline"):
-        name = next((f"dflash_jax.tools.{m}" for flag, m in ROOFLINE_MODULES.items() if flag in rest), name)
+        name = ("dflash_jax.tools.roofline_hybrid_tree" if "--hybrid" in rest and "--tree" in rest  # trees on a hybrid
+                else next((f"dflash_jax.tools.{m}" for flag, m in ROOFLINE_MODULES.items() if flag in rest), name))
     module = _module(name)
     if name.endswith("gpu_compile"):
         return module.plot_rows if "--engine" in rest else module.plot_before_after

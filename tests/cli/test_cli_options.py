@@ -122,6 +122,7 @@ MEANINGS = {
     "--block-size": ("block_size", r"block size"),
     "--calls": ("calls", r"calls per compiled timing loop"),
     "--checkpoint-every": ("checkpoint_every", r"save a checkpoint every"),
+    "--chunk": ("chunk", r"chunk (size|length) of the chunked form"),
     "--context": ("context", r"cached positions S"),
     "--context-chunk": ("context_chunk", r"context positions per (context )?chunk"),
     "--coordinator": ("coordinator", r"multi-host: host:port"),
@@ -175,6 +176,7 @@ MEANINGS = {
     "--tree-topk": ("tree_topk", r"children per tree node"),
     "--warmup-fraction": ("warmup_fraction", r"warm the learning rate up"),
     "--weight-decay": ("weight_decay", r"weight decay"),
+    "--interpret": ("interpret", r"(Pallas|Pallas / Triton) interpreter \(CPU smoke run\)"),
 }
 # the value types a name may take besides int/float/str: the block size also takes 'adaptive'
 TYPE_EXCEPTIONS = {"--block-size"}
