@@ -193,9 +193,10 @@ def _check(q, k, v, g, beta, state0, lengths):
 def gdn_chunked(q, k, v, g, beta, state0, chunk_size: int = 64, *, lengths=None, block_v: int | None = None,
                 precision: str | None = None, interpret: bool = False, num_warps: tuple[int, int] | None = None,
                 num_stages: int | None = None):
-    """The chunked GDN form with its two sequential parts as Pallas kernels: prepared q, k [B, T, Hv, dk], v [B, T, Hv, dv],
-    g, beta [B, T, Hv], ``state0`` float32[B, Hv, dk, dv], chunks of ``min(chunk_size, T)`` rows
-    (as ``nn.gated_delta.chunked``; ``lengths``: module docstring).
+    """The chunked GDN form with its two sequential parts as Pallas kernels: prepared q, k
+    [B, T, Hv, dk], v [B, T, Hv, dv], g, beta [B, T, Hv], ``state0`` float32[B, Hv, dk, dv],
+    chunks of ``min(chunk_size, T)`` rows (as ``nn.gated_delta.chunked``; ``lengths``: module
+    docstring).
 
     ``precision`` of the products on a GPU (:data:`PRECISIONS`; None: ``"tf32"``, the launch
     that compiles without register spills at Qwen3.5's head shapes; ``docs/performance.md``);

@@ -108,23 +108,12 @@ def analyse(s: rh.HybridShape, drafter: DrafterConfig, curve: rt.TauCurve, nodes
             rows = []
             for n in nodes:
                 it = tree_iteration(s, drafter, bs, n, context, mode, batch=batch)
-                t_iter = dense.seconds(it, dev)
-                costs = {c.name: c for c in it}
-                g = costs["target GDN tree"]
-                row = {"nodes": n, "t_iter_us": 1e6 * t_iter, "ratio": t_iter / t_ar,
-                       "gdn_bytes": g.kv_read + g.kv_write,
-                       "bound": {c.name: c.bound(dev) for c in it}}
-                for how in rt.EXTRAPOLATIONS:
-                    tau, measured = curve.tau(n, how)
-                    scaled = min(tau * scale, float(bs))
-                    row[how] = {"tau": scaled, "measured": measured,
-                                "speedup": dense.predicted_speedup(scaled, t_ar, t_iter)}
-                rows.append(row)
+                g = next(c for c in it if c.name == "target GDN tree")
+                rows.append(rt.tree_row(curve, n, it, dev, t_ar) | {"gdn_bytes": g.kv_read + g.kv_write})
             per_mode[mode] = {
                 "chain": {"t_iter_us": 1e6 * t_chain, "ratio": t_chain / t_ar, "tau": chain_tau,
                           "speedup": dense.predicted_speedup(chain_tau, t_ar, t_chain)},
-                "trees": rows,
-                "best_nodes": {how: max(rows, key=lambda r: r[how]["speedup"])["nodes"] for how in rt.EXTRAPOLATIONS}}
+                "trees": rows, "best_nodes": rt.best_nodes(rows)}
         out[name] = {"t_ar_us": 1e6 * t_ar, "modes": per_mode}
     return {"scale": scale, "devices": out}
 

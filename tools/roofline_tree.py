@@ -200,6 +200,26 @@ def tau_curve_from_dict(d: Mapping, where: str = "the tau curve") -> TauCurve:
 
 
 # ---------------------------------------------------------------------------- analysis
+def tree_row(curve: TauCurve, nodes: int, iteration: Sequence[Cost], device: Device, t_ar: float) -> dict:
+    """One node budget's row: the tree iteration's time, its ratio to ``t_ar`` and each
+    component's bound on ``device``, and under each extrapolation tau (measured, and scaled to
+    the paper's chain, capped at the block) with the predicted speedup."""
+    t_iter = dense.seconds(iteration, device)
+    row = {"nodes": nodes, "t_iter_us": 1e6 * t_iter, "ratio": t_iter / t_ar,
+           "bound": {c.name: c.bound(device) for c in iteration}}
+    for how in EXTRAPOLATIONS:
+        tau, measured = curve.tau(nodes, how)
+        scaled = min(tau * curve.scale(), float(curve.block_size))
+        row[how] = {"tau_measured": tau, "tau": scaled, "measured": measured,
+                    "speedup": dense.predicted_speedup(scaled, t_ar, t_iter)}
+    return row
+
+
+def best_nodes(rows: Sequence[dict]) -> dict:
+    """{extrapolation: the node budget of the highest predicted speedup} over :func:`tree_row` rows."""
+    return {how: max(rows, key=lambda r: r[how]["speedup"])["nodes"] for how in EXTRAPOLATIONS}
+
+
 def analyse(target: TargetConfig, drafter: DrafterConfig, curve: TauCurve, nodes: Sequence[int],
             context: int, devices: Sequence[str], *, batch: int = 1, weight_bytes: int = 2) -> dict:
     """Per device: t_AR, the chain's iteration and each node budget's tree iteration, their
@@ -216,25 +236,14 @@ def analyse(target: TargetConfig, drafter: DrafterConfig, curve: TauCurve, nodes
         dev = DEVICES[name]
         t_ar = dense.seconds(ar, dev)
         t_chain = dense.seconds(chain, dev)
-        rows = []
-        for n in nodes:
-            it = tree_iteration(target, drafter, bs, n, context, **kw)
-            t_iter = dense.seconds(it, dev)
-            row = {"nodes": n, "t_iter_us": 1e6 * t_iter, "ratio": t_iter / t_ar,
-                   "bound": {c.name: c.bound(dev) for c in it}}
-            for how in EXTRAPOLATIONS:
-                tau, measured = curve.tau(n, how)
-                scaled = min(tau * scale, float(bs))
-                row[how] = {"tau_measured": tau, "tau": scaled, "measured": measured,
-                            "speedup": dense.predicted_speedup(scaled, t_ar, t_iter)}
-            rows.append(row)
-        best = {how: max(rows, key=lambda r: r[how]["speedup"])["nodes"] for how in EXTRAPOLATIONS}
+        rows = [tree_row(curve, n, tree_iteration(target, drafter, bs, n, context, **kw), dev, t_ar)
+                for n in nodes]
         chain_tau = min(curve.chain * scale, float(bs))
         out[name] = {
             "t_ar_us": 1e6 * t_ar, "chain": {"t_iter_us": 1e6 * t_chain, "ratio": t_chain / t_ar,
                                               "tau_measured": curve.chain, "tau": chain_tau,
                                               "speedup": dense.predicted_speedup(chain_tau, t_ar, t_chain)},
-            "trees": rows, "best_nodes": best,
+            "trees": rows, "best_nodes": best_nodes(rows),
             "ridge_point_flop_per_byte": ridge_point(dev),
             "compute_bound_nodes": {c: compute_bound_nodes(target, drafter, bs, context, dev, c, **kw)
                                     for c in ("target linears", "target attention", "target LM head")},

@@ -389,10 +389,7 @@ def _prepare(target: Target, prompts, max_new_tokens, drafter,
         acceptance=REJECTION if proposer is not None and proposer.sampled else MATCH,
         verify=verify, out_len=round_up(max(budgets), 16),
         attention_impl=check_attention_impl(opt.attention_impl), mesh=target.mesh)
-    leaves = jax.tree_util.tree_leaves(target.params)
-    floats = [x for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]  # the largest: the compute dtype's
-    check_tree_memory(spec, B, sum(x.size * x.dtype.itemsize for x in leaves),
-                      max(floats, key=lambda x: x.size).dtype.itemsize if floats else 2)
+    check_tree_memory(spec, B, target.params)
     tokens = np.zeros((B, width), np.int32)
     for b, r in enumerate(rows):
         tokens[b, :len(r)] = r

@@ -124,20 +124,23 @@ def device_memory_bytes() -> int | None:
         return None
 
 
-def check_tree_memory(spec, batch: int, params_bytes: int = 0, itemsize: int = 2,
-                      limit: int | None = None) -> None:
+def check_tree_memory(spec, batch: int, params, limit: int | None = None) -> None:
     """Refuses, before anything compiles, a tree whose per-node records do not fit beside the
-    target's parameters (``params_bytes``; activations of ``itemsize`` bytes) in the device's
-    memory (``limit``, default :func:`device_memory_bytes`): a family whose decode state keeps
-    something per tree node says how much by ``tree_record_bytes(cfg, nodes, batch,
-    itemsize)`` (the hybrid targets' GDN layers); others keep only the tree's K/V, which the
-    cache holds anyway."""
+    target's parameters ``params`` (a pytree of arrays or shapes; activations in the dtype of
+    its largest floating leaf) in the device's memory (``limit``, default
+    :func:`device_memory_bytes`): a family whose decode state keeps something per tree node
+    says how much by ``tree_record_bytes(cfg, nodes, batch, itemsize)`` (the hybrid targets'
+    GDN layers); others keep only the tree's K/V, which the cache holds anyway."""
     measure = getattr(spec.family, "tree_record_bytes", None)
     if measure is None or not isinstance(spec.verify, TreeVerify):
         return
     limit = device_memory_bytes() if limit is None else limit
     if limit is None:
         return
+    leaves = jax.tree_util.tree_leaves(params)
+    params_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
+    floats = [x for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
+    itemsize = max(floats, key=lambda x: x.size).dtype.itemsize if floats else 2
     nodes = spec.verify.nodes
     need = measure(spec.target, nodes, batch, itemsize)
     if need["total"] + params_bytes > limit:

@@ -436,9 +436,9 @@ def test_hybrid_tree_records_have_the_stated_bytes_and_a_tree_that_does_not_fit_
         dj.generate(dj.Target(cfg, target.params), [[1, 2, 3]], 4, drafter=drafter, verify=trees.TreeVerify(8))
     # exactly enough passes the same check (the spec generate builds, asked directly)
     spec = prepare_spec(dj.Target(cfg, target.params), drafter)
-    trees.check_tree_memory(spec, 1, params, 4, limit=short + 1)
+    trees.check_tree_memory(spec, 1, target.params, limit=short + 1)
     with pytest.raises(ValueError, match="a tree of 8 nodes at batch 1"):
-        trees.check_tree_memory(spec, 1, params, 4, limit=short)
+        trees.check_tree_memory(spec, 1, target.params, limit=short)
 
 
 def prepare_spec(target, drafter):

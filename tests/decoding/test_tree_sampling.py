@@ -437,6 +437,17 @@ def bonus_from_p(tree, mask, logits, sampling, key, ops):
     return last, accepted, ops.categorical(jax.random.fold_in(key, 1), p_last)
 
 
+def tree_groups(target, prefix_logits, groups: int):
+    """``generate(tree=E_NODES, temperature=1)`` with the table tree proposer over ``groups``
+    groups of E_ROWS rows of E_PROMPT in one run: the result, and each group's fit of its first
+    E_DEPTH tokens against the target's exact law."""
+    r = dj.generate(target, [E_PROMPT] * (groups * E_ROWS), E_DEPTH,
+                    proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
+                    tree_topk=E_TOPK, temperature=1.0, seed=3)
+    joint, _ = prefix_logits.joint(1.0)
+    return r, [exact_sampling.fit(r.sequences[i * E_ROWS:(i + 1) * E_ROWS], joint, ALPHA) for i in range(groups)]
+
+
 @pytest.fixture(scope="module")
 def engine_setup():
     cfg = dj.TargetConfig("qwen3", vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=1,
@@ -466,13 +477,8 @@ def test_generate_with_a_tree_keeps_the_target_distribution(engine_setup, monkey
         return tuple(jnp.where(group1, w, r) for r, w in zip(right, wrong))
 
     monkeypatch.setattr(acceptance, "accept_tree_sampled", grouped)
-    r = dj.generate(target, [E_PROMPT] * (2 * E_ROWS), E_DEPTH,
-                    proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
-                    tree_topk=E_TOPK, temperature=1.0, seed=3)
+    r, (right, wrong) = tree_groups(target, prefix_logits, 2)
     assert traced, "the engine did not call acceptance.accept_tree_sampled"
-    joint, _ = prefix_logits.joint(1.0)
-    right = exact_sampling.fit(r.sequences[:E_ROWS], joint, ALPHA)
-    wrong = exact_sampling.fit(r.sequences[E_ROWS:], joint, ALPHA)
     first = np.array([a[0] for a in r.acceptance_lengths[:E_ROWS]])
     print(f"tree: tau {r.tau:.2f}, first acceptance lengths {np.bincount(first).tolist()}, {right}; "
           f"bonus from p: {wrong}")
@@ -524,12 +530,8 @@ def test_generate_with_a_tree_on_a_hybrid_target_keeps_the_target_distribution(h
         return right_delta(q, k, v, g, beta, state0, wrong)
 
     monkeypatch.setattr(gated_delta, "tree_delta", grouped)
-    r = dj.generate(target, [E_PROMPT] * (3 * E_ROWS), E_DEPTH,
-                    proposer=TreeTableProposer(prefix_logits), block_size=E_BLOCK, tree=E_NODES,
-                    tree_topk=E_TOPK, temperature=1.0, seed=3)
+    r, fits = tree_groups(target, prefix_logits, 3)
     assert traced, "the hybrid forward did not call gated_delta.tree_delta"
-    joint, _ = prefix_logits.joint(1.0)
-    fits = [exact_sampling.fit(r.sequences[i * E_ROWS:(i + 1) * E_ROWS], joint, ALPHA) for i in range(3)]
     first = np.array([a[0] for a in r.acceptance_lengths[:E_ROWS]])
     print(f"hybrid tree: tau {r.tau:.2f}, first acceptance lengths {np.bincount(first).tolist()}; right "
           f"{fits[0]}; sibling's state {fits[1]}; parent's state {fits[2]}")
