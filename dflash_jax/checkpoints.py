@@ -41,7 +41,11 @@ class TensorSpec(NamedTuple):
     ``transpose``: True for Linear weights ([out, in] on disk, [in, out] in the tree);
     ``shape``: the shape on disk; ``expert``: index along a stacked expert axis (after the
     layer axis), or None: a mixture-of-experts layer's per-expert tensors
-    (``mlp.experts.{e}.gate_proj.weight`` [F, D]) stack into one parameter [layers, E, D, F].
+    (``mlp.experts.{e}.gate_proj.weight`` [F, D]) stack into one parameter [layers, E, D, F];
+    ``order``: the stored tensor's rows (its first axis, before the transpose) in the order the
+    parameter keeps them (row j is stored row ``order[j]``), or None: as stored. A family whose
+    parameter regroups a fused tensor's channels names it here (the hybrid targets' GDN
+    ``in_proj_qkv`` and ``conv1d``, grouped by key head: ``nn.gated_delta.group_order``).
     """
 
     path: tuple[str, ...]
@@ -49,6 +53,7 @@ class TensorSpec(NamedTuple):
     transpose: bool
     shape: tuple[int, ...]
     expert: int | None = None
+    order: tuple[int, ...] | None = None
 
 
 def layer_tensor_specs(prefix: str, num_layers: int, D: int, H: int, Hkv: int, Dh: int, F: int,
@@ -180,6 +185,8 @@ def tensors_to_params(tensors: dict[str, np.ndarray], specs: dict[str, TensorSpe
     groups: dict[tuple[str, ...], dict[tuple[int | None, int | None], np.ndarray]] = {}
     for name, spec in specs.items():
         arr = tensors[name]
+        if spec.order is not None:
+            arr = arr[np.asarray(spec.order)]
         if spec.transpose:
             arr = arr.T
         groups.setdefault(spec.path, {})[(spec.layer, spec.expert)] = arr
@@ -281,7 +288,12 @@ def read_sharded_params(path: str | os.PathLike, specs: dict[str, TensorSpec], s
             def get(key):
                 name = by_key[key]
                 with open_safetensors(files[name]) as f:
-                    part = f.get_slice(name)[disk]
+                    if spec.order is None:
+                        part = f.get_slice(name)[disk]
+                    else:  # the rows this shard holds, read as the span that covers them
+                        rows = np.asarray(spec.order)[disk[0]]
+                        lo = int(rows.min())
+                        part = f.get_slice(name)[(slice(lo, int(rows.max()) + 1),) + tuple(disk[1:])][rows - lo]
                 return part.T if spec.transpose else part
 
             arr = _stack_parts({(i, e): None for i in picks[0] for e in picks[1]}, get)
@@ -306,6 +318,10 @@ def params_to_tensors(params: dict, specs: dict[str, TensorSpec]) -> dict[str, n
             arr = arr[spec.expert]
         if spec.transpose:
             arr = arr.T
+        if spec.order is not None:  # back to the stored order
+            stored = np.empty_like(arr)
+            stored[np.asarray(spec.order)] = arr
+            arr = stored
         out[name] = np.ascontiguousarray(arr)
     return out
 

@@ -3,7 +3,11 @@ Qwen3-Next), and its decode state with an exact rollback (``docs/targets.md``).
 
 Shapes: B rows, T block rows, Hk key heads of dk dims, Hv value heads of dv dims (Hv a multiple
 of Hk: value head h reads key head ``h // (Hv // Hk)``, ``repeat_interleave`` order),
-C = 2 Hk dk + Hv dv conv channels (q, k, v concatenated), K the conv kernel size.
+C = 2 Hk dk + Hv dv conv channels, K the conv kernel size. The channels are grouped by key
+head (:func:`group_order`): key head h's q (dk), its k (dk), then the v of its r = Hv / Hk value
+heads (r dv). A contiguous split of the channels by key heads (tensor parallelism,
+``parallel.rules``) so keeps whole groups; checkpoints store q, then k, then v, and the loader
+regroups them (``checkpoints.TensorSpec.order``).
 
 What a GDN layer computes for one row (all in float32):
 
@@ -58,6 +62,27 @@ def _ein(spec, *xs):
 def conv_channels(num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int) -> int:
     """C = 2 Hk dk + Hv dv: the conv runs over q, k and v concatenated."""
     return 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+
+
+def group_order(num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int) -> tuple[int, ...]:
+    """The grouped channel order (module docstring) as indices into the stored order (all q,
+    then all k, then all v): grouped channel j is stored channel ``order[j]``."""
+    Hk, dk, dv, r = num_k_heads, head_k_dim, head_v_dim, num_v_heads // num_k_heads
+    kd = Hk * dk
+    order: list[int] = []
+    for h in range(Hk):
+        order += range(h * dk, (h + 1) * dk)                      # q of key head h
+        order += range(kd + h * dk, kd + (h + 1) * dk)            # its k
+        order += range(2 * kd + h * r * dv, 2 * kd + (h + 1) * r * dv)  # its value heads' v
+    return tuple(order)
+
+
+def split_qkv(x: jax.Array, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int):
+    """(q [..., Hk, dk], k [..., Hk, dk], v [..., Hv, dv]) of channels x [..., C] in the
+    grouped order (:func:`group_order`)."""
+    lead, dk = x.shape[:-1], head_k_dim
+    g = x.reshape(lead + (num_k_heads, -1))
+    return g[..., :dk], g[..., dk:2 * dk], g[..., 2 * dk:].reshape(lead + (num_v_heads, head_v_dim))
 
 
 def state_elems(num_v_heads: int, head_k_dim: int, head_v_dim: int) -> int:
@@ -313,7 +338,8 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
         window: jax.Array | None = None, state0: jax.Array | None = None, form: str = "chunked",
         record: bool = False, chunk_size: int = DEFAULT_CHUNK, impl: str = "xla", tree=None):
     """A GDN layer's token mixing, from its projections to the core output (before the output
-    norm): qkv [B, T, C] (the pre-conv ``in_proj_qkv`` output, q then k then v), a, b
+    norm): qkv [B, T, C] (the pre-conv ``in_proj_qkv`` output, channels grouped by key head:
+    :func:`group_order`), a, b
     [B, T, Hv]; ``window`` [B, K-1, C] and ``state0`` float32[B, Hv, dk, dv] the layer's conv
     and recurrent state before the block (None: a sequence start).
 
@@ -328,7 +354,6 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
     if impl not in IMPLS:
         raise ValueError(f"GDN impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     B, T, C = qkv.shape
-    kd = num_k_heads * head_k_dim
     want = conv_channels(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     if C != want:
         raise ValueError(f"GDN qkv has {C} channels, expected 2 * {num_k_heads} * {head_k_dim} + "
@@ -337,10 +362,7 @@ def mix(qkv: jax.Array, a: jax.Array, b: jax.Array, *, conv_weight: jax.Array, A
         x, inputs = causal_conv1d(qkv, window, conv_weight)
     else:
         x, inputs = tree_conv1d(qkv, window, conv_weight, *tree)
-    q = x[..., :kd].reshape(B, T, num_k_heads, head_k_dim)
-    k = x[..., kd:2 * kd].reshape(B, T, num_k_heads, head_k_dim)
-    v = x[..., 2 * kd:].reshape(B, T, num_v_heads, head_v_dim)
-    q, k, v = prepare(q, k, v)
+    q, k, v = prepare(*split_qkv(x, num_k_heads, head_k_dim, num_v_heads, head_v_dim))
     g, beta = gates(a, b, A_log, dt_bias)
     if state0 is None:
         state0 = jnp.zeros((B, num_v_heads, head_k_dim, head_v_dim), jnp.float32)

@@ -20,6 +20,12 @@ over ``data``:
     (its K/V projections read all of D), so splitting it would cost an all-gather of
     [rows, D] per draft for a matrix of k*D*D (one seventh of a Qwen3-8B drafter layer).
   * KV caches [layers, batch, slots, Hkv, Dh]: batch over ``data``, KV heads over ``model``.
+  * a hybrid target's Gated DeltaNet layers split by key heads, each with its value heads
+    (``gdn_heads``): the fused q/k/v projection's and the conv's channels, kept grouped by key
+    head so that a contiguous split keeps whole groups (``nn.gated_delta.group_order``), the
+    z / a / b projections, the decay and step parameters and out_proj's rows (one psum after
+    it); the conv windows and recurrent states of the decode state likewise. Hence m must divide
+    the GDN key heads too.
 
 Expert parallelism (a mixture-of-experts target on a mesh with an ``expert`` axis,
 ``make_mesh(..., expert=e)``): the routed experts' stacked weights [E, ...] split by experts over
@@ -52,6 +58,7 @@ DATA, MODEL, EXPERT = "data", "model", "expert"
 LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA),
     ("heads", MODEL),
+    ("gdn_heads", MODEL),
     ("kv_heads", MODEL),
     ("mlp", MODEL),
     ("vocab", MODEL),
@@ -89,16 +96,20 @@ def logical_to_spec(axes, rules=LOGICAL_RULES, mesh=None) -> P:
 
 def param_logical_axes(path: tuple[str, ...], ndim: int, table=None) -> tuple[str, ...]:
     """Logical axes of the parameter at ``path`` (keys from the root) with ``ndim`` dims, by
-    ``table`` ((module, parameter) -> axes: a target family's ``param_axes``; default
-    :data:`PARAM_AXES`, the dense decoder's and the drafter's)."""
+    ``table`` ((module, parameter) -> axes, or a whole path -> axes: a target family's
+    ``param_axes``; default :data:`PARAM_AXES`, the dense decoder's and the drafter's)."""
     table = PARAM_AXES if table is None else table
-    key = tuple(path[-2:])
-    if key not in table:
-        raise KeyError(f"parameter {'/'.join(path)} has no partition rule (parallel.rules.PARAM_AXES "
-                       "or the target family's param_axes)")
-    axes = table[key]
-    if path[0] == "layers":
-        axes = ("layers",) + axes
+    path = tuple(path)
+    if path in table:  # a whole-path entry names every axis, a stacked layer axis included
+        axes = table[path]
+    else:
+        key = path[-2:]
+        if key not in table:
+            raise KeyError(f"parameter {'/'.join(path)} has no partition rule (parallel.rules.PARAM_AXES "
+                           "or the target family's param_axes)")
+        axes = table[key]
+        if path[0] == "layers":
+            axes = ("layers",) + axes
     if len(axes) != ndim:
         raise ValueError(f"parameter {'/'.join(path)} has {ndim} dims; its rule names {axes}")
     return axes

@@ -89,10 +89,11 @@ def random_target(cfg: HybridConfig, seed: int, init_scale: float = 0.35, max_le
     return dj.Target(cfg, draw(hybrid_model.param_shapes(cfg), seed, rule), max_len=max_len)
 
 
-def moe_hybrid(model_type: str) -> dj.Target:
+def moe_hybrid(model_type: str, **overrides) -> dj.Target:
     """A tiny MoE hybrid: ``qwen3_5_moe_text`` (every MLP the Qwen3.5 MoE block, shared expert
     included) or ``qwen3_next`` (the MoE block in layer 1 only, by ``decoder_sparse_step`` 2,
-    top-k weights not renormalised), GDN layers first and last."""
+    top-k weights not renormalised), GDN layers first and last (``overrides``: other config
+    fields, as :func:`hybrid_config`'s)."""
     from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
     from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
 
@@ -100,7 +101,7 @@ def moe_hybrid(model_type: str) -> dj.Target:
     moe = MoeBlockConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                          shared_expert_intermediate_size=48, norm_topk_prob=not next_)
     layers = (LINEAR, LINEAR, FULL)
-    cfg = hybrid_config("qwen3_5_moe_text", layer_types=layers, moe=moe, gdn_chunk=3)
+    cfg = hybrid_config("qwen3_5_moe_text", **{"layer_types": layers, "moe": moe, "gdn_chunk": 3, **overrides})
     if next_:
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         cfg = Qwen3NextConfig(**{**fields, "model_type": model_type}, decoder_sparse_step=2)

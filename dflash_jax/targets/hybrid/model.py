@@ -134,21 +134,26 @@ def partial_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([apply_rope(x[..., :R], cos, sin), x[..., R:]], axis=-1)
 
 
-def _dense(x, p):
+def _dense(x, p, model_axis: str | None = None):
+    """``x @ kernel + bias``; ``model_axis``: the kernel's rows are split over that mesh axis
+    (a row-parallel projection): the partial products are summed with one ``psum``, then the
+    (replicated) bias is added once."""
     y = jnp.dot(x, p["kernel"].astype(x.dtype))
+    if model_axis is not None:
+        y = jax.lax.psum(y, model_axis)
     return y + p["bias"].astype(y.dtype) if "bias" in p else y
 
 
-def swiglu(x, p):
-    """The dense MLP ``down(silu(gate x) * up x)``."""
-    return _dense(jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"]), p["down_proj"])
+def swiglu(x, p, model_axis: str | None = None):
+    """The dense MLP ``down(silu(gate x) * up x)`` (``model_axis``: its width split over it)."""
+    return _dense(jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"]), p["down_proj"], model_axis)
 
 
 def mlp(cfg, kind: str, p, x, moe_impl: str = "auto", model_axis=None, expert_axis=None):
     """Layer MLP of ``kind`` (``cfg.mlp_kind``) on x [B, T, D]."""
     if kind == "moe":
         return moe_block(cfg.moe, p, x, impl=moe_impl, model_axis=model_axis, expert_axis=expert_axis)
-    return swiglu(x, p)
+    return swiglu(x, p, model_axis)
 
 
 def gdn_form(cfg, T: int, has_state: bool, tree: bool = False) -> tuple[str, bool]:
@@ -164,11 +169,13 @@ def gdn_form(cfg, T: int, has_state: bool, tree: bool = False) -> tuple[str, boo
     return "chunked", True
 
 
-def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool, tree=None):
+def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool, tree=None, model_axis=None):
     """A GDN layer's token mixing on normed x [B, T, D] with its ``linear_attn`` parameters:
     returns (y [B, T, D], the layer's ``BlockRecord`` or None). ``window`` [B, K-1, C],
     ``state0`` float32[B, Hv, dk, dv]: the layer's state before the block (None: a start);
-    ``tree``: (visible, depth) of a tree block (``gated_delta.mix``)."""
+    ``tree``: (visible, depth) of a tree block (``gated_delta.mix``). ``model_axis``: the
+    layer's key heads (with their value heads, conv channels and gates) are split over it
+    (``cfg`` the shard's), ``out_proj`` is row-parallel."""
     B, T, _ = x.shape
     Hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     qkv = _dense(x, p["in_proj_qkv"])
@@ -181,15 +188,16 @@ def gdn_mixer(cfg, p, x, window, state0, form: str, record: bool, tree=None):
         num_v_heads=Hv, head_v_dim=dv, window=window, state0=state0, form=form, record=record,
         chunk_size=cfg.gdn_chunk, impl=cfg.gdn_impl, tree=tree)
     o = gated_delta.gated_rms_norm(o, z, p["norm"]["weight"], cfg.rms_norm_eps)
-    return _dense(o.reshape(B, T, Hv * dv).astype(x.dtype), p["out_proj"]), rec
+    return _dense(o.reshape(B, T, Hv * dv).astype(x.dtype), p["out_proj"], model_axis), rec
 
 
 def attention_mixer(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None, index,
-                    attention_impl: str = "xla", tree_visible=None):
+                    attention_impl: str = "xla", tree_visible=None, model_axis=None):
     """A gated full-attention layer on normed x [B, T, D] with its ``self_attn`` parameters,
     through attention layer ``index`` of ``cache`` (or over the block alone). Returns
     (y [B, T, D], cache). ``tree_visible`` bool[B, T, T]: a tree block's ancestor mask (``mask``
-    is then the tree's over the cache; a kernel sees the block's own rows under it)."""
+    is then the tree's over the cache; a kernel sees the block's own rows under it).
+    ``model_axis``: heads split over it (``cfg`` the shard's), ``o_proj`` row-parallel."""
     B, T, _ = x.shape
     H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qg = _dense(x, p["q_proj"]).reshape(B, T, H, 2 * Dh)
@@ -207,7 +215,7 @@ def attention_mixer(cfg, p, x, cos, sin, positions, mask, cache: KVCache | None,
     else:
         out = dot_product_attention(q, k, v, mask)
     out = out.reshape(B, T, H * Dh) * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
-    return _dense(out, p["o_proj"]), cache
+    return _dense(out, p["o_proj"], model_axis), cache
 
 
 # ---------------------------------------------------------------------------- layer runs
@@ -262,16 +270,13 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
     (the last layer's after the final norm) of GDN and attention layers alike; the state holds
     the block (``lengths = positions[:, -1] + 1``) and rolls back to any length from the one it
     had on entry (``HybridState.rollback``)."""
-    if model_axis is not None:
-        raise NotImplementedError(f"the {cfg.model_type} forward does not run tensor-parallel yet "
-                                  "(no model_axis): use one device")
     check_attention_impl(attention_impl)
     tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
     check_forward_inputs(cfg, tokens, positions, tap_layer_ids)
     B, T = tokens.shape
     if state is not None and state.batch != B:
         raise ValueError(f"state batch {state.batch} != tokens batch {B}")
-    h = embed(params, tokens)
+    h = embed(params, tokens, model_axis)
     cos, sin = rope_cos_sin(positions if tree is None else tree.positions, cfg.rotary_dim, cfg.rope)
     cache = None if state is None else state.kv
     gdn_tree = None
@@ -289,7 +294,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
     taps = jnp.zeros((K, B, T, cfg.hidden_size), h.dtype) if K else None
     form, record = gdn_form(cfg, T, state is not None, tree is not None)
     eps = cfg.rms_norm_eps
-    mlp_opts = dict(moe_impl=moe_impl, expert_axis=expert_axis)
+    mlp_opts = dict(moe_impl=moe_impl, model_axis=model_axis, expert_axis=expert_axis)
 
     def tap(taps, h, layer):
         if not K:
@@ -307,7 +312,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
         lp, mp, window, s0 = xs
         lp, mp = dequantize_tree((lp, mp), h)  # a quantized layer's matrices, in its own step (dflash_jax.quantization)
         y, rec = gdn_mixer(cfg, lp["linear_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
-                           window, s0, form, record, gdn_tree)
+                           window, s0, form, record, gdn_tree, model_axis)
         h = finish(lp, mlp_kind, mp, h, y)
         return (h, tap(taps, h, layer), layer + 1), rec
 
@@ -317,7 +322,7 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
         lp, mp = dequantize_tree((lp, mp), h)  # as in gdn_layer
         y, cache = attention_mixer(cfg, lp["self_attn"], zc_rms_norm(h, lp["input_layernorm"]["weight"], eps),
                                    cos, sin, positions, mask, cache, index, attention_impl,
-                                   None if tree is None else tree.visible)
+                                   None if tree is None else tree.visible, model_axis)
         h = finish(lp, mlp_kind, mp, h, y)
         return (h, cache, tap(taps, h, layer), layer + 1, index + 1), None
 
@@ -381,6 +386,10 @@ def forward(cfg, params, tokens, positions, state: HybridState | None = None, *,
 
 
 # ---------------------------------------------------------------------------- parameters
+STACKS = ("gdn", "attn", "mlp", "moe")
+"""The parameter tree's stacks of layers (a leading layer axis each)."""
+
+
 def param_shapes(cfg) -> dict:
     """The parameter tree with each leaf's shape (module docstring)."""
     D, V, H, Hkv, Dh = cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -24,13 +24,17 @@ expert).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from dflash_jax.checkpoints import CheckpointError, TensorSpec
 from dflash_jax.config import decoder_fields_from_hf, refuse
+from dflash_jax.nn import gated_delta, partitioning
+from dflash_jax.nn.cache import KVCache
 from dflash_jax.targets.base import TargetFamily
 from dflash_jax.targets.hybrid import model
 from dflash_jax.targets.moe import qwen3_5_moe as block
@@ -226,6 +230,7 @@ class Qwen3_5Family(TargetFamily):
         if cfg.attention_bias:
             attn += [(f"{n}.bias", (n, "bias"), False, (w,)) for n, w in
                      (("q_proj", 2 * H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh), ("o_proj", D))]
+        grouped = gated_delta.group_order(cfg.linear_num_key_heads, cfg.linear_key_head_dim, Hv, dv)
         F = cfg.intermediate_size
         dense = [("gate_proj.weight", ("gate_proj", "kernel"), True, (F, D)),
                  ("up_proj.weight", ("up_proj", "kernel"), True, (F, D)),
@@ -238,7 +243,8 @@ class Qwen3_5Family(TargetFamily):
                 specs[f"{p}{norm}.weight"] = TensorSpec((mixer, norm, "weight"), j, False, (D,))
             sub, table = ("linear_attn", gdn) if mixer == "gdn" else ("self_attn", attn)
             for name, path, transpose, shape in table:
-                specs[f"{p}{sub}.{name}"] = TensorSpec((mixer, sub) + path, j, transpose, shape)
+                order = grouped if name in self._GROUPED else None
+                specs[f"{p}{sub}.{name}"] = TensorSpec((mixer, sub) + path, j, transpose, shape, order=order)
             if mlp_kind == "moe":
                 specs.update(mlp_tensor_specs(cfg.moe, f"{p}mlp.", ("moe",), m))
             else:
@@ -248,6 +254,10 @@ class Qwen3_5Family(TargetFamily):
         if not cfg.tie_word_embeddings:
             specs["lm_head.weight"] = TensorSpec(("lm_head", "kernel"), None, True, (V, D))
         return specs
+
+    _GROUPED = ("in_proj_qkv.weight", "conv1d.weight")
+    """The GDN tensors whose channels the parameters keep grouped by key head (stored: q, k, v;
+    ``nn.gated_delta.group_order``), so that a split by heads keeps whole groups."""
 
     _GDN_TENSORS = ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight", "in_proj_b.weight",
                     "conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight")
@@ -325,6 +335,79 @@ class Qwen3_5Family(TargetFamily):
                              logit_index=logit_index, compute_logits=compute_logits,
                              attention_impl=attention_impl, model_axis=model_axis,
                              expert_axis=expert_axis, moe_impl=moe_impl, tree=tree)
+
+    # ------------------------------------------------------------------ partitioning
+    def param_axes(self, cfg: HybridConfig) -> dict:
+        """Every parameter's logical axes (``parallel.rules``), keyed by its whole path (the
+        stacks ``gdn``, ``attn``, ``mlp`` and ``moe`` carry their ``layers`` axis first): the
+        gated attention and the dense MLP as the dense decoder's (its q_proj's query-and-gate
+        pairs stay with their head); a GDN layer split by key heads over ``model``
+        (``gdn_heads``): in_proj_qkv's and the conv's channels (grouped by key head,
+        ``nn.gated_delta.group_order``), in_proj_z / a / b, A_log, dt_bias and out_proj's rows
+        by the value heads of those key heads, the output norm [dv] replicated; the MoE block's
+        experts over ``expert`` (``qwen3_5_moe.PARAM_AXES``)."""
+        gdn = {("in_proj_qkv", "kernel"): ("embed", "gdn_heads"), ("in_proj_z", "kernel"): ("embed", "gdn_heads"),
+               ("in_proj_a", "kernel"): ("embed", "gdn_heads"), ("in_proj_b", "kernel"): ("embed", "gdn_heads"),
+               ("conv1d", "kernel"): ("time", "scalar", "gdn_heads"), ("A_log",): ("gdn_heads",),
+               ("dt_bias",): ("gdn_heads",), ("norm", "weight"): ("head_dim",),
+               ("out_proj", "kernel"): ("gdn_heads", "embed")}
+        dense = {**partitioning.PARAM_AXES, **block.PARAM_AXES}
+        table: dict = {}
+
+        def add(path, leaf):
+            keys = tuple(k.key for k in path)
+            if keys[0] not in model.STACKS:
+                table[keys] = partitioning.PARAM_AXES[keys[-2:]]
+            elif keys[1] == "linear_attn":
+                table[keys] = ("layers",) + gdn[keys[2:]]
+            else:
+                table[keys] = ("layers",) + dense[keys[-2:]]
+
+        jax.tree_util.tree_map_with_path(add, model.param_shapes(cfg), is_leaf=lambda v: isinstance(v, tuple))
+        return table
+
+    def state_axes(self, cfg: HybridConfig) -> model.HybridState:
+        """The attention layers' KV cache as the dense decoder's; the GDN layers' conv windows
+        by channel and recurrent states by value head over ``model`` (the loop carries rolled
+        back states: no record)."""
+        kv = KVCache(k=partitioning.CACHE_AXES, v=partitioning.CACHE_AXES, lengths=("batch",))
+        gdn = gated_delta.GatedDeltaState(conv=("layers", "batch", "time", "gdn_heads"),
+                                          ssm=("layers", "batch", "gdn_heads", "head_dim", "head_dim"),
+                                          start=("batch",), lengths=("batch",))
+        return self.state_class(kv=kv, gdn=gdn)
+
+    def split_dims(self, cfg: HybridConfig) -> list[tuple[str, int, str]]:
+        dims = [("linear_num_key_heads", cfg.linear_num_key_heads,
+                 "GDN key heads, each with its value heads (a group is never split)"),
+                ("num_key_value_heads", cfg.num_kv_heads, "KV heads (a GQA group is never split)"),
+                ("num_attention_heads", cfg.num_heads, "query heads")]
+        if any(cfg.mlp_kind(i) == "mlp" for i in range(cfg.num_layers)):
+            dims.append(("intermediate_size", cfg.intermediate_size, "dense layers' MLP width"))
+        if cfg.moe is not None:
+            dims += [("moe_intermediate_size", cfg.moe.moe_intermediate_size, "each expert's MLP width"),
+                     ("shared_expert_intermediate_size", cfg.moe.shared_expert_intermediate_size,
+                      "the shared expert's MLP width")]
+        dims.append(("vocab_size", cfg.vocab_size, "vocabulary (embedding and LM head)"))
+        return dims
+
+    def local_config(self, cfg: HybridConfig, model_shards: int):
+        m = model_shards
+        dense = any(cfg.mlp_kind(i) == "mlp" for i in range(cfg.num_layers))
+        return dataclasses.replace(
+            cfg, num_heads=cfg.num_heads // m, num_kv_heads=cfg.num_kv_heads // m,
+            linear_num_key_heads=cfg.linear_num_key_heads // m,
+            linear_num_value_heads=cfg.linear_num_value_heads // m,
+            intermediate_size=cfg.intermediate_size // m if dense else cfg.intermediate_size,
+            moe=None if cfg.moe is None else block.block_local_config(cfg.moe, m),
+            vocab_size=cfg.vocab_size // m)
+
+    def expert_dims(self, cfg: HybridConfig) -> list[tuple[str, int, str]]:
+        return [] if cfg.moe is None else block.expert_dims(cfg.moe)
+
+    def expert_local_config(self, cfg: HybridConfig, expert: int):
+        """Unchanged: the router scores every expert on every shard, and the block takes its
+        local expert count from its weights."""
+        return cfg
 
     # ------------------------------------------------------------------ size model
     def gdn_matrix_params(self, cfg) -> int:
