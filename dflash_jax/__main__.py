@@ -49,6 +49,8 @@ COMMANDS = {
                           "where a DFlash iteration's time goes (draft parts, verify 1/4/8/16 rows, accept) vs an AR step"),
     "parallel-speed": ("dflash_jax.tools.parallel_speed", "AR step and DFlash iteration time on every (data, model) mesh of 8 devices"),
     "parallel-comm": ("dflash_jax.tools.parallel_comm", "tensor-parallel communication model on paper: collectives, comm share, which mesh"),
+    "hybrid-plan": ("dflash_jax.tools.hybrid_plan",
+                    "memory and communication plans of Qwen3.5 hybrid targets on GPU meshes, predicted iteration / AR step"),
     "train-memory": ("dflash_jax.tools.train_memory", "peak memory of a drafter training step, dense vs chunked attention, per mesh"),
     "gpu-compile": ("dflash_jax.tools.gpu_compile",
                     "compile the block-attention kernel for H100/H200/B200 without a GPU: registers, spills, occupancy"),
@@ -81,7 +83,7 @@ GROUPS = {
     "embedded-model recipe (how the shipped default pair was made)":
         ["build-corpus", "pretrain", "export-target", "embedded-prompts", "build-embedded"],
     "GPU and parallel diagnostics": ["roofline", "gpu-compile", "gpu-suite", "kernel-speed", "moe-layer-speed",
-                                     "gdn-kernel-speed", "gdn-rollback", "hybrid-speed", "parallel-speed", "parallel-comm", "train-memory"],
+                                     "gdn-kernel-speed", "gdn-rollback", "hybrid-speed", "parallel-speed", "parallel-comm", "hybrid-plan", "train-memory"],
 }
 SCRIPT = "dflash-jax"  # the console script ([project.scripts] in pyproject.toml)
 

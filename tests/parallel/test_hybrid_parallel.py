@@ -20,6 +20,7 @@ not divide are a one-line error naming the field.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from support.multidevice import shared_run
@@ -42,6 +43,7 @@ assert jax.device_count() == 8, jax.devices()
 V, BLOCK = 16, 4  # a small vocabulary: random drafters get drafts accepted
 prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 0], [3, 3]]  # ragged
 TREE = TreeVerify(6, topk=2)
+ALTERNATING = ("linear_attention", "full_attention", "linear_attention")
 
 COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|"
                         r"collective-permute|reduce-scatter)(?:-start)?\(.*?replica_groups=(\S+)")
@@ -69,7 +71,7 @@ def collectives(target, drafter):
         spans = sorted({mesh.axis_names[a] for g in gs for a in range(len(mesh.axis_names))
                         if len({int(position[i][a]) for i in g}) > 1})
         out.append({"kind": m.group(3), "dtype": m.group(1), "dims": [int(d) for d in m.group(2).split(",") if d],
-                    "spans": spans})
+                    "spans": spans, "group": len(gs[0])})
     return out
 
 def runs(target, drafter):
@@ -84,7 +86,9 @@ MODELS = {
     "qwen3_5_text": (lambda: random_target(hybrid_config(vocab_size=V, linear_num_key_heads=4,
                                                           linear_num_value_heads=8, num_kv_heads=4), seed=3),
                      [dict(data=2, model=4)]),
-    "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V),
+    # layers of alternating kinds: no run of one kind is a scan, so each collective of the
+    # compiled loop is one instruction per layer (what test_plan_collectives counts)
+    "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V, layer_types=ALTERNATING),
                          [dict(data=2, expert=2, model=2), dict(data=4, model=2)]),
     "qwen3_next": (lambda: moe_hybrid("qwen3_next", vocab_size=V, gdn_rollback="snapshot"),
                    [dict(data=2, expert=2, model=2)]),
@@ -105,6 +109,8 @@ for name, (make, meshes) in MODELS.items():
         la = target.params["gdn"]["linear_attn"]
         res["shards"] = {n: [shard(la[n]["kernel"]), list(la[n]["kernel"].shape)]
                          for n in ("in_proj_qkv", "conv1d", "in_proj_z", "out_proj")}
+        res["device_bytes"] = sum(int(np.prod(shard(x))) * x.dtype.itemsize
+                                  for x in jax.tree_util.tree_leaves(target.params))
         if i == 0:
             logits = np.asarray(parallel.target_logits(target, few))
             res["logits_err"] = float(np.max(np.abs(logits - ref_logits)))
@@ -113,8 +119,9 @@ for name, (make, meshes) in MODELS.items():
             gdn = pre.state.tcache.gdn
             res["state"] = {"conv": [shard(gdn.conv), list(gdn.conv.shape)],
                             "ssm": [shard(gdn.ssm), list(gdn.ssm.shape)]}
-        if name == "qwen3_5_text":
+        if name != "qwen3_next" and i == 0:
             res["collectives"] = collectives(target, d)
+        if name == "qwen3_5_text":
             # a checkpoint read straight onto the mesh, each device reading its own slices of the
             # stored q/k/v-ordered tensors (checkpoints.read_sharded_params, TensorSpec.order)
             import tempfile
@@ -209,3 +216,57 @@ def test_a_checkpoint_reads_straight_onto_the_mesh(hp):
 def test_bad_mesh_is_a_clear_error(hp):
     e = hp["errors"]["key_heads"]
     assert "linear_num_key_heads=2" in e and "not divisible by 4" in e and "Model-axis sizes that fit: [1, 2]" in e
+
+
+# ---------------------------------------------------------------------------- the plan model
+def _tiny(model):
+    """The subprocess's configs and drafter config, rebuilt here (shapes only, no weights)."""
+    from dflash_jax.methods.dflash.config import DrafterConfig
+    from support.hybrid_targets import hybrid_config
+    from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
+    from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
+    from dflash_jax.targets.hybrid.config import FULL, LINEAR
+    import dataclasses
+
+    if model == "qwen3_5_text":
+        cfg = hybrid_config(vocab_size=16, linear_num_key_heads=4, linear_num_value_heads=8, num_kv_heads=4)
+    else:  # support.hybrid_targets.moe_hybrid's configs
+        nxt = model == "qwen3_next"
+        moe = MoeBlockConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                             shared_expert_intermediate_size=48, norm_topk_prob=not nxt)
+        layers = (LINEAR, LINEAR, FULL) if nxt else (LINEAR, FULL, LINEAR)
+        cfg = hybrid_config("qwen3_5_moe_text", vocab_size=16, layer_types=layers, moe=moe, gdn_chunk=3)
+        if nxt:
+            fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+            cfg = Qwen3NextConfig(**{**fields, "model_type": model}, decoder_sparse_step=2)
+    return cfg, DrafterConfig.for_target(cfg, 1, 4, cfg.vocab_size - 1)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
+def test_plan_weights_per_device_are_the_placed_shards(hp, model):
+    """``hybrid-plan``'s weights per device (``tools/hybrid_plan.py``, from the partition rules)
+    equal the bytes one device of each mesh holds in the engine (float32 here)."""
+    from dflash_jax.tools import hybrid_plan
+
+    cfg, _ = _tiny(model)
+    for mesh, res in hp[model]["meshes"].items():
+        sizes = tuple(map(int, mesh.split("x")))
+        assert hybrid_plan.weight_bytes_per_device(cfg, sizes, itemsize=4) == res["device_bytes"], mesh
+
+
+@pytest.mark.parametrize("model,mesh", [("qwen3_5_text", "2x1x4"), ("qwen3_5_moe_text", "2x2x2")])
+def test_plan_collectives_are_the_compiled_loops(hp, model, mesh):
+    """``hybrid-plan``'s collectives of one DFlash iteration (the drafter's, then the verify's),
+    per kind, payload and group, equal those of the compiled decode loop: 2 rows per data shard,
+    block 4, float32; the MoE block's all-reduce over the 4 devices of expert x model. (The
+    layers alternate kinds, so the loop holds one instruction per layer's collective.)"""
+    from dflash_jax.tools import hybrid_plan
+
+    cfg, drafter = _tiny(model)
+    sizes = tuple(map(int, mesh.split("x")))
+    modelled = hybrid_plan.drafter_collectives(drafter, sizes, batch=2, act_bytes=4) + \
+        hybrid_plan.target_collectives(cfg, 4, sizes, batch=2, act_bytes=4)
+    want = sorted((c.kind, c.payload, c.group) for c in modelled for _ in range(c.count))
+    found = hp[model]["meshes"][mesh]["collectives"]
+    got = sorted((c["kind"], 4 * int(np.prod(c["dims"])), c["group"]) for c in found)
+    assert got == want
