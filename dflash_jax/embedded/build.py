@@ -103,7 +103,7 @@ def add_arguments(p) -> None:
                    help="install into the package's shipped dflash_jax/assets, replacing the embedded "
                         "default (the only way to write there)")
     p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    p.add_argument("--preset", default="cpu", choices=["cpu", "gpu", "tiny"], help="model size of the target")
+    p.add_argument("--preset", default="cpu", choices=sorted(MODEL_PRESETS), help="model size of the target")
     p.add_argument("--target-steps", type=int, default=1200, help="pretraining steps")
     p.add_argument("--num-prompts", type=int, default=4000,
                    help=f"drafter training prompts ({EVAL_PROMPTS} of them held out to measure tau)")

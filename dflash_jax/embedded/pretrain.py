@@ -45,6 +45,14 @@ MODEL_PRESETS = {
                 num_kv_heads=4, head_dim=64),
     "tiny": dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                  head_dim=8),  # tests
+    # a small hybrid (Qwen3.5-shaped) target: three Gated DeltaNet layers and one gated
+    # attention layer, GDN 4 key / 8 value heads of 32, partial RoPE; for a trained hybrid pair
+    # (tree-bench and the tree ablation on a hybrid target, results/hybrid/pair)
+    "hybrid-cpu": dict(model_type="qwen3_5_text", hidden_size=256, intermediate_size=768, num_layers=4,
+                       num_heads=4, num_kv_heads=2, head_dim=64,
+                       layer_types=["linear_attention"] * 3 + ["full_attention"],
+                       linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
+                       linear_value_head_dim=32, linear_conv_kernel_dim=4, partial_rotary_factor=0.25),
 }
 
 
@@ -82,8 +90,16 @@ class PretrainConfig:
 def model_config(preset: str, vocab_size: int, eos_id: int, max_len: int = 2048) -> TargetConfig:
     if preset not in MODEL_PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    fields = dict(MODEL_PRESETS[preset])
+    model_type = fields.pop("model_type", "qwen3")
+    if model_type != "qwen3":  # a hybrid preset: its family's config class
+        from dflash_jax.targets.hybrid import HybridConfig
+
+        return HybridConfig(model_type=model_type, vocab_size=vocab_size, max_position_embeddings=max_len,
+                            tie_word_embeddings=True, eos_token_id=(eos_id,),
+                            **{**fields, "layer_types": tuple(fields["layer_types"])})
     return TargetConfig(model_type="qwen3", vocab_size=vocab_size, max_position_embeddings=max_len,
-                        tie_word_embeddings=True, eos_token_id=(eos_id,), **MODEL_PRESETS[preset])
+                        tie_word_embeddings=True, eos_token_id=(eos_id,), **fields)
 
 
 def lm_loss(params, cfg: TargetConfig, tokens):
