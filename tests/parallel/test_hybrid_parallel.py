@@ -7,7 +7,7 @@ experts over ``expert``; on 8 host CPU devices in ONE subprocess (``tests/suppor
 Oracle: the single-device engine on the same weights (itself checked against transformers and
 against AR decoding in ``tests/targets/test_hybrid_exact.py``). Tiny random ``qwen3_5_text``
 (4 key heads, 8 value heads, 4 KV heads) on (data, model) = (2, 4); ``qwen3_5_moe_text`` (every
-MLP the MoE block, 4 experts) on (data, expert, model) = (2, 2, 2) and (data, model) = (4, 2);
+MLP the MoE block, 4 experts) on (data, expert, model) = (2, 2, 2), (4, 1, 2) and (2, 4, 1);
 ``qwen3_next`` (dense and MoE MLPs mixed, ``gdn_rollback="snapshot"``) on (2, 2, 2): greedy AR,
 DFlash and tree (6 nodes, top 2) tokens and acceptance lengths equal to one device, drafts
 accepted (so both rollback records are undone per shard), logits within float32 tolerance, the
@@ -89,7 +89,7 @@ MODELS = {
     # layers of alternating kinds: no run of one kind is a scan, so each collective of the
     # compiled loop is one instruction per layer (what test_plan_collectives counts)
     "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V, layer_types=ALTERNATING),
-                         [dict(data=2, expert=2, model=2), dict(data=4, model=2)]),
+                         [dict(data=2, expert=2, model=2), dict(data=4, model=2), dict(data=2, expert=4)]),
     "qwen3_next": (lambda: moe_hybrid("qwen3_next", vocab_size=V, gdn_rollback="snapshot"),
                    [dict(data=2, expert=2, model=2)]),
 }
@@ -141,7 +141,7 @@ emit(result)
 
 CASES = [("qwen3_5_text", "2x1x4", run) for run in ("ar", "dflash", "tree")] + \
         [("qwen3_5_moe_text", "2x2x2", run) for run in ("ar", "dflash", "tree")] + \
-        [("qwen3_5_moe_text", "4x1x2", "dflash")] + \
+        [("qwen3_5_moe_text", "4x1x2", "dflash"), ("qwen3_5_moe_text", "2x4x1", "dflash")] + \
         [("qwen3_next", "2x2x2", run) for run in ("ar", "dflash", "tree")]
 
 
