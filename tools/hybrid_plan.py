@@ -55,7 +55,7 @@ from dflash_jax.targets.hybrid import model as hybrid_model
 from dflash_jax.targets.moe.qwen3_5_moe import expected_active_experts
 from dflash_jax.tools import roofline as dense
 from dflash_jax.tools import roofline_hybrid as rh
-from dflash_jax.tools.parallel_comm import LATENCY_US, MEMORY_FRACTION, NODES, shard
+from dflash_jax.tools.parallel_comm import LATENCY_US, MEMORY_FRACTION, NODES, Collective, shard
 
 _MOE_HF = dict(model_type="qwen3_5_moe_text", vocab_size=248320, head_dim=256, full_attention_interval=4,
                linear_num_key_heads=16, linear_num_value_heads=64, linear_key_head_dim=128,
@@ -146,22 +146,17 @@ def state_bytes(cfg, mesh: tuple[int, int, int], itemsize: int = 2) -> dict:
 
 # ---------------------------------------------------------------------------- collectives
 @dataclasses.dataclass(frozen=True)
-class Coll:
-    """``count`` collectives of one ``kind`` over a group of ``group`` devices, each with a
-    result buffer of ``payload`` bytes on every device."""
+class Coll(Collective):
+    """A ``parallel_comm.Collective`` over a group of ``group`` devices (the model axis, or the
+    expert x model group of an MoE block)."""
 
-    name: str
-    kind: str
-    count: int
-    payload: float
-    group: int
+    group: int = 1
 
-    def link_bytes(self) -> float:
-        g = self.group
-        return (2 * (g - 1) / g if self.kind == "all-reduce" else (g - 1) / g) * self.payload
+    def link_bytes(self, p: int | None = None) -> float:
+        return super().link_bytes(self.group if p is None else p)
 
     def seconds(self, link_bandwidth: float, latency: float) -> float:
-        return self.count * (latency + self.link_bytes() / link_bandwidth) if self.group > 1 else 0.0
+        return super().seconds(self.group, link_bandwidth, latency)
 
 
 def _argmax(prefix: str, rows: int, m: int, batch: int) -> list[Coll]:
@@ -204,7 +199,7 @@ def drafter_collectives(drafter: DrafterConfig, mesh: tuple[int, int, int], batc
 def comm(colls, node, latency: float) -> dict:
     return {"collectives": sum(c.count for c in colls),
             "payload_bytes": sum(c.count * c.payload for c in colls),
-            "link_bytes": sum(c.count * c.link_bytes() for c in colls if c.group > 1),
+            "link_bytes": sum(c.count * c.link_bytes() for c in colls),
             "seconds": sum(c.seconds(node.link_bandwidth, latency) for c in colls)}
 
 
