@@ -7,9 +7,10 @@ experts over ``expert``; on 8 host CPU devices in ONE subprocess (``tests/suppor
 Oracle: the single-device engine on the same weights (itself checked against transformers and
 against AR decoding in ``tests/targets/test_hybrid_exact.py``). Tiny random ``qwen3_5_text``
 (4 key heads, 8 value heads, 4 KV heads) on (data, model) = (2, 4); ``qwen3_5_moe_text`` (every
-MLP the MoE block, 4 experts) on (data, expert, model) = (2, 2, 2), (4, 1, 2) and (2, 4, 1);
-``qwen3_next`` (dense and MoE MLPs mixed, ``gdn_rollback="snapshot"``) on (2, 2, 2): greedy AR,
-DFlash and tree (6 nodes, top 2) tokens and acceptance lengths equal to one device, drafts
+MLP the MoE block, 4 experts) and ``qwen3_next`` (dense and MoE MLPs mixed,
+``gdn_rollback="snapshot"``) on (data, expert, model) = (2, 2, 2) and (4, 1, 2): greedy AR,
+DFlash and tree (6 nodes, top 2) tokens and acceptance lengths equal to one device (and DFlash
+on the expert-only mesh (2, 4, 1) for ``qwen3_5_moe_text``), drafts
 accepted (so both rollback records are undone per shard), logits within float32 tolerance, the
 GDN parameters and decode state held 1 / m per device by head. The compiled DFlash loop's
 collectives are the stated ones: all-reduces of [rows, block, D] float32 within ``model`` (or
@@ -74,24 +75,30 @@ def collectives(target, drafter):
                     "spans": spans, "group": len(gs[0])})
     return out
 
-def runs(target, drafter):
-    out = {"ar": dj.generate(target, prompts, 12).sequences}
+ALL = ("ar", "dflash", "tree")
+
+def runs(target, drafter, which=ALL):
+    out = {}
+    if "ar" in which:
+        out["ar"] = dj.generate(target, prompts, 12).sequences
     for run, opts in (("dflash", {}), ("tree", {"verify": TREE})):
-        r = dj.generate(target, prompts, 12, drafter=drafter, **opts)
-        out[run] = [r.sequences, r.acceptance_lengths]
+        if run in which:
+            r = dj.generate(target, prompts, 12, drafter=drafter, **opts)
+            out[run] = [r.sequences, r.acceptance_lengths]
     return out
 
 shard = lambda x: list(x.sharding.shard_shape(x.shape))
 MODELS = {
     "qwen3_5_text": (lambda: random_target(hybrid_config(vocab_size=V, linear_num_key_heads=4,
                                                           linear_num_value_heads=8, num_kv_heads=4), seed=3),
-                     [dict(data=2, model=4)]),
+                     [(dict(data=2, model=4), ALL)]),
     # layers of alternating kinds: no run of one kind is a scan, so each collective of the
     # compiled loop is one instruction per layer (what test_plan_collectives counts)
     "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V, layer_types=ALTERNATING),
-                         [dict(data=2, expert=2, model=2), dict(data=4, model=2), dict(data=2, expert=4)]),
+                         [(dict(data=2, expert=2, model=2), ALL), (dict(data=4, model=2), ALL),
+                          (dict(data=2, expert=4), ("dflash",))]),
     "qwen3_next": (lambda: moe_hybrid("qwen3_next", vocab_size=V, gdn_rollback="snapshot"),
-                   [dict(data=2, expert=2, model=2)]),
+                   [(dict(data=2, expert=2, model=2), ALL), (dict(data=4, model=2), ALL)]),
 }
 few = [p[:2] for p in prompts]
 result = {}
@@ -100,12 +107,12 @@ for name, (make, meshes) in MODELS.items():
     drafter = random_drafter(single, BLOCK, seed=0)
     ref_logits = np.asarray(parallel.target_logits(single, few))
     result[name] = {"single": runs(single, drafter), "meshes": {}}
-    for i, sizes in enumerate(meshes):
+    for i, (sizes, which) in enumerate(meshes):
         mesh = parallel.make_mesh(**sizes)
         target = dj.Target(single.config, single.params, mesh=mesh)
         d = dj.Drafter(drafter.config, drafter.params, mesh=mesh)
         key = "x".join(str(sizes.get(a, 1)) for a in ("data", "expert", "model"))
-        res = runs(target, d) if i == 0 else {"dflash": runs(target, d)["dflash"]}
+        res = runs(target, d, which)
         la = target.params["gdn"]["linear_attn"]
         res["shards"] = {n: [shard(la[n]["kernel"]), list(la[n]["kernel"].shape)]
                          for n in ("in_proj_qkv", "conv1d", "in_proj_z", "out_proj")}
@@ -139,10 +146,11 @@ result["errors"] = {"key_heads": error(lambda: dj.Target(odd, None, mesh=paralle
 emit(result)
 """
 
-CASES = [("qwen3_5_text", "2x1x4", run) for run in ("ar", "dflash", "tree")] + \
-        [("qwen3_5_moe_text", "2x2x2", run) for run in ("ar", "dflash", "tree")] + \
-        [("qwen3_5_moe_text", "4x1x2", "dflash"), ("qwen3_5_moe_text", "2x4x1", "dflash")] + \
-        [("qwen3_next", "2x2x2", run) for run in ("ar", "dflash", "tree")]
+RUNS = ("ar", "dflash", "tree")
+CASES = [(model, mesh, run) for model, mesh in (("qwen3_5_text", "2x1x4"), ("qwen3_5_moe_text", "2x2x2"),
+                                                ("qwen3_5_moe_text", "4x1x2"), ("qwen3_next", "2x2x2"),
+                                                ("qwen3_next", "4x1x2")) for run in RUNS] + \
+        [("qwen3_5_moe_text", "2x4x1", "dflash")]
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +163,12 @@ def hp(tmp_path_factory):
 def test_greedy_equal_to_one_device(hp, model, mesh, run):
     single, res = hp[model]["single"][run], hp[model]["meshes"][mesh]
     assert res[run] == single, f"{model} {run} differs on mesh {mesh}"
+
+
+def test_cases_cover_every_mesh_run(hp):
+    ran = {(m, mesh, run) for m in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+           for mesh, res in hp[m]["meshes"].items() for run in RUNS if run in res}
+    assert ran == set(CASES)
 
 
 def test_one_device_runs_are_ar_and_accept_drafts(hp):
