@@ -101,11 +101,7 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
 
 
 def test_pretrain_learns_resumes_exactly_and_exports(built, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from dflash_jax import load_target
-    from dflash_jax.targets import target_forward
 
     out, _ = built
     cfg = PretrainConfig(steps=12, batch_size=4, learning_rate=3e-3, checkpoint_every=4, eval_every=6,
@@ -127,7 +123,17 @@ def test_pretrain_learns_resumes_exactly_and_exports(built, tmp_path):
     assert facts["steps"] == 12 and facts["tokens_seen"] == 12 * 4 * 32
     target = load_target(tmp_path / "hf")
     assert target.tokenizer is not None and target.tokenizer.mask_token == "<|mask|>"
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert_transformers_computes_the_same(target, tmp_path / "hf")
+
+
+def assert_transformers_computes_the_same(target, hf_dir):
+    """transformers' model of the exported directory gives our target's logits on a few tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_jax.targets import target_forward
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     ids = np.array([[3, 50, 7, 120, 9, 33]])
     with torch.no_grad():
         ref = model(torch.tensor(ids)).logits.numpy()
@@ -140,11 +146,7 @@ def test_the_hybrid_preset_pretrains_and_exports_what_transformers_loads(built, 
     attention layer) trains in the same loop and exports a ``qwen3_5_text`` directory that
     transformers loads as the same model (its GDN channels regrouped on reading, restored on
     writing)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from dflash_jax import load_target
-    from dflash_jax.targets import target_forward
 
     out, _ = built
     cfg = PretrainConfig(steps=2, batch_size=2, learning_rate=3e-3, checkpoint_every=2, eval_every=0, eval_rows=4)
@@ -152,12 +154,7 @@ def test_the_hybrid_preset_pretrains_and_exports_what_transformers_loads(built, 
     export_target(str(tmp_path / "h"), out, str(tmp_path / "hf"), dtype=np.float32)
     target = load_target(tmp_path / "hf")
     assert target.config.model_type == "qwen3_5_text" and target.config.gdn_layers == (0, 1, 2)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
-    ids = np.array([[3, 50, 7, 120, 9, 33]])
-    with torch.no_grad():
-        ref = model(torch.tensor(ids)).logits.numpy()
-    ours, _, _ = target_forward(target.config, target.params, ids, np.arange(6)[None])
-    np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
+    assert_transformers_computes_the_same(target, tmp_path / "hf")
 
 
 def test_finetune_corpus_and_pretrain_init_from(built, sources, tmp_path):

@@ -30,7 +30,6 @@ from support.multidevice import shared_run
 pytestmark = [pytest.mark.multidevice, pytest.mark.xdist_group("expert_parallel"), pytest.mark.slow]
 
 CODE = r"""
-import re
 import numpy as np
 import jax
 import dflash_jax as dj
@@ -43,6 +42,7 @@ from dflash_jax.methods.dflash.model import init_drafter_params
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.targets.moe import Qwen3MoeConfig
 from dflash_jax.verification.tree import TreeVerify
+from support.hlo_collectives import collectives
 from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
@@ -122,32 +122,6 @@ MODELS = {
     "gemma4": (gemma, gemma_params, gemma.num_layers, gemma.num_layers,
                {(2, 2, 2): ("ar", "dflash"), (1, 4, 2): ("dflash",)}),
 }
-
-COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|"
-                        r"collective-permute|reduce-scatter)(?:-start)?\(.*?replica_groups=(\S+)")
-
-def groups(text):
-    if text.startswith("{"):
-        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", text[1:-1])]
-    m = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)  # iota form
-    dims = [int(d) for d in m.group(3).split(",")]
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if m.group(4):
-        ids = ids.transpose([int(d) for d in m.group(4).split(",")])
-    return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
-
-def collectives(hlo, mesh):
-    # every collective of a compiled program: kind, dtype, elements, the mesh axes its groups span
-    position = {i: np.unravel_index(i, mesh.devices.shape) for i in range(mesh.devices.size)}
-    out = []
-    for m in COLLECTIVE.finditer(hlo):
-        dims = [int(d) for d in m.group(2).split(",") if d]
-        gs = groups(m.group(4))
-        spans = sorted({mesh.axis_names[a] for g in gs for a in range(len(mesh.axis_names))
-                        if len({int(position[i][a]) for i in g}) > 1})
-        out.append({"kind": m.group(3), "dtype": m.group(1), "elements": int(np.prod(dims)),
-                    "spans": spans, "group": len(gs[0])})
-    return out
 
 def host_random(shapes, seed):
     # the project's random init (nn.layers.random_init: norms 1, biases 0, the rest

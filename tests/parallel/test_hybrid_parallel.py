@@ -29,7 +29,6 @@ from support.multidevice import shared_run
 pytestmark = [pytest.mark.multidevice, pytest.mark.xdist_group("hybrid_parallel"), pytest.mark.slow]
 
 CODE = r"""
-import re
 import numpy as np
 import jax
 import dflash_jax as dj
@@ -38,6 +37,7 @@ from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.verification.tree import TreeVerify
 from support.hybrid_targets import hybrid_config, moe_hybrid, random_drafter, random_target
+from support.hlo_collectives import collectives
 from support.multidevice import emit, error
 
 assert jax.device_count() == 8, jax.devices()
@@ -46,34 +46,12 @@ prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 0], [3, 3]]  # r
 TREE = TreeVerify(6, topk=2)
 ALTERNATING = ("linear_attention", "full_attention", "linear_attention")
 
-COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|all-to-all|"
-                        r"collective-permute|reduce-scatter)(?:-start)?\(.*?replica_groups=(\S+)")
-
-def groups(text):
-    if text.startswith("{"):
-        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", text[1:-1])]
-    m = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)  # iota form
-    dims = [int(d) for d in m.group(3).split(",")]
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if m.group(4):
-        ids = ids.transpose([int(d) for d in m.group(4).split(",")])
-    return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
-
-def collectives(target, drafter):
-    # every collective of the compiled DFlash decode loop: kind, dtype, dims, the mesh axes it spans
+def loop_collectives(target, drafter):
+    # every collective of the compiled DFlash decode loop (support.hlo_collectives)
     pre = prepare_decode(target, prompts, 12, drafter=drafter)
     hlo = engine.decode.lower(target.params, pre.drafter_params, pre.state, pre.max_new, pre.stop_ids,
                               np.int32(4), spec=pre.spec).compile().as_text()
-    mesh = target.mesh
-    position = {i: np.unravel_index(i, mesh.devices.shape) for i in range(mesh.devices.size)}
-    out = []
-    for m in COLLECTIVE.finditer(hlo):
-        gs = groups(m.group(4))
-        spans = sorted({mesh.axis_names[a] for g in gs for a in range(len(mesh.axis_names))
-                        if len({int(position[i][a]) for i in g}) > 1})
-        out.append({"kind": m.group(3), "dtype": m.group(1), "dims": [int(d) for d in m.group(2).split(",") if d],
-                    "spans": spans, "group": len(gs[0])})
-    return out
+    return collectives(hlo, target.mesh)
 
 ALL = ("ar", "dflash", "tree")
 
@@ -127,7 +105,7 @@ for name, (make, meshes) in MODELS.items():
             res["state"] = {"conv": [shard(gdn.conv), list(gdn.conv.shape)],
                             "ssm": [shard(gdn.ssm), list(gdn.ssm.shape)]}
         if name != "qwen3_next" and i == 0:
-            res["collectives"] = collectives(target, d)
+            res["collectives"] = loop_collectives(target, d)
         if name == "qwen3_5_text":
             # a checkpoint read straight onto the mesh, each device reading its own slices of the
             # stored q/k/v-ordered tensors (checkpoints.read_sharded_params, TensorSpec.order)
