@@ -368,15 +368,19 @@ def readme(table: dict, md: str) -> str:
     if table["preset"] == "smoke":
         lines += [f"**This is a smoke run**: {SMOKE_NOTE.split(': ', 1)[1]}.", ""]
     load = table["load_average"]
-    lines += [__doc__.split("\n\n")[0].replace("\n", " "), "",
+    intro = __doc__.split("\n\n")[0].replace("\n", " ")
+    shipped = s["target"] == "embedded" and s["drafter"] == "embedded"
+    if not shipped:  # another pair: name it instead of the shipped one
+        intro = intro.replace("the embedded pair's shipped drafter", f"the drafter {s['drafter']} of the target {s['target']}")
+    lines += [intro, "",
               f"Command: `{table['command']}`", "",
               f"Machine: {env['device']} ({env['platform']}, {env.get('cpu_model') or ''} {env['cpu_count']} cores), "
               f"jax {env['jax']}; load average (1, 5, 15 min) {load['before']} before and {load['after']} after; "
               f"{table['minutes']:.1f} minutes. The speedups and the iteration cost depend on the load (other jobs "
               "shared the 2 cores); tau and the outputs do not.", "",
               "## Settings", "",
-              f"- pair: target {s['target']}, drafter {s['drafter']} (the shipped one, trained at block 16; no "
-              "training here)",
+              f"- pair: target {s['target']}, drafter {s['drafter']} "
+              + ("(the shipped one, trained at block 16; no training here)" if shipped else "(no training here)"),
               f"- grid: verify {', '.join(str(n) for n in s['nodes'])} x inference block {', '.join(map(str, s['block_sizes']))}; "
               f"trees grown best-first from the drafter's per-depth log-probabilities, top-{s['tree_topk']} "
               "children per node, depth <= block - 1 (docs/trees.md)",
