@@ -292,12 +292,9 @@ def plan_rows(models, context: int, tau: float, latency: float, memory_fraction:
 
 
 def weight_bytes_per_device_drafter(drafter: DrafterConfig, m: int, itemsize: int = 2) -> int:
-    """The drafter's layers split over ``model`` (its fc and norms whole; it shares the target's
-    embedding and head)."""
-    d = shard(drafter, m)
-    D = d.hidden_size
-    per_layer = D * d.head_dim * (2 * d.num_heads + 2 * d.num_kv_heads) + 3 * D * d.intermediate_size
-    return itemsize * (d.num_layers * per_layer + d.num_taps * D * D)
+    """The drafter's parameters on one device (its method's size model of the ``model`` shard:
+    its layers split, its fc and norms whole; it shares the target's embedding and head)."""
+    return itemsize * dense._drafter_params(shard(drafter, m))
 
 
 # ---------------------------------------------------------------------------- report
