@@ -36,7 +36,7 @@ from dflash_jax import parallel
 from dflash_jax.decoding import engine
 from dflash_jax.decoding.prepare import prepare_decode
 from dflash_jax.verification.tree import TreeVerify
-from support.hybrid_targets import hybrid_config, moe_hybrid, random_drafter, random_target
+from support.hybrid_targets import LAYER_TYPES, hybrid_config, moe_hybrid, random_drafter, random_target
 from support.hlo_collectives import collectives
 from support.multidevice import emit, error
 
@@ -44,7 +44,6 @@ assert jax.device_count() == 8, jax.devices()
 V, BLOCK = 16, 4  # a small vocabulary: random drafters get drafts accepted
 prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 0], [3, 3]]  # ragged
 TREE = TreeVerify(6, topk=2)
-ALTERNATING = ("linear_attention", "full_attention", "linear_attention")
 
 def loop_collectives(target, drafter):
     # every collective of the compiled DFlash decode loop (support.hlo_collectives)
@@ -72,7 +71,7 @@ MODELS = {
                      [(dict(data=2, model=4), ALL)]),
     # layers of alternating kinds: no run of one kind is a scan, so each collective of the
     # compiled loop is one instruction per layer (what test_plan_collectives counts)
-    "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V, layer_types=ALTERNATING),
+    "qwen3_5_moe_text": (lambda: moe_hybrid("qwen3_5_moe_text", vocab_size=V, layer_types=LAYER_TYPES),
                          [(dict(data=2, expert=2, model=2), ALL), (dict(data=4, model=2), ALL),
                           (dict(data=2, expert=4), ("dflash",))]),
     "qwen3_next": (lambda: moe_hybrid("qwen3_next", vocab_size=V, gdn_rollback="snapshot"),
@@ -214,23 +213,14 @@ def test_bad_mesh_is_a_clear_error(hp):
 def _tiny(model):
     """The subprocess's configs and drafter config, rebuilt here (shapes only, no weights)."""
     from dflash_jax.methods.dflash.config import DrafterConfig
-    from support.hybrid_targets import hybrid_config
-    from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
-    from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
-    from dflash_jax.targets.hybrid.config import FULL, LINEAR
-    import dataclasses
+    from support.hybrid_targets import LAYER_TYPES, hybrid_config, moe_hybrid_config
 
     if model == "qwen3_5_text":
         cfg = hybrid_config(vocab_size=16, linear_num_key_heads=4, linear_num_value_heads=8, num_kv_heads=4)
-    else:  # support.hybrid_targets.moe_hybrid's configs
-        nxt = model == "qwen3_next"
-        moe = MoeBlockConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                             shared_expert_intermediate_size=48, norm_topk_prob=not nxt)
-        layers = (LINEAR, LINEAR, FULL) if nxt else (LINEAR, FULL, LINEAR)
-        cfg = hybrid_config("qwen3_5_moe_text", vocab_size=16, layer_types=layers, moe=moe, gdn_chunk=3)
-        if nxt:
-            fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-            cfg = Qwen3NextConfig(**{**fields, "model_type": model}, decoder_sparse_step=2)
+    elif model == "qwen3_5_moe_text":
+        cfg = moe_hybrid_config(model, vocab_size=16, layer_types=LAYER_TYPES)
+    else:
+        cfg = moe_hybrid_config(model, vocab_size=16, gdn_rollback="snapshot")
     return cfg, DrafterConfig.for_target(cfg, 1, 4, cfg.vocab_size - 1)
 
 

@@ -89,10 +89,10 @@ def random_target(cfg: HybridConfig, seed: int, init_scale: float = 0.35, max_le
     return dj.Target(cfg, draw(hybrid_model.param_shapes(cfg), seed, rule), max_len=max_len)
 
 
-def moe_hybrid(model_type: str, **overrides) -> dj.Target:
-    """A tiny MoE hybrid: ``qwen3_5_moe_text`` (every MLP the Qwen3.5 MoE block, shared expert
-    included) or ``qwen3_next`` (the MoE block in layer 1 only, by ``decoder_sparse_step`` 2,
-    top-k weights not renormalised), GDN layers first and last (``overrides``: other config
+def moe_hybrid_config(model_type: str, **overrides) -> HybridConfig:
+    """A tiny MoE hybrid's config: ``qwen3_5_moe_text`` (every MLP the Qwen3.5 MoE block, shared
+    expert included) or ``qwen3_next`` (the MoE block in layer 1 only, by ``decoder_sparse_step``
+    2, top-k weights not renormalised), GDN layers first and last (``overrides``: other config
     fields, as :func:`hybrid_config`'s)."""
     from dflash_jax.targets.hybrid.qwen3_next import Qwen3NextConfig
     from dflash_jax.targets.moe.qwen3_5_moe import MoeBlockConfig
@@ -106,7 +106,12 @@ def moe_hybrid(model_type: str, **overrides) -> dj.Target:
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         cfg = Qwen3NextConfig(**{**fields, "model_type": model_type}, decoder_sparse_step=2)
         assert [cfg.mlp_kind(i) for i in range(3)] == ["mlp", "moe", "mlp"]
-    return random_target(cfg, seed=3)
+    return cfg
+
+
+def moe_hybrid(model_type: str, **overrides) -> dj.Target:
+    """A random target of :func:`moe_hybrid_config`."""
+    return random_target(moe_hybrid_config(model_type, **overrides), seed=3)
 
 
 def random_drafter(target: dj.Target, block_size: int, seed: int, init_scale: float = 0.35,
