@@ -120,17 +120,15 @@ def sizes_of(mesh: tuple[int, int, int]) -> dict[str, int]:
 
 def weight_bytes_per_device(cfg, mesh: tuple[int, int, int], itemsize: int = 2) -> int:
     """Bytes of the parameters one device holds: each leaf of the family's parameter tree with
-    every dim its partition rules put on a mesh axis divided by that axis's size."""
-    table, axis_of = family_of(cfg).param_axes(cfg), dict(rules.LOGICAL_RULES)
+    every dim divided by the size of the mesh axis its PartitionSpec (``rules.param_specs``, as
+    the engine places them) puts it on."""
+    shapes = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, np.int8), hybrid_model.param_shapes(cfg),
+                                    is_leaf=lambda v: isinstance(v, tuple))
+    specs = rules.param_specs(shapes, family_of(cfg).param_axes(cfg))
     size = sizes_of(mesh)
-    total = 0
-    leaves = jax.tree_util.tree_flatten_with_path(hybrid_model.param_shapes(cfg),
-                                                  is_leaf=lambda v: isinstance(v, tuple))[0]
-    for path, shape in leaves:
-        keys = tuple(k.key for k in path)
-        axes = rules.param_logical_axes(keys, len(shape), table)
-        total += math.prod(n // size.get(axis_of[a], 1) if axis_of[a] else n for n, a in zip(shape, axes))
-    return total * itemsize
+    per_leaf = jax.tree_util.tree_map(
+        lambda x, spec: math.prod(n // size[a] if a else n for n, a in zip(x.shape, spec)), shapes, specs)
+    return sum(jax.tree_util.tree_leaves(per_leaf)) * itemsize
 
 
 def local(cfg, mesh: tuple[int, int, int]):
